@@ -1,0 +1,289 @@
+"""Long retrieval units (paper 000, section 2.1): group related documents along hyperlinks.
+
+``group_documents`` is Algorithm 1 with a token budget: documents are visited from low to high
+degree (ties in corpus order); each one starts a new group and absorbs the existing groups that
+hold any of its related documents, smallest first (ties: the older group first), as long as the
+new group's token total stays within the budget. Bookkeeping is a union-find over documents (a
+document -> group map), so a step costs about its degree, never a scan over all groups.
+
+Departures from the reference code, on purpose: documents without links become units of their
+own (instead of being dropped), and a document longer than the budget stays a unit on its own.
+``make_units`` also builds the paper's other granularities (Table 3): one unit per document, or
+~100-word passages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import chain
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from .tokens import TokenCounter
+from .types import Document, Unit
+
+if TYPE_CHECKING:
+    from .config import UnitConfig
+
+__all__ = [
+    "UNIT_SEPARATOR",
+    "build_adjacency",
+    "document_text",
+    "group_documents",
+    "grouping_stats",
+    "make_units",
+    "make_units_from_config",
+    "normalize_title",
+    "passage_units",
+    "units_from_groups",
+]
+
+UNIT_SEPARATOR = "\n\n"
+"""Joins the documents of a grouped unit; each document is written as ``Title\\ntext``."""
+
+_ID_DIGITS = 8
+_PREFIX = {"grouped": "g", "document": "d", "passage": "p"}
+
+
+def normalize_title(title: str) -> str:
+    """Wikipedia-style title key: underscores as spaces, whitespace collapsed, first letter upper."""
+    t = " ".join(str(title).replace("_", " ").split())
+    return t[:1].upper() + t[1:]
+
+
+def document_text(doc: Document) -> str:
+    """``Title\\ntext`` (just the text when the title is empty)."""
+    return f"{doc.title}\n{doc.text}" if doc.title else doc.text
+
+
+def build_adjacency(docs: Sequence[Document], symmetric: bool = True) -> list[list[int]]:
+    """Related documents of each document, as sorted corpus indices.
+
+    A link is resolved by (normalized) title against the corpus; links to unknown titles and to
+    the document itself are dropped, duplicates collapse. Where two documents share a title the
+    first one gets the links. ``symmetric=True`` relates both ends of a link."""
+    index: dict[str, int] = {}
+    for i, d in enumerate(docs):
+        index.setdefault(normalize_title(d.title), i)
+    n = len(docs)
+    rows: list[list[int]] = [[] for _ in range(n)]
+    for i, d in enumerate(docs):
+        for link in d.links:
+            j = index.get(normalize_title(link))
+            if j is not None:
+                rows[i].append(j)
+                if symmetric:
+                    rows[j].append(i)
+    return _clean_adjacency(rows, n)
+
+
+def group_documents(n_tokens: Sequence[int], adjacency: Sequence[Sequence[int]], budget: int = 4096) -> list[list[int]]:
+    """Algorithm 1 with a token budget. Returns groups of corpus indices, each sorted, ordered by
+    their first index; every document is in exactly one group.
+
+    ``n_tokens[d]`` is document d's size; ``adjacency[d]`` its related documents (self-loops and
+    duplicates are ignored; degree = number of distinct related documents)."""
+    sizes = np.asarray(n_tokens)
+    if sizes.ndim != 1:
+        raise ValueError(f"n_tokens must be 1-D, got shape {sizes.shape}")
+    n = int(sizes.shape[0])
+    if n and not np.issubdtype(sizes.dtype, np.integer):
+        raise ValueError(f"n_tokens must hold integers, got dtype {sizes.dtype}")
+    if n and int(sizes.min()) < 0:
+        raise ValueError("n_tokens must be >= 0")
+    if len(adjacency) != n:
+        raise ValueError(f"adjacency has {len(adjacency)} rows but n_tokens has {n} documents")
+    if budget <= 0:
+        raise ValueError(f"budget must be > 0, got {budget}")
+
+    related = _clean_adjacency(adjacency, n)
+    order = sorted(range(n), key=lambda d: (len(related[d]), d))
+
+    tokens = sizes.astype(np.int64).tolist()  # group total, valid at roots
+    parent = list(range(n))
+    members: list = [[d] for d in range(n)]  # member list, valid at roots
+    created = [0] * n  # step at which the root's group was (re)created: the age tie-break
+    placed = [False] * n
+
+    for step, d in enumerate(order, start=1):
+        roots = set()
+        for r in related[d]:
+            if placed[r]:
+                x = r
+                while parent[x] != x:
+                    x = parent[x]
+                while parent[r] != x:  # path compression
+                    parent[r], r = x, parent[r]
+                roots.add(x)
+        root = d
+        total = tokens[d]
+        if roots:
+            # smallest first; equal sizes: the older group first (created values are unique)
+            for size, _, g in sorted([(tokens[g], created[g], g) for g in roots]):
+                if total + size > budget:
+                    break  # candidates are sorted by size and the new group only grows
+                total += size
+                # union by member count: the bigger list absorbs the smaller
+                if len(members[root]) >= len(members[g]):
+                    a, b = root, g
+                else:
+                    a, b = g, root
+                members[a].extend(members[b])
+                members[b] = None
+                parent[b] = a
+                root = a
+        tokens[root] = total
+        created[root] = step
+        placed[d] = True
+
+    groups = [sorted(members[r]) for r in range(n) if parent[r] == r]
+    groups.sort(key=lambda g: g[0])
+    return groups
+
+
+def _clean_adjacency(adjacency: Sequence[Sequence[int]], n: int) -> list[list[int]]:
+    """Rows of distinct related documents, self-loops removed, indices checked (vectorized)."""
+    lengths = np.fromiter((len(row) for row in adjacency), dtype=np.int64, count=n)
+    total = int(lengths.sum())
+    try:
+        flat = np.fromiter(chain.from_iterable(adjacency), dtype=np.int64, count=total)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"adjacency must hold integer document indices: {exc}") from None
+    src = np.repeat(np.arange(n, dtype=np.int64), lengths)
+    bad = (flat < 0) | (flat >= n)
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"adjacency[{int(src[k])}] holds {int(flat[k])}, outside 0..{n - 1}")
+    keep = flat != src
+    keys = np.unique(src[keep] * n + flat[keep])
+    src, dst = keys // max(n, 1), keys % max(n, 1)
+    bounds = np.searchsorted(src, np.arange(n + 1)).tolist()
+    dst_list = dst.tolist()
+    return [dst_list[bounds[i] : bounds[i + 1]] for i in range(n)]
+
+
+def units_from_groups(
+    docs: Sequence[Document],
+    groups: Sequence[Sequence[int]],
+    counter: TokenCounter,
+    prefix: str = "g",
+    doc_tokens: Sequence[int] | None = None,
+) -> list[Unit]:
+    """One unit per group: documents as ``Title\\ntext`` joined by blank lines, in group order;
+    ids ``{prefix}{i:08d}``. ``n_tokens`` is counted on the unit text, or, for an additive counter
+    given the documents' counts ``doc_tokens``, summed from them (the same number, no recount)."""
+    texts = [UNIT_SEPARATOR.join(document_text(docs[i]) for i in g) for g in groups]
+    if doc_tokens is not None and getattr(counter, "additive", False):
+        if len(doc_tokens) != len(docs):
+            raise ValueError(f"doc_tokens has {len(doc_tokens)} entries for {len(docs)} documents")
+        sep = counter.count(UNIT_SEPARATOR)
+        counts = [sum(int(doc_tokens[i]) for i in g) + sep * (len(g) - 1) for g in groups]
+    else:
+        counts = counter.count_batch(texts)
+    return [
+        Unit(
+            unit_id=f"{prefix}{k:0{_ID_DIGITS}d}",
+            doc_ids=[docs[i].doc_id for i in g],
+            titles=[docs[i].title for i in g],
+            text=text,
+            n_tokens=int(c),
+        )
+        for k, (g, text, c) in enumerate(zip(groups, texts, counts))
+    ]
+
+
+def passage_units(docs: Sequence[Document], counter: TokenCounter, passage_words: int = 100) -> list[Unit]:
+    """The passage granularity: consecutive ``passage_words``-word pieces of each document (the last
+    one shorter), each written ``Title\\nwords``. A document without words gives one title-only unit."""
+    if passage_words <= 0:
+        raise ValueError(f"passage_words must be > 0, got {passage_words}")
+    meta: list[tuple[str, str]] = []
+    texts: list[str] = []
+    for d in docs:
+        words = d.text.split()
+        pieces = [words[i : i + passage_words] for i in range(0, len(words), passage_words)] or [[]]
+        for piece in pieces:
+            body = " ".join(piece)
+            texts.append(f"{d.title}\n{body}" if d.title else body)
+            meta.append((d.doc_id, d.title))
+    counts = counter.count_batch(texts)
+    return [
+        Unit(unit_id=f"p{k:0{_ID_DIGITS}d}", doc_ids=[doc_id], titles=[title], text=t, n_tokens=int(c))
+        for k, ((doc_id, title), t, c) in enumerate(zip(meta, texts, counts))
+    ]
+
+
+def make_units(
+    docs: Sequence[Document],
+    kind: Literal["grouped", "document", "passage"] = "grouped",
+    counter: TokenCounter | None = None,
+    budget: int = 4096,
+    passage_words: int = 100,
+    symmetric: bool = True,
+) -> list[Unit]:
+    """Retrieval units of the chosen granularity (paper 000, Table 3).
+
+    grouped: Algorithm 1 over the link graph with a ``budget`` of tokens (each document counted as
+    ``Title\\ntext`` plus the separator that joins it to the next); document: one unit per document;
+    passage: ``passage_words``-word pieces."""
+    if counter is None:
+        raise ValueError("make_units needs a token counter (see longrag.tokens)")
+    if kind not in _PREFIX:
+        raise ValueError(f"kind must be one of {sorted(_PREFIX)}, got {kind!r}")
+    ids = [d.doc_id for d in docs]
+    if len(set(ids)) != len(ids):
+        raise ValueError("doc_id values must be unique")
+    if kind == "passage":
+        return passage_units(docs, counter, passage_words)
+    if kind == "document":
+        return units_from_groups(docs, [[i] for i in range(len(docs))], counter, prefix="d")
+    if budget <= 0:
+        raise ValueError(f"budget must be > 0, got {budget}")
+    sizes = counter.count_batch([document_text(d) for d in docs])
+    sep = counter.count(UNIT_SEPARATOR)
+    # k documents carry k-1 separators: sum(n_i + sep) <= budget + sep
+    groups = group_documents(
+        np.asarray(sizes, dtype=np.int64) + sep, build_adjacency(docs, symmetric=symmetric), budget + sep
+    )
+    return units_from_groups(docs, groups, counter, prefix="g", doc_tokens=sizes)
+
+
+def make_units_from_config(docs: Sequence[Document], cfg: UnitConfig, counter: TokenCounter) -> list[Unit]:
+    """``make_units`` with the ``units`` section of the config."""
+    return make_units(
+        docs,
+        kind=cfg.kind,
+        counter=counter,
+        budget=cfg.max_group_tokens,
+        passage_words=cfg.passage_words,
+        symmetric=cfg.symmetric_links,
+    )
+
+
+def grouping_stats(units: Sequence[Unit], budget: int | None = None) -> dict:
+    """Counts for a report: units, documents, documents-per-unit histogram, token statistics
+    (and units over ``budget`` when given)."""
+    n_docs = np.asarray([len(u.doc_ids) for u in units], dtype=np.int64)
+    toks = np.asarray([u.n_tokens for u in units], dtype=np.int64)
+    hist: dict[int, int] = {}
+    for k in n_docs.tolist():
+        hist[k] = hist.get(k, 0) + 1
+    out: dict = {
+        "n_units": len(units),
+        "n_docs": int(n_docs.sum()),
+        "docs_per_unit": dict(sorted(hist.items())),
+        "docs_per_unit_mean": float(n_docs.mean()) if len(units) else 0.0,
+        "tokens": {
+            "total": int(toks.sum()),
+            "min": int(toks.min()) if len(units) else 0,
+            "mean": float(toks.mean()) if len(units) else 0.0,
+            "p50": float(np.percentile(toks, 50)) if len(units) else 0.0,
+            "p90": float(np.percentile(toks, 90)) if len(units) else 0.0,
+            "max": int(toks.max()) if len(units) else 0,
+        },
+    }
+    if budget is not None:
+        out["n_over_budget"] = int((toks > budget).sum())
+        out["n_over_budget_multi_doc"] = int(((toks > budget) & (n_docs > 1)).sum())
+    return out
