@@ -1,0 +1,74 @@
+"""``IndexShard``: one Ray actor holding one shard of a build (a MaxP FAISS index + its units).
+
+The actor loads its shard from the artifact store in ``__init__`` and verifies the checksums; Ray
+reruns ``__init__`` when it restarts the actor (``max_restarts``), so a restarted replica reloads
+its shard from the store rather than from any in-memory state.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+import numpy as np
+import ray
+
+from longrag.store import ArtifactStore, load_shard, load_shard_chunks
+
+
+class IndexShardImpl:
+    """The actor body, also usable in-process (tests, single-process tools)."""
+
+    def __init__(self, store_uri: str, shard_id: int, verify: bool = True) -> None:
+        t0 = time.perf_counter()
+        self.store_uri = store_uri
+        self.shard_id = shard_id
+        store = ArtifactStore.open(store_uri)
+        self.index, self.units = load_shard(store, shard_id, verify=verify)
+        self.chunks = load_shard_chunks(store, shard_id, verify=verify)
+        self.load_s = time.perf_counter() - t0
+        self.loaded_at = time.time()
+        self.n_searches = 0
+
+    def search(self, queries: np.ndarray, k: int) -> list[list[dict[str, Any]]]:
+        """Top-k units per query as plain dicts (cheap to serialize), each tagged with the shard."""
+        self.n_searches += 1
+        hits = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+        out = []
+        for row in hits:
+            out.append([{**h.to_dict(), "shard": self.shard_id} for h in row])
+        return out
+
+    def get_units(self, unit_ids: list[str], best_chunk_ids: list[str] | None = None) -> list[dict[str, Any]]:
+        """Unit records (text, titles, doc ids) for ids this shard owns, each with the text of its
+        best chunk when ``best_chunk_ids`` is given; unknown ids raise KeyError."""
+        rows = [self.units[u].to_row() for u in unit_ids]
+        if best_chunk_ids is not None:
+            for row, chunk_id in zip(rows, best_chunk_ids):
+                row["best_chunk_text"] = self.chunks[chunk_id].text
+        return rows
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "shard_id": self.shard_id,
+            "store_uri": self.store_uri,
+            "n_chunks": int(self.index.ntotal),
+            "n_units": len(self.units),
+            "dim": int(self.index.dim),
+            "load_s": round(self.load_s, 3),
+            "loaded_at": self.loaded_at,
+            "searches": self.n_searches,
+            "pid": os.getpid(),
+            "node": socket.gethostname(),
+            "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
+        }
+
+    def ping(self) -> bool:
+        return True
+
+
+# max_restarts: a crashed replica comes back and reloads its shard; max_task_retries stays 0 so
+# that a failed call surfaces to the client at once, which fails over to another replica.
+IndexShard = ray.remote(max_restarts=3, max_task_retries=0)(IndexShardImpl)

@@ -1,0 +1,217 @@
+"""Scatter/gather over ``IndexShard`` actors with replicas, failover and coverage.
+
+A query batch goes to one replica of every shard; each shard answers its own top-k units (MaxP is
+shard-local because a unit never spans shards) and the client merges the lists exactly. A replica
+that is dead, restarting or slower than ``timeout_s`` is skipped for the next replica of the same
+shard. When no replica of a shard answers, the result says so (``coverage.answered < shards``,
+``degraded = True``) instead of failing the request or silently dropping the shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import ray
+
+from actors.index_shard import IndexShard
+from longrag.maxp import merge_topk
+from longrag.store import ArtifactStore
+from longrag.types import UnitHit
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Coverage:
+    shards: int
+    answered: int
+    failed: dict[int, str] = field(default_factory=dict)  # shard -> last error
+    failovers: int = 0  # replica calls that failed and were retried on another replica
+
+    @property
+    def degraded(self) -> bool:
+        return self.answered < self.shards
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "shards": self.shards,
+            "answered": self.answered,
+            "degraded": self.degraded,
+            "failed_shards": sorted(self.failed),
+            "errors": {str(k): v for k, v in sorted(self.failed.items())},
+            "failovers": self.failovers,
+        }
+
+
+@dataclass
+class ShardedSearchResult:
+    hits: list[list[UnitHit]]
+    coverage: Coverage
+    shard_ms: dict[int, float]
+
+
+class ShardUnavailable(RuntimeError):
+    def __init__(self, shard: int, errors: list[str]) -> None:
+        super().__init__(f"no replica of shard {shard} answered: {'; '.join(errors)}")
+        self.shard = shard
+        self.errors = errors
+
+
+_ERROR_LINE = re.compile(r"^\s*(?:\S+\.)?(\w+(?:Error|Exception|Unavailable)): (.+)$")
+
+
+def describe_error(exc: BaseException, limit: int = 400) -> str:
+    """A one-line cause for a failed replica call: Ray wraps the real error (a checksum mismatch
+    in the shard's ``__init__``, say) in long tracebacks; report its innermost ``Type: message``."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    causes = [m for line in text.splitlines() if (m := _ERROR_LINE.match(line))]
+    if causes:
+        name, msg = causes[-1].groups()
+        return f"{type(exc).__name__} ({name}: {msg.strip()})"[:limit]
+    return f"{type(exc).__name__}: {text.strip().splitlines()[0] if text.strip() else ''}"[:limit]
+
+
+async def _await_ref(ref: ray.ObjectRef, timeout_s: float) -> Any:
+    return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout_s)
+
+
+class ShardedIndex:
+    """Client over ``replicas[shard][replica]`` actor handles."""
+
+    def __init__(self, replicas: list[list[Any]], *, timeout_s: float = 10.0) -> None:
+        if not replicas or any(not r for r in replicas):
+            raise ValueError("every shard needs at least one replica actor")
+        self.replicas = replicas
+        self.timeout_s = timeout_s
+        self._next = [0] * len(replicas)
+
+    # ------------------------------------------------------------------ launch
+    @classmethod
+    def launch(
+        cls,
+        store_uri: str,
+        *,
+        replicas: int = 1,
+        num_cpus: float = 0.25,
+        timeout_s: float = 10.0,
+        name_prefix: str | None = None,
+        detached: bool = False,
+        verify: bool = True,
+    ) -> "ShardedIndex":
+        """Start (or, with ``name_prefix``, find) ``replicas`` actors for every shard of a build.
+
+        Named actors (``name_prefix``) are shared: several Serve replicas of the retriever reach
+        the same shard actors instead of each loading its own copy. Replicas of a shard are spread
+        over nodes (SPREAD), so one node failure leaves the other replicas."""
+        manifest = ArtifactStore.open(store_uri).read_manifest()
+        handles: list[list[Any]] = []
+        for shard in manifest.shards:
+            row = []
+            for r in range(replicas):
+                opts: dict[str, Any] = {"num_cpus": num_cpus, "scheduling_strategy": "SPREAD"}
+                if name_prefix:
+                    opts.update(name=f"{name_prefix}-s{shard.shard_id}-r{r}", get_if_exists=True)
+                if detached:
+                    opts["lifetime"] = "detached"
+                row.append(IndexShard.options(**opts).remote(store_uri, shard.shard_id, verify))
+            handles.append(row)
+        return cls(handles, timeout_s=timeout_s)
+
+    @property
+    def n_shards(self) -> int:
+        return len(self.replicas)
+
+    def wait_ready(self, timeout_s: float = 300.0) -> list[dict[str, Any]]:
+        """Block until every replica has loaded its shard; returns their ``info()``."""
+        refs = [a.info.remote() for row in self.replicas for a in row]
+        return ray.get(refs, timeout=timeout_s)
+
+    def kill(self) -> None:
+        for row in self.replicas:
+            for actor in row:
+                ray.kill(actor, no_restart=True)
+
+    # ------------------------------------------------------------------ calls
+    async def _call(self, shard: int, method: str, *args: Any) -> tuple[Any, int]:
+        """Call ``method`` on one replica of ``shard``, failing over; returns (result, failovers)."""
+        row = self.replicas[shard]
+        start = self._next[shard] % len(row)
+        self._next[shard] += 1
+        errors: list[str] = []
+        for i in range(len(row)):
+            actor = row[(start + i) % len(row)]
+            try:
+                result = await _await_ref(getattr(actor, method).remote(*args), self.timeout_s)
+                return result, len(errors)
+            except asyncio.TimeoutError:
+                errors.append(f"replica {(start + i) % len(row)}: timed out after {self.timeout_s}s")
+            except Exception as exc:  # dead/restarting actor, or the shard failed to load
+                errors.append(f"replica {(start + i) % len(row)}: {describe_error(exc)}")
+            log.warning("shard %d %s failed: %s", shard, method, errors[-1])
+        raise ShardUnavailable(shard, errors)
+
+    async def search(self, queries: np.ndarray, k: int) -> ShardedSearchResult:
+        """Exact top-k units per query over every answering shard."""
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        if queries.ndim != 2:
+            raise ValueError(f"queries must be 2-D (n, dim), got shape {queries.shape}")
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+
+        async def one(shard: int) -> tuple[int, Any, float]:
+            t0 = time.perf_counter()
+            try:
+                res, failovers = await self._call(shard, "search", queries, k)
+                return shard, (res, failovers, None), (time.perf_counter() - t0) * 1e3
+            except ShardUnavailable as exc:
+                return shard, (None, len(exc.errors), exc.errors[-1]), (time.perf_counter() - t0) * 1e3
+
+        outcomes = await asyncio.gather(*(one(s) for s in range(self.n_shards)))
+        coverage = Coverage(shards=self.n_shards, answered=0)
+        per_shard: list[list[list[UnitHit]]] = []
+        shard_ms: dict[int, float] = {}
+        for shard, (res, failovers, error), ms in outcomes:
+            shard_ms[shard] = round(ms, 2)
+            coverage.failovers += failovers if res is not None else max(failovers - 1, 0)
+            if res is None:
+                coverage.failed[shard] = error
+                continue
+            coverage.answered += 1
+            per_shard.append([[UnitHit(**h) for h in row] for row in res])
+        hits = [
+            merge_topk([shard_rows[q] for shard_rows in per_shard], k) for q in range(queries.shape[0])
+        ]
+        return ShardedSearchResult(hits=hits, coverage=coverage, shard_ms=shard_ms)
+
+    async def fetch_units(self, hits: list[UnitHit]) -> dict[str, dict[str, Any]]:
+        """Unit records for hits, asking each owning shard once (with failover)."""
+        by_shard: dict[int, tuple[list[str], list[str]]] = {}
+        for h in hits:
+            ids, chunk_ids = by_shard.setdefault(h.shard, ([], []))
+            ids.append(h.unit_id)
+            chunk_ids.append(h.best_chunk_id)
+        results = await asyncio.gather(
+            *(self._call(s, "get_units", ids, chunk_ids) for s, (ids, chunk_ids) in by_shard.items()),
+            return_exceptions=True,
+        )
+        out: dict[str, dict[str, Any]] = {}
+        for (shard, (ids, _)), res in zip(by_shard.items(), results):
+            if isinstance(res, BaseException):
+                log.warning("could not fetch %d units from shard %d: %s", len(ids), shard, res)
+                continue
+            for row in res[0]:
+                out[row["unit_id"]] = row
+        return out
+
+    # Sync wrappers for drivers and jobs (not for use inside a running event loop).
+    def search_sync(self, queries: np.ndarray, k: int) -> ShardedSearchResult:
+        return asyncio.run(self.search(queries, k))
+
+    def fetch_units_sync(self, hits: list[UnitHit]) -> dict[str, dict[str, Any]]:
+        return asyncio.run(self.fetch_units(hits))

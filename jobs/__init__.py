@@ -1,0 +1,1 @@
+"""Entrypoints for ``ray job submit``: each parses arguments, joins the cluster, calls core + actors."""

