@@ -21,7 +21,12 @@ from longrag.store import ArtifactStore, load_shard, load_shard_chunks
 class IndexShardImpl:
     """The actor body, also usable in-process (tests, single-process tools)."""
 
-    def __init__(self, store_uri: str, shard_id: int, verify: bool = True) -> None:
+    def __init__(self, store_uri: str, shard_id: int, verify: bool = True, threads: int = 1) -> None:
+        import faiss
+
+        # FAISS defaults to one OpenMP thread per core; several shard actors on a node would
+        # oversubscribe it, so each uses the threads it was given.
+        faiss.omp_set_num_threads(max(1, threads))
         t0 = time.perf_counter()
         self.store_uri = store_uri
         self.shard_id = shard_id

@@ -40,3 +40,22 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def sample_index(tmp_path_factory) -> dict:
+    """The bundled enwiki sample indexed once per session (lead sections, grouped units, 2 shards)
+    with the real bundled embedding model. Starts and stops its own local Ray, so test modules
+    can each start theirs afterwards."""
+    from cluster.local import start_or_join
+    from jobs.index import build_index
+    from longrag.config import load_config
+
+    out = tmp_path_factory.mktemp("sample-index") / "build"
+    config = load_config(None, ["units.kind=grouped", "units.text_mode=lead", "index.shards=2"])
+    handle = start_or_join(None, num_cpus=4)
+    try:
+        report = build_index(str(SAMPLE_WIKI), "wikixml", str(out), config, command=["pytest"])
+    finally:
+        handle.shutdown()
+    return {"uri": str(out), "report": report}
