@@ -32,6 +32,10 @@ WORKER_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
 }
 
+# Settings the driver has that workers need too (an S3 endpoint for a local S3-compatible server,
+# credentials for it). On a real cluster prefer instance roles / IRSA over forwarded keys.
+FORWARDED_ENV_PREFIXES = ("LONGRAG_", "AWS_")
+
 
 @dataclass
 class ClusterHandle:
@@ -88,7 +92,8 @@ def start_or_join(
     ``num_cpus``/``num_gpus``/``resources`` are per node for local clusters (logical GPUs let
     GPU-shaped actors schedule on a CPU machine: the code picks its real device itself).
     """
-    runtime_env = {"env_vars": {**WORKER_ENV, **(env_vars or {})}}
+    forwarded = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
+    runtime_env = {"env_vars": {**WORKER_ENV, **forwarded, **(env_vars or {})}}
     address = address or os.environ.get("RAY_ADDRESS")
     if ray.is_initialized():
         ctx = ray.get_runtime_context()

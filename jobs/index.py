@@ -364,6 +364,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    try:  # refuse before starting anything
+        check_out(args.out, args.overwrite)
+    except BuildExistsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     handle = start_or_join(args.address, num_cpus=args.num_cpus)
     try:
         report = build_index(args.source, args.format, args.out, config, overwrite=args.overwrite,
