@@ -1,0 +1,188 @@
+"""MixPR benchmark: speed of chunk + TF-IDF + graph + PageRank + top-k at 128K / 1M (/ 4M) tokens,
+PageRank vs networkx on the same graph, peak memory, then retrieval recall@k of MixPR vs RAG-Sparse
+vs RAG-Hybrid on HashHop (2-6 hops) and BABILong-style qa2/qa3. Ends with one JSON line.
+
+    python -m jobs.bench_mixpr                  # defaults: timing at 128K and 1M, recall at 32K/128K, 3 seeds
+    python -m jobs.bench_mixpr --with-4m        # also time a 4M-token document
+    python -m jobs.bench_mixpr --skip-recall --timing-sizes 1000000
+
+Plain Python, no Ray. Token counts are estimates (characters / 4), see longrag.synthetic.common.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from longrag.mixpr import MixPRConfig, MixPRRetriever, SparseRetriever, prepare_document
+from longrag.mixpr.baselines import HybridRetriever
+from longrag.mixpr.graph import similarity_graph
+from longrag.mixpr.pagerank import personalized_pagerank
+from longrag.synthetic import generate_babilong, generate_hashhop, needle_recall
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+def make_doc(kind: str, tokens: int, seed: int):
+    if kind == "babilong":
+        return generate_babilong("qa2", tokens, seed)
+    if kind == "hashhop":
+        return generate_hashhop(tokens, 4, seed)
+    raise ValueError(kind)
+
+
+def time_one(kind: str, tokens: int, cfg: MixPRConfig, nx_max_edges: int) -> dict[str, Any]:
+    s = make_doc(kind, tokens, seed=0)
+    r = MixPRRetriever(cfg)
+    t0 = time.perf_counter()
+    res = r.retrieve_with_trace(s.document, s.question, route="local")
+    wall = time.perf_counter() - t0
+    row: dict[str, Any] = {
+        "doc": kind, "tokens": tokens, "chunks": res.n_chunks, "distinct": res.n_distinct, "edges": res.n_edges,
+        "iters": res.iterations, **{k: round(v, 4) for k, v in res.timings.items()}, "wall": round(wall, 4),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+    }  # fmt: skip
+    # PageRank vs networkx on the same graph (distinct-chunk graph, p on the query rows)
+    prep = prepare_document(s.document, s.question, cfg)
+    emb = prep.embedding
+    S, stats = similarity_graph(emb.matrix, cfg.threshold)
+    m = S.shape[0]
+    p = np.zeros(m)
+    np.add.at(p, emb.classes[prep.query], prep.query_weights)
+    t0 = time.perf_counter()
+    ours = personalized_pagerank(S, p, cfg.alpha_local, max_iter=100, tol=1e-10)
+    t_ours = time.perf_counter() - t0
+    row["ppr_converged_s"] = round(t_ours, 4)
+    row["ppr_converged_iters"] = ours.n_iter
+    if stats.n_edges <= nx_max_edges:
+        import networkx as nx
+
+        t0 = time.perf_counter()
+        G = nx.from_scipy_sparse_array(S.astype(np.float64), create_using=nx.DiGraph)
+        t_build = time.perf_counter() - t0
+        pers = {int(i): float(p[i]) for i in np.flatnonzero(p)}
+        t0 = time.perf_counter()
+        ref = nx.pagerank(G, alpha=1 - cfg.alpha_local, personalization=pers, tol=1e-10 / m, max_iter=1000)
+        t_nx = time.perf_counter() - t0
+        ref_v = np.array([ref[i] for i in range(m)])
+        row.update(
+            nx_build_s=round(t_build, 4), nx_pagerank_s=round(t_nx, 4), nx_ratio=round(t_nx / max(t_ours, 1e-9), 1),
+            nx_max_abs_diff=float(np.abs(ref_v - ours.scores).max()),
+        )  # fmt: skip
+        del G
+    return row
+
+
+def recall_rows(tasks, sizes, seeds, cfg, hybrid, hybrid_max_tokens, hybrid_seeds) -> list[dict[str, Any]]:
+    mix, sparse = MixPRRetriever(cfg), SparseRetriever(cfg)
+    rows = []
+    for task in tasks:
+        for tokens in sizes:
+            for seed in range(seeds):
+                if task.startswith("hashhop"):
+                    s = generate_hashhop(tokens, int(task.split("_")[1]), seed)
+                else:
+                    s = generate_babilong(task.split("_")[1], tokens, seed)
+                prep = prepare_document(s.document, s.question, cfg)
+                st, en = prep.chunks.starts[: prep.n_doc], prep.chunks.ends[: prep.n_doc]
+
+                def rec(res):
+                    return needle_recall(s.needles, st, en, [c.position for c in res.chunks])
+
+                row = {"task": task, "tokens": tokens, "seed": seed, "chunks": prep.n_doc}
+                row["mixpr"] = rec(mix.rank(prep, "local"))
+                row["sparse"] = rec(sparse.rank(prep))
+                if hybrid is not None and tokens <= hybrid_max_tokens and seed < hybrid_seeds:
+                    row["hybrid"] = rec(hybrid.rank(prep))
+                rows.append(row)
+                log(f"  recall {task} {tokens} seed {seed}: " + ", ".join(f"{k}={row[k]:.2f}" for k in ("mixpr", "sparse", "hybrid") if k in row))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--timing-sizes", default="128000,1000000", help="comma-separated token counts")
+    ap.add_argument("--timing-docs", default="babilong,hashhop", help="babilong (Wikipedia prose) and/or hashhop")
+    ap.add_argument("--with-4m", action="store_true", help="also time a 4M-token document (needs ~4+ GB RAM)")
+    ap.add_argument("--recall-sizes", default="32000,128000")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--tasks", default="hashhop_2,hashhop_3,hashhop_4,hashhop_5,hashhop_6,babilong_qa2,babilong_qa3")
+    ap.add_argument("--hybrid", choices=["auto", "off"], default="auto", help="RAG-Hybrid needs sentence-transformers + faiss")
+    ap.add_argument("--hybrid-max-tokens", type=int, default=32000, help="skip the (slow, CPU) dense baseline above this")
+    ap.add_argument("--hybrid-seeds", type=int, default=1, help="seeds that also run the dense baseline")
+    ap.add_argument("--nx-max-edges", type=int, default=3_000_000, help="skip networkx above this many edges")
+    ap.add_argument("--skip-timing", action="store_true")
+    ap.add_argument("--skip-recall", action="store_true")
+    ap.add_argument("--top-k", type=int, default=100)
+    args = ap.parse_args(argv)
+
+    cfg = MixPRConfig(top_k=args.top_k)
+    out: dict[str, Any] = {"config": cfg.model_dump(), "cpus": os.cpu_count(), "timing": [], "recall": []}
+
+    if not args.skip_timing:
+        sizes = [int(x) for x in args.timing_sizes.split(",") if x]
+        if args.with_4m:
+            sizes.append(4_000_000)
+        docs = [d for d in args.timing_docs.split(",") if d]
+        # warm up imports / caches (filler loading, regex compilation) outside the timings
+        MixPRRetriever(cfg).retrieve(make_doc("babilong", 4000, 0).document)
+        for tokens in sizes:
+            for kind in docs:
+                log(f"timing {kind} {tokens} tokens ...")
+                out["timing"].append(time_one(kind, tokens, cfg, args.nx_max_edges))
+        cols = ["doc", "tokens", "chunks", "distinct", "edges", "iters", "chunk", "embed", "graph", "pagerank",
+                "topk", "total", "ppr_converged_s", "nx_pagerank_s", "nx_ratio", "peak_rss_mb"]  # fmt: skip
+        print("\n## MixPR speed (seconds; local route, k=%d)" % cfg.top_k)
+        print("| " + " | ".join(cols) + " |")
+        print("|" + "---|" * len(cols))
+        for r in out["timing"]:
+            print("| " + " | ".join(str(r.get(c, "-")) for c in cols) + " |")
+
+    if not args.skip_recall:
+        hybrid = None
+        if args.hybrid == "auto":
+            try:
+                import faiss  # noqa: F401
+
+                from longrag.embedding import Embedder
+
+                hybrid = HybridRetriever(Embedder(), cfg)
+            except Exception as exc:  # missing optional deps: say so, keep going
+                log(f"RAG-Hybrid skipped: {type(exc).__name__}: {exc}")
+                out["hybrid_skipped"] = f"{type(exc).__name__}: {exc}"
+        tasks = [t for t in args.tasks.split(",") if t]
+        sizes = [int(x) for x in args.recall_sizes.split(",") if x]
+        out["recall"] = recall_rows(tasks, sizes, args.seeds, cfg, hybrid, args.hybrid_max_tokens, args.hybrid_seeds)
+        print(f"\n## Retrieval recall@{cfg.top_k} of supporting facts (mean over {args.seeds} seeds; RAG-Hybrid: {args.hybrid_seeds})")
+        print("| task | tokens | MixPR | RAG-Sparse | RAG-Hybrid |")
+        print("|---|---|---|---|---|")
+        summary = []
+        for task in tasks:
+            for tokens in sizes:
+                rs = [r for r in out["recall"] if r["task"] == task and r["tokens"] == tokens]
+                agg = {k: float(np.mean([r[k] for r in rs if k in r])) if any(k in r for r in rs) else None
+                       for k in ("mixpr", "sparse", "hybrid")}  # fmt: skip
+                summary.append({"task": task, "tokens": tokens, **agg})
+                fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+                print(f"| {task} | {tokens} | {fmt(agg['mixpr'])} | {fmt(agg['sparse'])} | {fmt(agg['hybrid'])} |")
+        out["recall_summary"] = summary
+    out["peak_rss_mb"] = round(peak_rss_mb(), 1)
+    print(json.dumps(out, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
