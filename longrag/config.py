@@ -13,6 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from longrag.mixpr.config import MixPRConfig
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -111,6 +113,7 @@ class LongRAGConfig(_Section):
     llm: LLMConfig = Field(default_factory=LLMConfig)
     reader: ReaderConfig = Field(default_factory=ReaderConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
+    mixpr: MixPRConfig = Field(default_factory=MixPRConfig)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "LongRAGConfig":
