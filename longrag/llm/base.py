@@ -1,0 +1,105 @@
+"""The one LLM interface (DESIGN decision 4).
+
+Every backend answers an async ``chat`` (a list of ``{"role", "content"}`` messages) and an async
+``complete`` (a plain prompt, for base models without a chat template) with a :class:`ChatResult`
+that carries the text, the real token counts and the latency. Readers and pipelines only ever see
+this interface, so a llama.cpp model in process, a vLLM server behind ``ray.serve.llm`` and a hosted
+API are interchangeable.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import asdict, dataclass
+from typing import Any
+
+_ROLES = frozenset({"system", "user", "assistant"})
+
+
+class LLMError(RuntimeError):
+    """Any failure of an LLM backend: unreachable server, HTTP error, context overflow, bad model."""
+
+
+class ContextOverflowError(LLMError):
+    """The prompt (plus the requested completion) does not fit the model's context window."""
+
+
+@dataclass
+class ChatResult:
+    """One generation: the text and what it cost."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float
+    model: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def check_messages(messages: list[dict]) -> None:
+    """Raise ValueError unless ``messages`` is a non-empty list of {role, content} dicts."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got {m!r}")
+        if m["role"] not in _ROLES:
+            raise ValueError(f"messages[{i}] has role {m['role']!r}; expected one of {sorted(_ROLES)}")
+        if not isinstance(m["content"], str):
+            raise ValueError(f"messages[{i}]['content'] must be a str, got {type(m['content']).__name__}")
+
+
+def check_max_tokens(max_tokens: int) -> None:
+    if not isinstance(max_tokens, int) or max_tokens <= 0:
+        raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
+
+
+class LLM(abc.ABC):
+    """Abstract async LLM. Subclasses set ``name``, ``context_window`` (tokens) and, for base
+    models, ``is_chat_model = False``."""
+
+    name: str
+    context_window: int
+    #: False for base models without a chat template: callers then build plain prompts and use
+    #: :meth:`complete` (the long reader does this by itself).
+    is_chat_model: bool = True
+
+    @abc.abstractmethod
+    async def chat(
+        self,
+        messages: list[dict],
+        *,
+        max_tokens: int,
+        temperature: float | None = None,
+        stop: list[str] | None = None,
+    ) -> ChatResult:
+        """Answer a conversation with the model's chat template. ``temperature=None`` takes the
+        backend's configured default."""
+
+    @abc.abstractmethod
+    async def complete(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int,
+        temperature: float | None = None,
+        stop: list[str] | None = None,
+    ) -> ChatResult:
+        """Continue a plain text prompt (no chat template): for base models."""
+
+    @abc.abstractmethod
+    def count_tokens(self, text: str) -> int:
+        """Tokens ``text`` takes in this model (exact where the backend has the tokenizer)."""
+
+    def count_message_tokens(self, messages: list[dict]) -> int:
+        """Approximate prompt size of a conversation: content tokens plus a few per message for
+        the template's role markers."""
+        return sum(self.count_tokens(m["content"]) + 4 for m in messages) + 2
+
+    async def aclose(self) -> None:
+        """Release resources (HTTP clients, model memory). Default: nothing to release."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, context_window={self.context_window})"

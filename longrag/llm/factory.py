@@ -1,0 +1,37 @@
+"""Build the configured LLM backend."""
+
+from __future__ import annotations
+
+from longrag.config import LLMConfig
+from longrag.llm.base import LLM
+
+
+def build_llm(config: LLMConfig) -> LLM:
+    """``config.backend`` -> a ready :class:`LLM` (llama.cpp loads its model here)."""
+    if config.backend == "llamacpp":
+        from longrag.llm.llamacpp import LlamaCppLLM
+
+        return LlamaCppLLM(
+            config.model,
+            n_ctx=config.context_window,
+            n_threads=config.n_threads,
+            seed=config.seed,
+            temperature=config.temperature,
+        )
+    if config.backend == "openai":
+        if not config.base_url:
+            raise ValueError("llm.backend=openai needs llm.base_url (e.g. http://127.0.0.1:8000/v1)")
+        from longrag.llm.openai_http import OpenAIHTTPLLM
+
+        return OpenAIHTTPLLM(
+            config.base_url,
+            config.model,
+            api_key_env=config.api_key_env,
+            context_window=config.context_window,
+            temperature=config.temperature,
+            seed=config.seed,
+            timeout_s=config.timeout_s,
+            max_retries=config.max_retries,
+            tokenizer_file=config.tokenizer_file,
+        )
+    raise ValueError(f"unknown llm.backend {config.backend!r}; expected 'llamacpp' or 'openai'")

@@ -1,0 +1,306 @@
+"""The long reader (paper 000, section 3.2): top-ranked long units -> a long answer -> a short answer.
+
+Two turns of one conversation:
+
+1. the units that fit the window (with their titles) and the question -> a few sentences that
+   contain the answer (the *long answer*);
+2. the same conversation plus the model's reply plus a new user message with worked examples ->
+   the *short answer* (a few words), which is then cleaned (:func:`clean_short_answer`) and, when
+   the model just repeated a sentence, cut to its answer span (:func:`reduce_to_span`).
+
+Context fitting (:func:`fit_units`) keeps whole units in rank order while they fit the token budget
+(the model window minus the prompt's own tokens, both turns' answer budgets and
+``reader.context_reserve_tokens``); a unit that does not fit whole is skipped so lower-ranked
+smaller units may still get in. Leftover room of at least ``reader.min_partial_unit_tokens`` is
+filled with the best skipped unit, trimmed; the top unit always gets in, trimmed to the whole budget
+if it alone is too large. ``truncated`` is true when any given unit is missing or trimmed. Base models (``llm.is_chat_model`` False) get the same turns as plain completion prompts.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from longrag.config import ReaderConfig
+from longrag.llm.base import LLM, ChatResult, ContextOverflowError
+from longrag.prompts import (
+    UNIT_SEPARATOR,
+    completion_prompt,
+    format_context,
+    format_unit,
+    turn1_messages,
+    turn2_message,
+)
+from longrag.types import Unit
+
+_WORD_END = re.compile(r"\S+")
+
+
+@dataclass
+class FittedContext:
+    """Which unit texts go to the reader, in rank order."""
+
+    blocks: list[str]
+    unit_ids: list[str]
+    tokens: int
+    truncated: bool
+    trimmed_unit_ids: list[str] = field(default_factory=list)
+    skipped_unit_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ReaderResult:
+    answer: str
+    long_answer: str
+    units_used: list[str]
+    prompt_tokens: int
+    completion_tokens: int
+    stages_ms: dict[str, float]
+    truncated: bool
+    context_tokens: int = 0
+    raw_short_answer: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def trim_to_tokens(text: str, max_tokens: int, count_tokens: Callable[[str], int]) -> str:
+    """The longest whitespace-word prefix of ``text`` with at most ``max_tokens`` tokens
+    (binary search over word ends, so it costs O(log words) tokenizer calls)."""
+    if max_tokens <= 0:
+        return ""
+    if count_tokens(text) <= max_tokens:
+        return text
+    ends = [m.end() for m in _WORD_END.finditer(text)]
+    lo, hi = 0, len(ends)  # invariant: prefix of `lo` words fits; of `hi`+1 words... search largest fitting
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if count_tokens(text[: ends[mid - 1]]) <= max_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[: ends[lo - 1]] if lo else ""
+
+
+def fit_units(
+    units: list[Unit],
+    budget_tokens: int,
+    count_tokens: Callable[[str], int],
+    *,
+    min_partial_tokens: int = 128,
+) -> FittedContext:
+    """Choose and format the units that fit ``budget_tokens`` (see module doc for the policy).
+
+    Costs are the formatted blocks' tokens (title line included) plus the separator between
+    blocks, counted with the reader model's tokenizer.
+    """
+    if budget_tokens <= 0:
+        raise ContextOverflowError(
+            f"no room for context: the token budget is {budget_tokens} after the prompt, answers and reserve"
+        )
+    sep = count_tokens(UNIT_SEPARATOR)
+    blocks = [format_unit(u) for u in units]
+    room = budget_tokens
+    kept: list[int] = []
+    skipped: list[int] = []
+    trimmed: dict[int, str] = {}
+    for i, block in enumerate(blocks):
+        extra = count_tokens(block) + (sep if kept else 0)
+        if extra <= room:
+            kept.append(i)
+            room -= extra
+        elif i == 0:
+            # The top unit always gets in: alone too large, it is trimmed to the whole budget.
+            trimmed[0] = trim_to_tokens(block, room, count_tokens)
+            kept.append(0)
+            room -= count_tokens(trimmed[0])
+        else:
+            skipped.append(i)
+    if skipped and not trimmed and room - sep >= min_partial_tokens:
+        i = skipped[0]  # nothing else fits whole: the best-ranked skipped unit fills the rest, trimmed
+        text = trim_to_tokens(blocks[i], room - sep, count_tokens)
+        if text:
+            trimmed[i] = text
+            kept.append(i)
+            room -= count_tokens(text) + sep
+    kept.sort()
+    out_blocks = [trimmed.get(i, blocks[i]) for i in kept]
+    return FittedContext(
+        blocks=out_blocks,
+        unit_ids=[units[i].unit_id for i in kept],
+        tokens=budget_tokens - room,
+        truncated=bool(trimmed) or bool(skipped),
+        trimmed_unit_ids=[units[i].unit_id for i in sorted(trimmed)],
+        skipped_unit_ids=[units[i].unit_id for i in skipped if i not in trimmed],
+    )
+
+
+_PREFIX = re.compile(
+    r"^\s*(?:(?:the\s+)?(?:short\s+|final\s+|long\s+)?answer(?:\s+is\s*:?|\s*[:\-])|a\s*:|output\s*:)\s*",
+    re.IGNORECASE,
+)
+_QUOTES = "\"'`“”‘’«»*_"
+_ABBREV_END = re.compile(r"(?:\b[A-Za-z]\.){2,}$|\b(?:Jr|Sr|Inc|Ltd|Co|St|Dr|Mr|Mrs|Ms|etc)\.$")
+
+
+def clean_short_answer(raw: str) -> str:
+    """Reduce a model's short-answer reply to the answer span.
+
+    Takes the first non-empty line, strips "Answer:"-style prefixes, surrounding quotes and
+    markdown emphasis, and a trailing period (kept after abbreviations like "U.S.").
+    """
+    lines = [ln.strip() for ln in raw.replace("\r", "\n").split("\n")]
+    text = next((ln for ln in lines if ln and not _PREFIX.fullmatch(ln) and not ln.startswith("Title:")), "")
+    if not text:
+        # A reply like "Short answer:\nCanberra" has the answer on the next line.
+        text = next((ln for ln in lines if ln), "")
+    for _ in range(3):
+        new = _PREFIX.sub("", text, count=1).strip()
+        new = new.strip(_QUOTES).strip()
+        if new == text:
+            break
+        text = new
+    # Echoed few-shot structure: cut at a following "Question:"/"Long answer:" marker.
+    text = re.split(r"\s*(?:Question|Long answer|Short answer)\s*:", text, maxsplit=1, flags=re.IGNORECASE)[0]
+    text = text.strip().strip(_QUOTES).strip()
+    while text.endswith((".", ",", ";", ":", "!")) and not _ABBREV_END.search(text):
+        text = text[:-1].rstrip()
+    return text.strip(_QUOTES).strip()
+
+
+_STOPWORDS = frozenset(
+    "a an the of in on at to for by with and or is are was were be been did does do what which who whom "
+    "whose when where why how many much name answer question".split()
+)
+_COPULA = re.compile(r"\b(?:is|are|was|were)\b:?\s+", re.IGNORECASE)
+_CLAUSE_END = re.compile(r",\s|;\s|\.\s|\s\((?!\d)|\s(?:because|which|who|since|as it|and it)\s", re.IGNORECASE)
+
+
+def _content_words(text: str) -> set[str]:
+    return {w for w in re.findall(r"[a-z0-9]+", text.lower()) if w not in _STOPWORDS}
+
+
+def reduce_to_span(answer: str, question: str, max_words: int = 6) -> str:
+    """Cut a sentence-long "short answer" down to its answer span.
+
+    Small models often repeat their long answer ("The national sport of Zorbland is rowing.")
+    instead of extracting from it. When ``answer`` has more than ``max_words`` words this takes
+    the part after an explicit ``is:``-style cue, or after the first copula whose left side
+    restates the question ("The national sport of Zorbland" -> "rowing"), then keeps the first
+    clause. Short answers are returned unchanged.
+    """
+    if len(answer.split()) <= max_words:
+        return answer
+    cand = answer
+    m = re.search(r":\s+(\S.*)$", cand)
+    if m:
+        cand = m.group(1)
+    q_words = _content_words(question)
+    for m in _COPULA.finditer(cand):
+        left = _content_words(cand[: m.start()])
+        if left and len(left & q_words) >= 0.5 * len(left):
+            cand = cand[m.end() :]
+            break
+    cand = _CLAUSE_END.split(cand + " ", maxsplit=1)[0]
+    cand = clean_short_answer(cand)
+    return cand or answer
+
+
+def first_sentence(text: str, max_words: int = 30) -> str:
+    """The first sentence of ``text`` (for a fallback answer), at most ``max_words`` words."""
+    text = " ".join(text.split())
+    m = re.search(r"(?<=[a-z0-9\)\]])[.!?](?=\s|$)", text)
+    sent = text[: m.start()] if m else text
+    return " ".join(sent.split()[:max_words])
+
+
+class LongReader:
+    """Two-turn long reader over any :class:`~longrag.llm.base.LLM`."""
+
+    def __init__(self, llm: LLM, config: ReaderConfig | None = None) -> None:
+        self.llm = llm
+        self.config = config or ReaderConfig()
+
+    # -- budget -------------------------------------------------------------------------------
+
+    def context_budget(self, question: str) -> int:
+        """Tokens left for unit text: window minus both turns' fixed prompt tokens, both answer
+        budgets (the long answer appears twice in turn 2: as the reply and quoted), and the reserve."""
+        cfg = self.config
+        fixed = self.llm.count_message_tokens(turn1_messages(question, ""))
+        fixed += self.llm.count_message_tokens([turn2_message(question, "", cfg.few_shot_examples)])
+        answers = 2 * cfg.long_answer_max_tokens + cfg.short_answer_max_tokens
+        return self.llm.context_window - fixed - answers - cfg.context_reserve_tokens
+
+    def fit(self, question: str, units: list[Unit]) -> FittedContext:
+        if not units:
+            return FittedContext(blocks=[], unit_ids=[], tokens=0, truncated=False)
+        return fit_units(
+            units,
+            self.context_budget(question),
+            self.llm.count_tokens,
+            min_partial_tokens=self.config.min_partial_unit_tokens,
+        )
+
+    # -- generation ---------------------------------------------------------------------------
+
+    async def _generate(self, messages: list[dict], *, max_tokens: int, stop: list[str]) -> ChatResult:
+        if self.llm.is_chat_model:
+            return await self.llm.chat(messages, max_tokens=max_tokens, stop=stop)
+        prompt = completion_prompt(messages)
+        return await self.llm.complete(prompt, max_tokens=max_tokens, stop=stop + ["\n\n"])
+
+    async def read(self, question: str, units: list[Unit]) -> ReaderResult:
+        """Answer ``question`` from ``units`` (best first). With no units the model answers from
+        the question alone (the context says no documents were found)."""
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError("question must be a non-empty string")
+        if not all(isinstance(u, Unit) for u in units):
+            raise ValueError("units must be a list of longrag.types.Unit")
+        question = " ".join(question.split())
+        cfg = self.config
+        t_start = time.perf_counter()
+
+        fitted = self.fit(question, units)
+        t_fit = time.perf_counter()
+
+        messages = turn1_messages(question, format_context(fitted.blocks))
+        first = await self._generate(
+            messages, max_tokens=cfg.long_answer_max_tokens, stop=["\nQuestion:"]
+        )
+        long_answer = first.text.strip()
+        t_long = time.perf_counter()
+
+        messages2 = messages + [
+            {"role": "assistant", "content": long_answer},
+            turn2_message(question, long_answer, cfg.few_shot_examples),
+        ]
+        second = await self._generate(
+            messages2,
+            max_tokens=cfg.short_answer_max_tokens,
+            stop=["\nQuestion:", "\nLong answer:", "Long answer:"],
+        )
+        t_short = time.perf_counter()
+
+        answer = clean_short_answer(second.text)
+        if not answer:
+            answer = clean_short_answer(first_sentence(long_answer))
+        answer = reduce_to_span(answer, question)
+        return ReaderResult(
+            answer=answer,
+            long_answer=long_answer,
+            units_used=fitted.unit_ids,
+            prompt_tokens=first.prompt_tokens + second.prompt_tokens,
+            completion_tokens=first.completion_tokens + second.completion_tokens,
+            stages_ms={
+                "fit_context": (t_fit - t_start) * 1000.0,
+                "long_answer": (t_long - t_fit) * 1000.0,
+                "short_answer": (t_short - t_long) * 1000.0,
+                "total": (t_short - t_start) * 1000.0,
+            },
+            truncated=fitted.truncated,
+            context_tokens=fitted.tokens,
+            raw_short_answer=second.text,
+        )

@@ -1,0 +1,113 @@
+"""The REAL bundled SmolLM2-135M-Instruct through llama.cpp, and the long reader on top of it.
+
+Runs in the normal suite (one model load, short generations; well under a minute on 2 cores).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from longrag.config import LLMConfig, ReaderConfig
+from longrag.llm import ContextOverflowError, LLMError, build_llm
+from longrag.llm.llamacpp import LlamaCppLLM, resolve_model_path
+from longrag.reader import LongReader
+from longrag.types import Unit
+
+pytest.importorskip("llama_cpp")
+
+
+@pytest.fixture(scope="module")
+def llm() -> LlamaCppLLM:
+    # Asks for more than SmolLM2's trained 8K window: the backend must clamp it.
+    model = build_llm(LLMConfig(backend="llamacpp", model="smollm2-135m-instruct", context_window=16384, n_threads=1))
+    assert isinstance(model, LlamaCppLLM)
+    yield model
+    asyncio.run(model.aclose())
+
+
+def test_bundled_model_resolves_and_window_is_clamped(llm):
+    path = resolve_model_path("smollm2-135m-instruct")
+    assert path.suffix == ".gguf" and path.stat().st_size > 50_000_000
+    assert llm.context_window == 8192 and llm.is_chat_model and llm.name == "smollm2-135m-instruct"
+
+
+def test_gguf_path_loads_with_its_own_window():
+    path = resolve_model_path("smollm2-135m-instruct")
+    model = LlamaCppLLM(str(path), n_ctx=512, n_threads=1)
+    try:
+        assert model.context_window == 512 and model.name == path.stem
+        assert model.is_chat_model  # the GGUF carries a chat template
+    finally:
+        asyncio.run(model.aclose())
+    with pytest.raises(LLMError, match="closed"):
+        model.chat_sync([{"role": "user", "content": "hi"}], max_tokens=2)
+
+
+def test_token_counting_uses_the_model_tokenizer(llm):
+    text = "Velmora is the capital city of Zorbland."
+    n = llm.count_tokens(text)
+    assert n == len(llm.tokenize(text)) and 5 < n < 20
+    assert llm.detokenize(llm.tokenize(text)).strip() == text
+    assert llm.count_tokens("") == 0
+    assert llm.count_tokens(text + " " + text) > n
+
+
+def test_chat_real_tokens_deterministic_and_thread_safe(llm):
+    messages = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+
+    async def go():
+        first = await llm.chat(messages, max_tokens=8)
+        # two concurrent calls queue on the lock and give the same greedy output
+        a, b = await asyncio.gather(llm.chat(messages, max_tokens=8), llm.chat(messages, max_tokens=8))
+        return first, a, b
+
+    first, a, b = asyncio.run(go())
+    assert "paris" in first.text.lower()
+    assert first.text == a.text == b.text
+    # prompt tokens: the chat template adds role markers (and a default system prompt) around the content
+    assert first.prompt_tokens > llm.count_tokens(messages[0]["content"])
+    assert 1 <= first.completion_tokens <= 8
+    assert first.latency_ms > 0 and first.model == "smollm2-135m-instruct"
+
+
+def test_plain_completion(llm):
+    res = asyncio.run(llm.complete("One, two, three, four,", max_tokens=4, stop=["\n"]))
+    assert res.prompt_tokens == llm.count_tokens("One, two, three, four,")  # no BOS for this model
+    assert 1 <= res.completion_tokens <= 4 and "five" in res.text.lower()
+
+
+def test_context_overflow_is_reported(llm):
+    with pytest.raises(ContextOverflowError, match="8192"):
+        asyncio.run(llm.chat([{"role": "user", "content": "word " * 9000}], max_tokens=4))
+
+
+def test_long_reader_answers_from_context(llm):
+    units = [
+        Unit(
+            "u-zorbland",
+            ["d2"],
+            ["Zorbland"],
+            "Zorbland is a small island nation in the Pacific Ocean. It became independent in 1962. "
+            "Its largest export is coconut oil. The national sport of Zorbland is rowing.",
+            0,
+        ),
+        Unit(
+            "u-velmora",
+            ["d1"],
+            ["Velmora"],
+            "Velmora is the capital city of Zorbland. About 80,000 people live there, and it is known "
+            "for its harbour and fish markets.",
+            0,
+        ),
+    ]
+    reader = LongReader(llm, ReaderConfig(long_answer_max_tokens=48, short_answer_max_tokens=16, few_shot_examples=3))
+    res = asyncio.run(reader.read("What is the national sport of Zorbland?", units))
+    assert res.answer.strip() and res.long_answer.strip()
+    assert "rowing" in res.answer.lower(), res
+    assert len(res.answer.split()) <= 6, res
+    assert res.units_used == ["u-zorbland", "u-velmora"] and not res.truncated
+    assert res.prompt_tokens > res.context_tokens > 0
+    assert res.completion_tokens > 0
+    assert res.stages_ms["total"] >= res.stages_ms["long_answer"] + res.stages_ms["short_answer"]

@@ -1,0 +1,287 @@
+"""Long reader: conversation shape, few-shot turn, context fitting, answer cleaning (scripted LLM)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from longrag.config import ReaderConfig
+from longrag.llm.base import ContextOverflowError
+from longrag.prompts import FEW_SHOT_EXAMPLES, completion_prompt, format_unit
+from longrag.reader import (
+    LongReader,
+    clean_short_answer,
+    first_sentence,
+    fit_units,
+    reduce_to_span,
+    trim_to_tokens,
+)
+from longrag.types import Unit
+from tests.fakes import ScriptedLLM
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+def make_unit(uid: str, n_words: int, title: str | None = None) -> Unit:
+    """A unit whose formatted block ("Title: <title>\\n<text>") has exactly n_words words."""
+    title = title or f"Doc{uid}"
+    body = " ".join(f"{uid}w{i}" for i in range(n_words - 2))  # "Title:" + title take 2 words
+    u = Unit(unit_id=uid, doc_ids=[uid], titles=[title], text=body, n_tokens=n_words)
+    assert words(format_unit(u)) == n_words
+    return u
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+# -- the two turns --------------------------------------------------------------------------
+
+
+def test_turn2_carries_turn1_conversation():
+    llm = ScriptedLLM(["Canberra is the capital of Australia.", 'Short answer: "Canberra".'])
+    reader = LongReader(llm, ReaderConfig())
+    units = [
+        Unit("u1", ["d1"], ["Australia"], "Australia's capital is Canberra. Sydney is its largest city.", 10),
+        Unit("u2", ["d2"], ["Sydney"], "Sydney hosts the Opera House.", 5),
+    ]
+    res = run(reader.read("what is the capital of australia", units))
+
+    assert res.answer == "Canberra"
+    assert res.long_answer == "Canberra is the capital of Australia."
+    assert res.units_used == ["u1", "u2"] and res.truncated is False
+    assert len(llm.calls) == 2
+    first, second = llm.calls[0]["messages"], llm.calls[1]["messages"]
+    assert first[0]["role"] == "system" and first[-1]["role"] == "user"
+    # turn 1: units with their titles, in rank order, and the question
+    t1 = first[-1]["content"]
+    assert "Title: Australia\nAustralia's capital is Canberra." in t1
+    assert t1.index("Title: Australia") < t1.index("Title: Sydney")
+    assert t1.count("what is the capital of australia") >= 1
+    # turn 2 = turn 1 messages + the model's reply + one new user message
+    assert second[: len(first)] == first
+    assert second[len(first)] == {"role": "assistant", "content": "Canberra is the capital of Australia."}
+    assert len(second) == len(first) + 2 and second[-1]["role"] == "user"
+    t2 = second[-1]["content"]
+    assert t2.rstrip().endswith(
+        "Question: what is the capital of australia\nLong answer: Canberra is the capital of Australia.\nShort answer:"
+    )
+    # budgets and token accounting
+    assert llm.calls[0]["max_tokens"] == ReaderConfig().long_answer_max_tokens
+    assert llm.calls[1]["max_tokens"] == ReaderConfig().short_answer_max_tokens
+    assert res.prompt_tokens == llm.count_message_tokens(first) + llm.count_message_tokens(second)
+    assert res.completion_tokens == words("Canberra is the capital of Australia.") + words('Short answer: "Canberra".')
+    assert set(res.stages_ms) == {"fit_context", "long_answer", "short_answer", "total"}
+    assert res.stages_ms["total"] >= res.stages_ms["long_answer"] >= 0
+
+
+@pytest.mark.parametrize("n", [0, 3, 8])
+def test_few_shot_examples_present(n):
+    llm = ScriptedLLM(["Paris is the capital.", "Paris"])
+    run(LongReader(llm, ReaderConfig(few_shot_examples=n)).read("capital of france?", [make_unit("a", 20)]))
+    t2 = llm.calls[1]["messages"][-1]["content"]
+    assert t2.count("Short answer:") == n + 1
+    for ex in FEW_SHOT_EXAMPLES[:n]:
+        assert f"Question: {ex.question}\nLong answer: {ex.long_answer}\nShort answer: {ex.short_answer}" in t2
+    for ex in FEW_SHOT_EXAMPLES[n:]:
+        assert ex.question not in t2
+    # the real question comes after every example
+    assert t2.rindex("capital of france?") > max([t2.index(ex.question) for ex in FEW_SHOT_EXAMPLES[:n]] or [-1])
+
+
+def test_empty_short_answer_falls_back_to_long_answer():
+    llm = ScriptedLLM(["The Nile flows through Cairo. It is long.", "  \n "])
+    res = run(LongReader(llm).read("which river flows through cairo", [make_unit("a", 10)]))
+    assert res.answer == "The Nile flows through Cairo"
+
+
+def test_base_model_uses_completion_prompts():
+    llm = ScriptedLLM(["Ohio, because he was born in Cincinnati.", " Ohio\nQuestion: next"], is_chat_model=False)
+    res = run(LongReader(llm).read("where was spielberg born", [make_unit("a", 12)]))
+    assert [c["kind"] for c in llm.calls] == ["complete", "complete"]
+    p1, p2 = llm.calls[0]["prompt"], llm.calls[1]["prompt"]
+    assert p1.endswith("\nAnswer:") and p2.endswith("Short answer:")
+    assert p2.startswith(p1) and "Ohio, because he was born in Cincinnati." in p2[len(p1) :]
+    assert res.answer == "Ohio"
+
+
+def test_completion_prompt_flattening():
+    msgs = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "Q1"},
+        {"role": "assistant", "content": "A1"},
+        {"role": "user", "content": "Q2 Short answer:"},
+    ]
+    assert completion_prompt(msgs) == "S\n\nQ1\nAnswer: A1\n\nQ2 Short answer:"
+
+
+def test_question_must_be_text():
+    with pytest.raises(ValueError, match="question"):
+        run(LongReader(ScriptedLLM()).read("   ", [make_unit("a", 5)]))
+
+
+def test_no_units_still_answers():
+    llm = ScriptedLLM(["I do not know.", "unknown"])
+    res = run(LongReader(llm).read("who?", []))
+    assert res.units_used == [] and res.truncated is False and res.answer == "unknown"
+    assert "(no documents were found)" in llm.calls[0]["messages"][-1]["content"]
+
+
+# -- context fitting ------------------------------------------------------------------------
+
+
+def test_fit_keeps_whole_units_in_rank_order():
+    units = [make_unit("a", 50), make_unit("b", 200), make_unit("c", 30), make_unit("d", 25)]
+    fit = fit_units(units, 100, words, min_partial_tokens=64)
+    # a (50) fits, b (200) does not, c (30) fits, d (25) does not (20 left < 25), 20 left < 64: no trimmed fill
+    assert fit.unit_ids == ["a", "c"]
+    assert fit.blocks == [format_unit(units[0]), format_unit(units[2])]
+    assert fit.truncated and fit.trimmed_unit_ids == [] and fit.skipped_unit_ids == ["b", "d"]
+    assert fit.tokens == 80
+
+
+def test_fit_everything_fits():
+    units = [make_unit("a", 10), make_unit("b", 20)]
+    fit = fit_units(units, 30, words)
+    assert fit.unit_ids == ["a", "b"] and not fit.truncated and fit.tokens == 30
+
+
+def test_fit_trims_top_unit_when_alone_too_large():
+    units = [make_unit("a", 300), make_unit("b", 10)]
+    fit = fit_units(units, 100, words)
+    assert fit.unit_ids == ["a"] and fit.trimmed_unit_ids == ["a"] and fit.truncated
+    assert words(fit.blocks[0]) == 100
+    assert format_unit(units[0]).startswith(fit.blocks[0])
+
+
+def test_fit_fills_leftover_room_with_best_skipped_unit_trimmed():
+    units = [make_unit("a", 50), make_unit("b", 500), make_unit("c", 30)]
+    fit = fit_units(units, 300, words, min_partial_tokens=100)
+    # a and c whole (80), then b trimmed into the 220 left; output stays in rank order
+    assert fit.unit_ids == ["a", "b", "c"]
+    assert fit.trimmed_unit_ids == ["b"] and fit.skipped_unit_ids == []
+    assert words(fit.blocks[1]) == 220 and format_unit(units[1]).startswith(fit.blocks[1])
+    assert fit.tokens == 300
+
+
+def test_fit_rejects_nonpositive_budget():
+    with pytest.raises(ContextOverflowError, match="no room"):
+        fit_units([make_unit("a", 5)], 0, words)
+
+
+def test_fit_invariants_random():
+    rng = random.Random(7)
+    for _ in range(200):
+        units = [make_unit(f"u{i}", rng.randint(3, 120)) for i in range(rng.randint(1, 8))]
+        budget = rng.randint(1, 400)
+        fit = fit_units(units, budget, words, min_partial_tokens=40)
+        cost = {u.unit_id: words(format_unit(u)) for u in units}
+        assert sum(words(b) for b in fit.blocks) <= budget
+        assert fit.unit_ids[0] == units[0].unit_id  # the top unit always gets in
+        order = [u.unit_id for u in units]
+        assert fit.unit_ids == sorted(fit.unit_ids, key=order.index)  # rank order
+        # whole units: exactly the greedy choice in rank order
+        room, greedy = budget, []
+        for u in units:
+            if cost[u.unit_id] <= room:
+                greedy.append(u.unit_id)
+                room -= cost[u.unit_id]
+        whole = [uid for uid in fit.unit_ids if uid not in fit.trimmed_unit_ids]
+        if units[0].unit_id in fit.trimmed_unit_ids:
+            assert cost[units[0].unit_id] > budget and fit.unit_ids == [units[0].unit_id]
+        else:
+            assert whole == greedy
+        assert len(fit.trimmed_unit_ids) <= 1
+        assert fit.truncated == (len(fit.unit_ids) < len(units) or bool(fit.trimmed_unit_ids))
+
+
+def test_reader_prompts_fit_the_window():
+    """With a small window the reader trims the top unit; every call stays inside the window
+    (ScriptedLLM raises ContextOverflowError otherwise)."""
+    cfg = ReaderConfig(context_reserve_tokens=16, long_answer_max_tokens=20, short_answer_max_tokens=5)
+    llm = ScriptedLLM([" ".join(["long"] * 20), "short"], context_window=900)
+    units = [make_unit("a", 2000), make_unit("b", 10)]
+    reader = LongReader(llm, cfg)
+    budget = reader.context_budget("q?")
+    assert 0 < budget < 900
+    res = run(reader.read("q?", units))
+    assert res.units_used == ["a"] and res.truncated and res.context_tokens == budget
+    second = llm.calls[1]["messages"]
+    assert llm.count_message_tokens(second) + cfg.short_answer_max_tokens <= 900
+
+
+def test_reader_window_too_small_raises():
+    llm = ScriptedLLM(context_window=300)
+    with pytest.raises(ContextOverflowError):
+        run(LongReader(llm).read("q?", [make_unit("a", 10)]))
+
+
+# -- post-processing ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw,expected",
+    [
+        ("Canberra", "Canberra"),
+        ("Canberra.", "Canberra"),
+        ('"Canberra"', "Canberra"),
+        ("Short answer: Canberra.", "Canberra"),
+        ("Answer: 'the Nile'", "the Nile"),
+        ("The answer is: 9 November 1989.", "9 November 1989"),
+        ("**Mary Shelley**", "Mary Shelley"),
+        ("  \n\nShort answer:\nOhio\n", "Ohio"),
+        ("Ohio\nQuestion: who wrote hamlet\nLong answer: ...", "Ohio"),
+        ("Ohio Question: who wrote hamlet", "Ohio"),
+        ("Washington, D.C.", "Washington, D.C."),
+        ("the U.S.", "the U.S."),
+        ("“Pride and Prejudice”.", "Pride and Prejudice"),
+        ("yes.", "yes"),
+        ("the answer is Canberra", "Canberra"),
+        ("Answer Records", "Answer Records"),
+        ("", ""),
+    ],
+)
+def test_clean_short_answer(raw, expected):
+    assert clean_short_answer(raw) == expected
+
+
+def test_first_sentence():
+    assert first_sentence("The Nile flows north. It is long.") == "The Nile flows north"
+    assert first_sentence("Born in 1946 in Ohio.") == "Born in 1946 in Ohio"
+    assert first_sentence(" ".join(["w"] * 50), max_words=5) == "w w w w w"
+
+
+def test_trim_to_tokens_is_longest_fitting_prefix():
+    text = "alpha  beta\ngamma delta epsilon"
+    assert trim_to_tokens(text, 10, words) == text
+    assert trim_to_tokens(text, 3, words) == "alpha  beta\ngamma"
+    assert trim_to_tokens(text, 0, words) == ""
+    # a counter where tokens are characters: the prefix is the longest word prefix within budget
+    out = trim_to_tokens(text, 12, len)
+    assert out == "alpha  beta" and len(out) <= 12 and len("alpha  beta\ngamma") > 12
+
+
+@pytest.mark.parametrize(
+    "answer,question,expected",
+    [
+        ("The national sport of Zorbland is rowing", "What is the national sport of Zorbland?", "rowing"),
+        ('The answer to the question "How many people live in Velmora?" is: 80,000', "How many people live in Velmora?", "80,000"),
+        ("The capital of Australia is Canberra, chosen as a compromise", "what is the capital of australia", "Canberra"),
+        ("Yes. The Beatles formed in Liverpool and the Stones in London", "are both bands from england", "Yes"),
+        ("Mary Shelley", "who wrote frankenstein", "Mary Shelley"),  # already short: unchanged
+        ("Canberra is the capital city of the country of Australia", "what is the capital of australia", "Canberra is the capital city of the country of Australia"),
+    ],
+)
+def test_reduce_to_span(answer, question, expected):
+    assert reduce_to_span(answer, question) == expected
+
+
+def test_reader_reduces_a_repeated_sentence():
+    llm = ScriptedLLM(["The national sport of Zorbland is rowing.", "The national sport of Zorbland is rowing."])
+    res = run(LongReader(llm).read("What is the national sport of Zorbland?", [make_unit("a", 10)]))
+    assert res.answer == "rowing"
+    assert res.raw_short_answer == "The national sport of Zorbland is rowing."
