@@ -1,0 +1,199 @@
+"""``make demo``: index the bundled Wikipedia sample, serve it, ask questions over HTTP.
+
+Starts a local Ray, builds a grouped-unit index of the 106-article enwiki sample (lead sections
+grouped along their hyperlinks), deploys the Serve app with the bundled CPU models (MiniLM
+embeddings, SmolLM2 through llama.cpp), asks a handful of questions over HTTP, prints answers with
+the titles of their evidence and the figures of the run, shuts everything down, and exits
+non-zero on any failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "data" / "sample" / "enwiki-sample-106-articles.xml.bz2"
+QUESTIONS = [
+    "Who wrote the novel Animal Farm?",
+    "Which spaceflight first landed humans on the Moon?",
+    "What is the capital of Angola?",
+    "Who composed An American in Paris?",
+    "Which country is Aruba a constituent country of?",
+]
+
+log = logging.getLogger("jobs.demo")
+
+
+class MemorySampler:
+    """Peak resident memory of this process and its descendants (the local Ray), sampled."""
+
+    def __init__(self, interval_s: float = 0.5) -> None:
+        self.interval_s, self.peak_bytes = interval_s, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> int:
+        me = psutil.Process()
+        total = 0
+        for p in [me, *me.children(recursive=True)]:
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak_bytes = max(self.peak_bytes, self._sample())
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> "MemorySampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def wait_healthy(client: httpx.Client, timeout_s: float = 300) -> dict[str, Any]:
+    deadline = time.time() + timeout_s
+    last = ""
+    while time.time() < deadline:
+        try:
+            r = client.get("/healthz")
+            if r.status_code == 200:
+                return r.json()
+            last = f"{r.status_code} {r.text[:200]}"
+        except httpx.HTTPError as exc:
+            last = str(exc)
+        time.sleep(1)
+    raise TimeoutError(f"the Serve app did not become healthy in {timeout_s}s (last: {last})")
+
+
+def p50(values: list[float]) -> float:
+    return round(statistics.median(values), 1) if values else float("nan")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ray import serve
+
+    from cluster.local import start_or_join
+    from jobs.index import build_index
+    from longrag.config import load_config
+    from serve.app import AppArgs, app_builder
+
+    t_start = time.perf_counter()
+    config = load_config(args.config, [
+        "units.kind=grouped", "units.text_mode=lead", f"index.shards={args.shards}",
+        f"index.replicas={args.replicas}", *args.set,
+    ])
+    out = str(Path(args.out).resolve())
+    failures: list[str] = []
+    with MemorySampler() as mem:
+        handle = start_or_join(None, num_cpus=args.num_cpus)
+        try:
+            print(f"== 1/3 indexing {SAMPLE.name} -> {out}", flush=True)
+            report = build_index(str(SAMPLE), "wikixml", out, config, overwrite=True,
+                                 command=["python", "-m", "jobs.demo"])
+            counts = report["counts"]
+            hist = {int(n): c for n, c in report["grouping"]["docs_per_unit"].items()}
+            multi = sum(c for n, c in hist.items() if n > 1)
+            print(f"   {counts['documents']} documents -> {counts['units']} grouped units "
+                  f"({multi} hold several documents, up to {max(hist)}) -> {counts['chunks']} chunks "
+                  f"in {counts['shards']} shards; build {report['timings_s']['total_s']}s "
+                  f"({report['read']['n_bad']} pages skipped: {[b['title'] for b in report['read']['bad']]})",
+                  flush=True)
+
+            print("== 2/3 deploying the Serve app (query encoder, retriever, reader, LLM)", flush=True)
+            serve.start(http_options={"host": "127.0.0.1", "port": args.port})
+            serve.run(app_builder(AppArgs(index=out)), name="longrag", route_prefix="/", blocking=False)
+            base = f"http://127.0.0.1:{args.port}"
+            with httpx.Client(base_url=base, timeout=300) as client:
+                health = wait_healthy(client)
+                print(f"   healthy: {json.dumps(health)}", flush=True)
+
+                print("== 3/3 asking questions over HTTP", flush=True)
+                retrieve_ms, answer_ms = [], []
+                for q in QUESTIONS[: args.questions]:
+                    t0 = time.perf_counter()
+                    r = client.post("/v1/retrieve", json={"question": q, "k": args.k})
+                    retrieve_ms.append((time.perf_counter() - t0) * 1e3)
+                    if r.status_code != 200:
+                        failures.append(f"retrieve {q!r}: HTTP {r.status_code} {r.text[:300]}")
+                        continue
+                    t0 = time.perf_counter()
+                    r = client.post("/v1/answer", json={"question": q, "k": args.k})
+                    answer_ms.append((time.perf_counter() - t0) * 1e3)
+                    if r.status_code != 200:
+                        failures.append(f"answer {q!r}: HTTP {r.status_code} {r.text[:300]}")
+                        continue
+                    body = r.json()
+                    if not body["answer"].strip():
+                        failures.append(f"answer {q!r}: empty answer")
+                    if body["coverage"]["degraded"]:
+                        failures.append(f"answer {q!r}: degraded coverage {body['coverage']}")
+                    print(f"\nQ: {q}\nA: {body['answer']}\n   long answer: {body['long_answer'][:300]}")
+                    for ev in body["evidence"]:
+                        mark = "*" if ev["used"] else " "
+                        print(f"   {mark} {ev['score']:.3f}  {ev['unit_id']}: {' | '.join(ev['titles'][:6])}"
+                              f"{' ...' if len(ev['titles']) > 6 else ''}")
+                    t = body["trace"]
+                    print(f"   trace: encode {t['encode_ms']} ms, retrieve {t['retrieve_ms']} ms, "
+                          f"read {t['read_ms']} ms, tokens {t['prompt_tokens']}+{t['completion_tokens']}",
+                          flush=True)
+                bad = client.post("/v1/answer", json={"question": "", "k": 3})
+                if bad.status_code != 422:
+                    failures.append(f"an empty question should get 422, got {bad.status_code}")
+        except Exception as exc:  # report and fail: the demo must exit non-zero on any failure
+            log.exception("demo failed")
+            failures.append(f"{type(exc).__name__}: {exc}")
+            retrieve_ms, answer_ms, report = locals().get("retrieve_ms", []), locals().get("answer_ms", []), locals().get("report", {})
+        finally:
+            try:
+                serve.shutdown()
+            except Exception:
+                pass
+            handle.shutdown()
+
+    summary = {
+        "wall_s": round(time.perf_counter() - t_start, 1),
+        "build": report.get("timings_s") if report else None,
+        "counts": report.get("counts") if report else None,
+        "retrieve_p50_ms": p50(retrieve_ms),
+        "answer_p50_ms": p50(answer_ms),
+        "peak_rss_gib": round(mem.peak_bytes / 2**30, 2),
+        "failures": failures,
+    }
+    print("\n== summary\n" + json.dumps(summary, indent=2))
+    return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    p = argparse.ArgumentParser(prog="python -m jobs.demo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=str(ROOT / "artifacts" / "demo"))
+    p.add_argument("--shards", type=int, default=2)
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--questions", type=int, default=len(QUESTIONS))
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--num-cpus", type=float, default=4)
+    p.add_argument("--config")
+    p.add_argument("--set", action="append", default=[])
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Ray Serve application: FastAPI ingress + query encoder, retriever, reader and LLM deployments."""

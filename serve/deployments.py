@@ -1,0 +1,173 @@
+"""Ray Serve deployments: thin shells around core objects.
+
+* ``QueryEncoder`` owns an ``Embedder`` and batches concurrent questions (``@serve.batch``);
+* ``Retriever`` owns a ``ShardedIndex`` (its own ``IndexShard`` actors, R replicas per shard), so
+  scaling retriever replicas scales whole copies of the index tier;
+* ``LLMServer`` owns an in-process LLM (llama.cpp on CPU); on GPU clusters the reader talks to a
+  vLLM deployment of ``ray.serve.llm`` (or any OpenAI-compatible URL) instead;
+* ``Reader`` owns the two-turn ``LongReader`` and talks to the LLM through ``RemoteLLM``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from actors.sharded_index import ShardedIndex
+from longrag.config import EmbeddingConfig, IndexConfig, LLMConfig, ReaderConfig
+from longrag.llm.base import LLM, ChatResult
+from longrag.types import Unit, UnitHit
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=64)
+class QueryEncoder:
+    def __init__(self, embedding: dict[str, Any], torch_threads: int = 1) -> None:
+        import torch
+
+        from longrag.embedding import Embedder
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        torch.set_num_threads(torch_threads)
+        self.embedder = Embedder(EmbeddingConfig.model_validate(embedding))
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
+    async def encode(self, questions: list[str]) -> list[np.ndarray]:
+        vectors = await asyncio.to_thread(self.embedder.encode_queries, questions)
+        return list(vectors)
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=64)
+class Retriever:
+    def __init__(self, index_uri: str, index: dict[str, Any]) -> None:
+        cfg = IndexConfig.model_validate(index)
+        from longrag.store import ArtifactStore
+
+        self.manifest = ArtifactStore.open(index_uri).read_manifest()
+        self.index = ShardedIndex.launch(
+            index_uri,
+            replicas=cfg.replicas,
+            num_cpus=cfg.shard_num_cpus,
+            timeout_s=cfg.search_timeout_s,
+        )
+        self.index.wait_ready()
+
+    async def retrieve(self, vector: np.ndarray, k: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        res = await self.index.search(np.asarray(vector, dtype=np.float32)[None, :], k)
+        t1 = time.perf_counter()
+        hits = res.hits[0]
+        units = await self.index.fetch_units(hits)
+        t2 = time.perf_counter()
+        return {
+            "hits": [h.to_dict() for h in hits],
+            "units": units,
+            "coverage": res.coverage.to_dict(),
+            "trace": {"search_ms": round((t1 - t0) * 1e3, 2), "fetch_ms": round((t2 - t1) * 1e3, 2),
+                      "shard_ms": res.shard_ms},
+        }
+
+    def describe(self) -> dict[str, Any]:
+        m = self.manifest
+        return {"build_id": m.build_id, "shards": len(m.shards), "units": m.counts.get("units", 0),
+                "chunks": m.counts.get("chunks", 0), "embedding_model": m.embedding_model}
+
+    async def check_health(self) -> None:
+        """Serve marks the replica unhealthy (and replaces it) when every shard is unreachable."""
+        refs = [row[0].ping.remote() for row in self.index.replicas]
+        done, _ = await asyncio.wait([asyncio.wrap_future(r.future()) for r in refs], timeout=5)
+        if not any(d.exception() is None for d in done):
+            raise RuntimeError("no index shard answered a ping")
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=8)
+class LLMServer:
+    """An in-process LLM behind a deployment; its calls run one at a time per replica."""
+
+    def __init__(self, llm: dict[str, Any]) -> None:
+        from longrag.llm.factory import build_llm
+
+        self.config = LLMConfig.model_validate(llm)
+        self.llm = build_llm(self.config)
+
+    async def chat(self, messages: list[dict[str, str]], max_tokens: int, temperature: float | None = None,
+                   stop: list[str] | None = None) -> dict[str, Any]:
+        res = await self.llm.chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop)
+        return res.to_dict()
+
+    async def complete(self, prompt: str, max_tokens: int, temperature: float | None = None,
+                       stop: list[str] | None = None) -> dict[str, Any]:
+        res = await self.llm.complete(prompt, max_tokens=max_tokens, temperature=temperature, stop=stop)
+        return res.to_dict()
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.llm.name, "context_window": self.llm.context_window}
+
+
+class RemoteLLM(LLM):
+    """The core ``LLM`` interface over an ``LLMServer`` deployment handle.
+
+    Token counting runs locally with a tokenizer-only copy of the same model (cheap: no weights),
+    so the reader can fit its context without a round trip per count."""
+
+    def __init__(self, handle: DeploymentHandle, config: LLMConfig, context_window: int | None = None) -> None:
+        self.handle = handle
+        self.config = config
+        self._count = local_token_counter(config)
+        self.context_window = context_window or config.context_window
+        self.name = f"remote:{config.model}"
+
+    async def chat(self, messages, *, max_tokens, temperature=None, stop=None) -> ChatResult:  # type: ignore[override]
+        res = await self.handle.chat.remote(messages, max_tokens, temperature, stop)
+        return ChatResult(**res)
+
+    async def complete(self, prompt, *, max_tokens, temperature=None, stop=None) -> ChatResult:  # type: ignore[override]
+        res = await self.handle.complete.remote(prompt, max_tokens, temperature, stop)
+        return ChatResult(**res)
+
+    def count_tokens(self, text: str) -> int:
+        return self._count(text)
+
+
+def local_token_counter(config: LLMConfig) -> Callable[[str], int]:
+    """Token counting without the model's weights: llama.cpp loads the GGUF vocabulary only; an
+    OpenAI-compatible server's tokenizer is not reachable, so its counts are estimates."""
+    if config.backend == "llamacpp":
+        from llama_cpp import Llama
+
+        from longrag.llm.llamacpp import resolve_model_path
+
+        vocab = Llama(model_path=str(resolve_model_path(config.model)), vocab_only=True, verbose=False)
+        lock = threading.Lock()
+
+        def count(text: str) -> int:
+            if not text:
+                return 0
+            with lock:
+                return len(vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+        return count
+    from longrag.llm.openai_http import estimate_tokens
+
+    return estimate_tokens
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=32)
+class Reader:
+    def __init__(self, llm_handle: DeploymentHandle, llm: dict[str, Any], reader: dict[str, Any]) -> None:
+        from longrag.reader import LongReader
+
+        # The window the LLM really has (llama.cpp clamps to the model's trained context).
+        window = llm_handle.describe.remote().result(timeout_s=600)["context_window"]
+        self.llm = RemoteLLM(llm_handle, LLMConfig.model_validate(llm), context_window=window)
+        self.reader = LongReader(self.llm, ReaderConfig.model_validate(reader))
+
+    async def read(self, question: str, units: list[dict[str, Any]]) -> dict[str, Any]:
+        result = await self.reader.read(question, [Unit.from_row(u) for u in units])
+        return result.to_dict()
