@@ -95,6 +95,11 @@ class ReaderConfig(_Section):
     min_partial_unit_tokens: int = Field(
         128, ge=1, description="Fill leftover room with a trimmed unit only when at least this many tokens are free."
     )
+    compression: Literal["truncate", "mixpr"] = Field(
+        "truncate",
+        description="When the retrieved units exceed the window: keep whole top units and trim (truncate), or "
+        "select the sentences to keep from all of them with question-seeded MixPR, in document order (mixpr).",
+    )
 
 
 class ServeConfig(_Section):

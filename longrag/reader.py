@@ -48,6 +48,11 @@ class FittedContext:
     truncated: bool
     trimmed_unit_ids: list[str] = field(default_factory=list)
     skipped_unit_ids: list[str] = field(default_factory=list)
+    compressed: bool = False
+
+
+# (question, formatted unit blocks in rank order, token budget, token counter) -> context text
+Compressor = Callable[[str, list[str], int, Callable[[str], int]], str]
 
 
 @dataclass
@@ -61,6 +66,7 @@ class ReaderResult:
     truncated: bool
     context_tokens: int = 0
     raw_short_answer: str = ""
+    compressed: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -219,9 +225,12 @@ def first_sentence(text: str, max_words: int = 30) -> str:
 class LongReader:
     """Two-turn long reader over any :class:`~longrag.llm.base.LLM`."""
 
-    def __init__(self, llm: LLM, config: ReaderConfig | None = None) -> None:
+    def __init__(self, llm: LLM, config: ReaderConfig | None = None, compressor: Compressor | None = None) -> None:
+        """``compressor`` is used when ``config.compression == "mixpr"`` (or a request asks for it)
+        and the units do not fit the window whole (see ``longrag.longcontext``)."""
         self.llm = llm
         self.config = config or ReaderConfig()
+        self.compressor = compressor
 
     # -- budget -------------------------------------------------------------------------------
 
@@ -234,15 +243,27 @@ class LongReader:
         answers = 2 * cfg.long_answer_max_tokens + cfg.short_answer_max_tokens
         return self.llm.context_window - fixed - answers - cfg.context_reserve_tokens
 
-    def fit(self, question: str, units: list[Unit]) -> FittedContext:
+    def fit(self, question: str, units: list[Unit], compression: str | None = None) -> FittedContext:
         if not units:
             return FittedContext(blocks=[], unit_ids=[], tokens=0, truncated=False)
-        return fit_units(
-            units,
-            self.context_budget(question),
-            self.llm.count_tokens,
-            min_partial_tokens=self.config.min_partial_unit_tokens,
+        budget = self.context_budget(question)
+        fitted = fit_units(
+            units, budget, self.llm.count_tokens, min_partial_tokens=self.config.min_partial_unit_tokens
         )
+        mode = compression or self.config.compression
+        if mode not in ("truncate", "mixpr"):
+            raise ValueError(f"compression must be 'truncate' or 'mixpr', got {mode!r}")
+        if mode == "truncate" or not fitted.truncated:
+            return fitted
+        if self.compressor is None:
+            raise ValueError("compression='mixpr' needs a compressor (see longrag.longcontext)")
+        text = self.compressor(question, [format_unit(u) for u in units], budget, self.llm.count_tokens)
+        tokens = self.llm.count_tokens(text)
+        if tokens > budget:  # never hand the model more than its window
+            text = trim_to_tokens(text, budget, self.llm.count_tokens)
+            tokens = self.llm.count_tokens(text)
+        return FittedContext(blocks=[text], unit_ids=[u.unit_id for u in units], tokens=tokens,
+                             truncated=False, compressed=True)
 
     # -- generation ---------------------------------------------------------------------------
 
@@ -252,7 +273,7 @@ class LongReader:
         prompt = completion_prompt(messages)
         return await self.llm.complete(prompt, max_tokens=max_tokens, stop=stop + ["\n\n"])
 
-    async def read(self, question: str, units: list[Unit]) -> ReaderResult:
+    async def read(self, question: str, units: list[Unit], compression: str | None = None) -> ReaderResult:
         """Answer ``question`` from ``units`` (best first). With no units the model answers from
         the question alone (the context says no documents were found)."""
         if not isinstance(question, str) or not question.strip():
@@ -263,7 +284,7 @@ class LongReader:
         cfg = self.config
         t_start = time.perf_counter()
 
-        fitted = self.fit(question, units)
+        fitted = self.fit(question, units, compression)
         t_fit = time.perf_counter()
 
         messages = turn1_messages(question, format_context(fitted.blocks))
@@ -302,5 +323,6 @@ class LongReader:
             },
             truncated=fitted.truncated,
             context_tokens=fitted.tokens,
+            compressed=fitted.compressed,
             raw_short_answer=second.text,
         )

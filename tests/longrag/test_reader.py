@@ -285,3 +285,40 @@ def test_reader_reduces_a_repeated_sentence():
     res = run(LongReader(llm).read("What is the national sport of Zorbland?", [make_unit("a", 10)]))
     assert res.answer == "rowing"
     assert res.raw_short_answer == "The national sport of Zorbland is rowing."
+
+
+# --- compression: MixPR-style selection instead of truncation ---------------------------------
+def _big_units(n=3, words=400):
+    return [Unit(unit_id=f"u{i}", doc_ids=[str(i)], titles=[f"T{i}"],
+                 text=" ".join(f"w{i}_{j}" for j in range(words)), n_tokens=words) for i in range(n)]
+
+
+def test_compression_mixpr_calls_the_compressor_only_when_units_do_not_fit():
+    calls = []
+
+    def compressor(question, blocks, budget, count):
+        calls.append((question, len(blocks), budget))
+        return "selected sentences"
+
+    llm = ScriptedLLM(["long answer", "short"], context_window=900)
+    reader = LongReader(llm, ReaderConfig(compression="mixpr", context_reserve_tokens=16,
+                                          long_answer_max_tokens=16, short_answer_max_tokens=8),
+                        compressor=compressor)
+    fitted = reader.fit("Which?", _big_units())
+    assert fitted.compressed and fitted.blocks == ["selected sentences"]
+    assert fitted.unit_ids == ["u0", "u1", "u2"] and not fitted.truncated
+    assert calls and calls[0][1] == 3 and calls[0][2] == reader.context_budget("Which?")
+    # Units that fit whole are never compressed.
+    calls.clear()
+    small = reader.fit("Which?", _big_units(n=1, words=20))
+    assert not small.compressed and not calls
+    # Per-request override back to truncation.
+    assert not reader.fit("Which?", _big_units(), compression="truncate").compressed
+
+
+def test_compression_mixpr_without_compressor_is_a_clear_error():
+    llm = ScriptedLLM(["a", "b"], context_window=900)
+    reader = LongReader(llm, ReaderConfig(compression="mixpr", context_reserve_tokens=16,
+                                          long_answer_max_tokens=16, short_answer_max_tokens=8))
+    with pytest.raises(ValueError, match="compressor"):
+        reader.fit("Which?", _big_units())
