@@ -107,6 +107,7 @@ def start_or_join(
         raise ValueError(f"nodes must be >= 1, got {nodes}")
     if nodes == 1:
         ray.init(
+            address="local",  # always a new local instance, never another Ray already on this machine
             num_cpus=num_cpus,
             num_gpus=num_gpus,
             resources=resources,

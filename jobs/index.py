@@ -276,7 +276,7 @@ def build_from_documents(
         num_gpus=emb.num_gpus,
     )
     units_ref = ray.put(units_by_shard)
-    built = ds.groupby("shard").map_groups(
+    built = ds.groupby("shard", num_partitions=n_shards).map_groups(
         _BuildShard,
         fn_constructor_kwargs={
             "store_uri": out,
