@@ -1,0 +1,317 @@
+"""Glue between retrieval/reader outputs and the evaluation report (pure core, no Ray).
+
+The evaluation job (``jobs/evaluate.py``) retrieves units for each question (through Ray actors or
+an HTTP endpoint) and optionally runs the reader; these functions turn what it got into the
+per-question result dicts of :mod:`longrag.eval.report`, and the report's summary into the flat
+``metrics.json`` keys the issue asks for (``retrieval.recall@K``, ``qa.em`` ...). They also hold
+the index fingerprint (what decides whether an existing index build can be reused) and the
+paper-style table of retrieval by unit granularity (paper 000, Tables 1-2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from longrag.eval.datasets import QAExample
+from longrag.eval.report import CURVE_KEYS, QA_KEYS
+
+FINGERPRINT_VERSION = 1
+
+# Which question types count for answer recall by default (paper 000: HotpotQA bridge questions only,
+# as comparison questions have yes/no or entity answers that are trivially in or absent from the text).
+DEFAULT_ANSWER_RECALL_TYPES: dict[str, tuple[str, ...] | None] = {"hotpotqa": ("bridge",)}
+
+
+# --------------------------------------------------------------------------------------------- fingerprint
+
+
+def file_digest(path: str | Path, chunk_bytes: int = 1 << 20) -> dict[str, Any]:
+    """``{"path", "sha256", "bytes"}`` of a file (read in chunks)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"not a file: {p}")
+    h = hashlib.sha256()
+    with open(p, "rb") as fh:
+        while block := fh.read(chunk_bytes):
+            h.update(block)
+    return {"path": str(p), "sha256": h.hexdigest(), "bytes": p.stat().st_size}
+
+
+def index_fingerprint(
+    corpus_files: Sequence[Mapping[str, Any]],
+    *,
+    unit: str,
+    links: str,
+    config: Mapping[str, Any],
+    extra: Mapping[str, Any] | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """Fingerprint of an index build: the corpus files' content (sha256 + size, not their paths),
+    the unit kind, the link source (ignored unless units are grouped: only grouping reads links),
+    and the config sections that change the index (embedding model and input, units, chunking, index).
+
+    Returns ``(hex digest, the parts hashed)``; equal digests mean an existing build can be reused.
+    """
+    if unit not in ("grouped", "document", "passage"):
+        raise ValueError(f"unit must be grouped, document or passage, got {unit!r}")
+    for key in ("embedding", "units", "chunking", "index"):
+        if key not in config:
+            raise ValueError(f"config lacks the {key!r} section")
+    emb = config["embedding"]
+    units = dict(config["units"])
+    units["kind"] = unit
+    if unit != "grouped":  # budget and link symmetry only shape grouped units
+        units.pop("max_group_tokens", None)
+        units.pop("symmetric_links", None)
+    if unit != "passage":
+        units.pop("passage_words", None)
+    parts = {
+        "version": FINGERPRINT_VERSION,
+        "corpus": [{"sha256": f["sha256"], "bytes": int(f["bytes"])} for f in corpus_files],
+        "unit": unit,
+        "links": links if unit == "grouped" else "n/a",
+        # query_instruction, batch size and placement do not change the stored vectors
+        "embedding": {k: emb.get(k) for k in ("model", "max_seq_length", "normalize")},
+        "units": units,
+        "chunking": dict(config["chunking"]),
+        "index": {k: config["index"].get(k) for k in ("factory", "metric", "shards")},
+        "extra": dict(extra or {}),
+    }
+    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest(), parts
+
+
+# --------------------------------------------------------------------------------------------- results
+
+
+def base_result(ex: QAExample, unit_kind: str, reader_k: int | None = None) -> dict[str, Any]:
+    """The per-question result dict before retrieval: ids, question, gold answers and titles."""
+    r: dict[str, Any] = {
+        "qid": ex.qid,
+        "question": ex.question,
+        "answers": list(ex.answers),
+        "type": ex.type,
+        "gold_titles": list(ex.gold_titles),
+        "unit_kind": unit_kind,
+    }
+    if reader_k is not None:
+        r["reader_k"] = int(reader_k)
+    return r
+
+
+def retrieved_from_hits(hits: Sequence[Any], units: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Ranked ``retrieved`` list from ``UnitHit``-like objects (``unit_id``, ``score``) and the unit
+    rows fetched for them (``titles``, ``doc_ids``, ``n_tokens``, ``text``). A hit whose unit row is
+    missing raises: a report over silently shortened lists would understate recall."""
+    out = []
+    for h in hits:
+        uid = h.unit_id
+        row = units.get(uid)
+        if row is None:
+            raise ValueError(f"no unit row fetched for retrieved unit {uid!r}")
+        out.append(
+            {
+                "unit_id": uid,
+                "score": float(h.score),
+                "titles": [str(t) for t in row["titles"]],
+                "doc_ids": [str(d) for d in row.get("doc_ids", [])],
+                "n_tokens": int(row["n_tokens"]),
+                "text": str(row["text"]),
+            }
+        )
+    return out
+
+
+def retrieved_from_endpoint(
+    units: Sequence[Mapping[str, Any]], doc_texts: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Ranked ``retrieved`` list from a ``/v1/retrieve`` response's ``units``.
+
+    The endpoint returns no unit text; with ``doc_texts`` (doc_id -> ``Title\\ntext`` of the local
+    corpus) a unit's text is rebuilt from its documents, which is exact for document and grouped
+    units (a grouped unit is its documents joined). Without it, or when a doc id is unknown, the
+    unit has no ``text`` and answer recall is left out for that question.
+    """
+    out = []
+    for u in units:
+        for key in ("unit_id", "titles", "score", "n_tokens"):
+            if key not in u:
+                raise ValueError(f"endpoint unit lacks {key!r}: {dict(u)}")
+        row: dict[str, Any] = {
+            "unit_id": str(u["unit_id"]),
+            "score": float(u["score"]),
+            "titles": [str(t) for t in u["titles"]],
+            "doc_ids": [str(d) for d in u.get("doc_ids", [])],
+            "n_tokens": int(u["n_tokens"]),
+        }
+        if doc_texts is not None and row["doc_ids"] and all(d in doc_texts for d in row["doc_ids"]):
+            row["text"] = "\n\n".join(doc_texts[d] for d in row["doc_ids"])
+        out.append(row)
+    return out
+
+
+def attach_reader(result: dict[str, Any], reader: Mapping[str, Any]) -> dict[str, Any]:
+    """Put a reader's output (a ``ReaderResult.to_dict()`` or an ``/v1/answer`` response flattened
+    by the caller) into a result dict: ``prediction``, ``long_answer`` and the cost fields."""
+    if "answer" not in reader:
+        raise ValueError("reader output has no 'answer'")
+    result["prediction"] = str(reader["answer"])
+    result["long_answer"] = str(reader.get("long_answer", ""))
+    for src, dst in (
+        ("context_tokens", "reader_context_tokens"),
+        ("prompt_tokens", "prompt_tokens"),
+        ("completion_tokens", "completion_tokens"),
+    ):
+        if reader.get(src) is not None:
+            result[dst] = int(reader[src])
+    if reader.get("units_used") is not None:
+        result["units_used"] = list(reader["units_used"])
+        result["reader_units_used"] = len(reader["units_used"])
+    if reader.get("truncated") is not None:
+        result["reader_truncated"] = bool(reader["truncated"])
+    stages = reader.get("stages_ms") or {}
+    if "total" in stages:
+        result["reader_s"] = float(stages["total"]) / 1000.0
+    return result
+
+
+def curves_from_json(row: dict[str, Any]) -> dict[str, Any]:
+    """A result row read back from ``predictions.jsonl``: JSON made the curves' int keys strings."""
+    for key in CURVE_KEYS:
+        if isinstance(row.get(key), Mapping):
+            row[key] = {int(k): v for k, v in row[key].items()}
+    return row
+
+
+# --------------------------------------------------------------------------------------------- metrics
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    vals = [float(v) for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def flat_metrics(
+    results: Sequence[Mapping[str, Any]],
+    summary: Mapping[str, Any],
+    *,
+    dataset: str,
+    unit: str,
+    reader_k: int | None,
+) -> dict[str, Any]:
+    """The issue's flat ``metrics.json`` keys for ONE setting (one unit kind) from scored results
+    and :func:`longrag.eval.report.summarize` output.
+
+    ``retrieval``: ``recall@K`` (all gold documents in the top K units), ``answer_recall@K``,
+    ``context_tokens@K`` (tokens of the top K units). ``qa``: EM / refined EM / F1 means (None
+    when the reader did not run). ``avg_context_tokens``: tokens the reader was actually given
+    (after fitting its window) when it ran; otherwise the tokens of the top ``reader_k`` units.
+    """
+    retr_all = summary.get("retrieval", {})
+    if len(retr_all) > 1:
+        raise ValueError(f"flat_metrics takes one unit kind; got {sorted(retr_all)}")
+    retr = next(iter(retr_all.values()), {})
+    retrieval: dict[str, Any] = {}
+    names = {"gold_recall": "recall", "answer_recall": "answer_recall", "context_tokens": "context_tokens"}
+    for key, name in names.items():
+        for k, v in sorted(retr.get(key, {}).items()):
+            retrieval[f"{name}@{int(k)}"] = v
+        if f"{key}_n" in retr:
+            retrieval[f"{name}_n"] = retr[f"{key}_n"]
+    qa: dict[str, Any] = {k: _mean(r.get(k) for r in results) for k in QA_KEYS}
+    qa["n"] = sum(1 for r in results if r.get("prediction") is not None)
+    reader_tokens = _mean(r.get("reader_context_tokens") for r in results)
+    if reader_tokens is not None:
+        avg_ctx, ctx_source = reader_tokens, "reader"
+    else:
+        ctx = retr.get("context_tokens", {})
+        kk = reader_k if reader_k in ctx else (max(ctx) if ctx else None)
+        avg_ctx, ctx_source = (ctx[kk] if kk is not None else None), f"retrieved@{kk}"
+    unit_tokens = [u["n_tokens"] for r in results for u in (r.get("retrieved") or [])[:1] if "n_tokens" in u]
+    return {
+        "dataset": dataset,
+        "n": len(results),
+        "unit": unit,
+        "reader_k": reader_k,
+        "retrieval": retrieval,
+        "qa": qa,
+        "avg_context_tokens": avg_ctx,
+        "avg_context_tokens_source": ctx_source,
+        "avg_top1_unit_tokens": _mean(unit_tokens),
+        "prompt_tokens": _mean(r.get("prompt_tokens") for r in results),
+        "completion_tokens": _mean(r.get("completion_tokens") for r in results),
+        "reader_s": _mean(r.get("reader_s") for r in results),
+        "retrieval_s": _mean(r.get("retrieval_s") for r in results),
+    }
+
+
+def _pct(v: Any) -> str:
+    return "-" if v is None else f"{100 * float(v):.1f}"
+
+
+def _secs(v: Any) -> str:
+    return "-" if v is None else f"{float(v):.1f}"
+
+
+def _num(v: Any) -> str:
+    return "-" if v is None else f"{float(v):,.0f}"
+
+
+def paper_table(runs: Sequence[Mapping[str, Any]], ks: Sequence[int] | None = None) -> str:
+    """Markdown table in the layout of paper 000's Tables 1-2: per setting, corpus size in units,
+    average unit tokens (corpus / retrieved), and for each k recall, answer recall and context tokens.
+
+    ``runs`` are flat metrics dicts (:func:`flat_metrics`) with optional ``label``, ``corpus_units``
+    and ``corpus_avg_unit_tokens`` added by the job."""
+    lines = [
+        "| setting | corpus units | avg unit tokens (corpus / top-1) | k | R@k (%) | AR@k (%) | context tokens@k |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for run in runs:
+        retr = run.get("retrieval", {})
+        run_ks = sorted({int(key.split("@")[1]) for key in retr if "@" in key})
+        for i, k in enumerate([k for k in run_ks if ks is None or k in ks]):
+            head = (
+                [
+                    str(run.get("label") or run.get("unit")),
+                    _num(run.get("corpus_units")),
+                    f"{_num(run.get('corpus_avg_unit_tokens'))} / {_num(run.get('avg_top1_unit_tokens'))}",
+                ]
+                if i == 0
+                else ["", "", ""]
+            )
+            lines.append(
+                "| "
+                + " | ".join(
+                    head
+                    + [
+                        str(k),
+                        _pct(retr.get(f"recall@{k}")),
+                        _pct(retr.get(f"answer_recall@{k}")),
+                        _num(retr.get(f"context_tokens@{k}")),
+                    ]
+                )
+                + " |"
+            )
+    return "\n".join(lines)
+
+
+def qa_table(runs: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown table of reader scores per setting (runs without reader output are left out)."""
+    rows = [r for r in runs if (r.get("qa") or {}).get("n")]
+    if not rows:
+        return ""
+    lines = [
+        "| setting | reader k | n | EM (%) | refined EM (%) | F1 (%) | avg context tokens | reader s/question |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        qa = r["qa"]
+        lines.append(
+            f"| {r.get('label') or r.get('unit')} | {r.get('reader_k')} | {qa['n']} | {_pct(qa.get('em'))} | "
+            f"{_pct(qa.get('refined_em'))} | {_pct(qa.get('f1'))} | {_num(r.get('avg_context_tokens'))} | "
+            f"{_secs(r.get('reader_s'))} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,360 @@
+"""The evaluation job: pipeline glue on hand-made cases, and small end-to-end runs on real HotpotQA
+questions with the bundled embedding model and LLM (one Ray cluster for the module)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from longrag.config import LongRAGConfig
+from longrag.eval import pipeline as P
+from longrag.eval.datasets import QAExample
+from longrag.eval.report import score_results, summarize
+
+HOTPOT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "hotpotqa" / "hotpotqa_train100.json"
+
+
+# --------------------------------------------------------------------------------------------- glue
+
+
+@dataclass
+class Hit:
+    unit_id: str
+    score: float
+
+
+def _digest(sha: str = "a" * 64, size: int = 10) -> dict:
+    return {"path": "/x", "sha256": sha, "bytes": size}
+
+
+def test_fingerprint_tracks_what_changes_the_index():
+    cfg = LongRAGConfig().model_dump()
+    fp, parts = P.index_fingerprint([_digest()], unit="grouped", links="titles", config=cfg)
+    assert fp == P.index_fingerprint([{**_digest(), "path": "/elsewhere"}], unit="grouped", links="titles", config=cfg)[0]
+    assert parts["links"] == "titles" and parts["unit"] == "grouped"
+    changed = {
+        "corpus": P.index_fingerprint([_digest("b" * 64)], unit="grouped", links="titles", config=cfg)[0],
+        "size": P.index_fingerprint([_digest(size=11)], unit="grouped", links="titles", config=cfg)[0],
+        "links": P.index_fingerprint([_digest()], unit="grouped", links="tfidf", config=cfg)[0],
+        "unit": P.index_fingerprint([_digest()], unit="document", links="titles", config=cfg)[0],
+        "model": P.index_fingerprint(
+            [_digest()], unit="grouped", links="titles",
+            config=LongRAGConfig().with_overrides(["embedding.model=/some/model"]).model_dump(),
+        )[0],
+        "budget": P.index_fingerprint(
+            [_digest()], unit="grouped", links="titles",
+            config=LongRAGConfig().with_overrides(["units.max_group_tokens=1024"]).model_dump(),
+        )[0],
+        "extra": P.index_fingerprint([_digest()], unit="grouped", links="titles", config=cfg, extra={"limit": 5})[0],
+    }
+    assert len({fp, *changed.values()}) == len(changed) + 1
+    # links and the group budget do not matter for document units; batch size never does
+    doc = P.index_fingerprint([_digest()], unit="document", links="titles", config=cfg)[0]
+    assert doc == P.index_fingerprint([_digest()], unit="document", links="tfidf", config=cfg)[0]
+    other = LongRAGConfig().with_overrides(["units.max_group_tokens=1024", "embedding.batch_size=7"]).model_dump()
+    assert doc == P.index_fingerprint([_digest()], unit="document", links="titles", config=other)[0]
+    with pytest.raises(ValueError, match="unit"):
+        P.index_fingerprint([_digest()], unit="chapter", links="titles", config=cfg)
+
+
+def test_file_digest(tmp_path):
+    f = tmp_path / "c.json"
+    f.write_bytes(b"abc")
+    d = P.file_digest(f)
+    assert d["bytes"] == 3
+    assert d["sha256"] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"  # sha256("abc")
+    with pytest.raises(ValueError):
+        P.file_digest(tmp_path / "missing")
+
+
+def _example(qid, answers, gold, type_="bridge"):
+    return QAExample(qid=qid, question=f"question {qid}?", answers=answers, gold_titles=gold, supporting=[], type=type_)
+
+
+ROWS = {
+    "u1": {"titles": ["A"], "doc_ids": ["da"], "n_tokens": 10, "text": "A\nParis is big."},
+    "u2": {"titles": ["B", "C"], "doc_ids": ["db", "dc"], "n_tokens": 30, "text": "B\nnothing\n\nC\nthe river Seine"},
+    "u3": {"titles": ["D"], "doc_ids": ["dd"], "n_tokens": 5, "text": "D\nzzz"},
+}
+
+
+def test_results_and_flat_metrics_on_a_hand_made_case():
+    exs = [
+        _example("q1", ["Paris"], ["A", "C"]),  # answer at rank 1, gold complete at rank 2
+        _example("q2", ["Seine"], ["B"]),  # answer and gold at rank 2 (rank 1 is u3)
+        _example("q3", ["yes"], ["A", "D"], "comparison"),  # not counted for answer recall
+    ]
+    ranked = {"q1": ["u1", "u2", "u3"], "q2": ["u3", "u2", "u1"], "q3": ["u2", "u1", "u3"]}
+    results = []
+    for ex in exs:
+        r = P.base_result(ex, "grouped", reader_k=2)
+        r["retrieved"] = P.retrieved_from_hits([Hit(u, 1.0 - i / 10) for i, u in enumerate(ranked[ex.qid])], ROWS)
+        results.append(r)
+    assert results[0]["retrieved"][1] == {"unit_id": "u2", "score": 0.9, **ROWS["u2"]}
+    P.attach_reader(results[0], {"answer": "Paris", "long_answer": "It is Paris.", "units_used": ["u1", "u2"],
+                                 "prompt_tokens": 100, "completion_tokens": 7, "context_tokens": 40,
+                                 "truncated": False, "stages_ms": {"total": 1500.0}})
+    P.attach_reader(results[1], {"answer": "the Seine river", "context_tokens": 30})
+    P.attach_reader(results[2], {"answer": "no", "context_tokens": 20})
+    scored = score_results(results, ks=[1, 2, 3], answer_recall_types=["bridge"])
+    flat = P.flat_metrics(scored, summarize(scored), dataset="hotpotqa", unit="grouped", reader_k=2)
+    ret = flat["retrieval"]
+    # gold recall: q1 {0,1,1}, q2 {0,1,1}, q3: A at rank 2, D at rank 3 -> {0,0,1}
+    assert ret["recall@1"] == pytest.approx(0.0)
+    assert ret["recall@2"] == pytest.approx(2 / 3)
+    assert ret["recall@3"] == pytest.approx(1.0)
+    # answer recall over bridge questions only: q1 {1,1,1}, q2 {0,1,1}
+    assert ret["answer_recall_n"] == 2
+    assert ret["answer_recall@1"] == pytest.approx(0.5)
+    assert ret["answer_recall@2"] == pytest.approx(1.0)
+    # context tokens: q1 10,40,45; q2 5,35,45; q3 30,40,45
+    assert ret["context_tokens@1"] == pytest.approx(15.0)
+    assert ret["context_tokens@2"] == pytest.approx(115 / 3)
+    qa = flat["qa"]
+    assert qa["n"] == 3
+    assert qa["em"] == pytest.approx(1 / 3)
+    # refined EM: "the Seine river" (3 tokens) contains "Seine" -> counts; "no" vs "yes" does not
+    assert qa["refined_em"] == pytest.approx(2 / 3)
+    assert flat["avg_context_tokens"] == pytest.approx(30.0) and flat["avg_context_tokens_source"] == "reader"
+    assert flat["avg_top1_unit_tokens"] == pytest.approx(15.0)
+    assert flat["reader_s"] == pytest.approx(1.5)
+    assert scored[0]["reader_units_used"] == 2
+    table = P.paper_table([{**flat, "label": "grouped", "corpus_units": 3, "corpus_avg_unit_tokens": 15}])
+    assert table.count("\n") == 1 + 3 and "| grouped | 3 | 15 / 15 | 1 | 0.0 | 50.0 | 15 |" in table
+    assert "| grouped | 2 | 3 | 33.3 | 66.7 |" in P.qa_table([{**flat, "label": "grouped"}])
+    with pytest.raises(ValueError, match="no unit row"):
+        P.retrieved_from_hits([Hit("u9", 0.1)], ROWS)
+
+
+def test_flat_metrics_without_reader_uses_retrieved_tokens_at_reader_k():
+    r = P.base_result(_example("q1", ["Paris"], ["A"]), "document")
+    r["retrieved"] = P.retrieved_from_hits([Hit("u1", 0.5), Hit("u2", 0.4)], ROWS)
+    scored = score_results([r], ks=[1, 2])
+    flat = P.flat_metrics(scored, summarize(scored), dataset="x", unit="document", reader_k=2)
+    assert flat["qa"] == {"em": None, "refined_em": None, "f1": None, "n": 0}
+    assert flat["avg_context_tokens"] == 40 and flat["avg_context_tokens_source"] == "retrieved@2"
+
+
+def test_endpoint_units_and_json_roundtrip():
+    units = [
+        {"unit_id": "g1", "titles": ["A", "B"], "doc_ids": ["da", "db"], "score": 0.7, "n_tokens": 12, "shard": 0},
+        {"unit_id": "g2", "titles": ["C"], "doc_ids": ["dz"], "score": 0.5, "n_tokens": 4},
+    ]
+    out = P.retrieved_from_endpoint(units, {"da": "A\ntext a", "db": "B\ntext b"})
+    assert out[0]["text"] == "A\ntext a\n\nB\ntext b"
+    assert "text" not in out[1]  # unknown doc id: no text, so no answer recall for that question
+    assert [u["unit_id"] for u in P.retrieved_from_endpoint(units)] == ["g1", "g2"]
+    with pytest.raises(ValueError, match="n_tokens"):
+        P.retrieved_from_endpoint([{"unit_id": "x", "titles": [], "score": 1.0}])
+    row = json.loads(json.dumps({"qid": "q", "gold_recall": {1: 0.0, 16: 1.0}, "answer_recall": {2: 1.0}}))
+    assert P.curves_from_json(row)["gold_recall"] == {1: 0.0, 16: 1.0}
+
+
+def test_settings_of():
+    from jobs.evaluate import settings_of
+
+    assert settings_of(["grouped", "document"], ["titles"]) == [
+        ("grouped", "titles", "grouped"), ("document", "titles", "document")
+    ]
+    assert settings_of(["passage", "grouped"], ["titles", "tfidf"]) == [
+        ("passage", "titles", "passage"), ("grouped", "titles", "grouped-titles"), ("grouped", "tfidf", "grouped-tfidf")
+    ]
+
+
+# --------------------------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import ray
+    import torch
+
+    from cluster.local import WORKER_ENV
+
+    if not HOTPOT.is_file():
+        pytest.skip(f"shared data not found at {HOTPOT}")
+    torch.set_num_threads(1)
+    # address="local": a fresh Ray of our own even when other Ray instances run on this machine
+    # (ray.init() without an address may join the most recent one); the job then joins this one.
+    ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=512 * 1024**2,
+             namespace="longrag", runtime_env={"env_vars": dict(WORKER_ENV)})
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("evaluate")
+
+
+def _common(workdir: Path, limit: int) -> list[str]:
+    # the corpus pools the first 4 questions' paragraphs in every run, so the index is shared
+    return [
+        "--dataset", "hotpotqa", "--data", str(HOTPOT), "--limit", str(limit), "--pool", "4",
+        "--k", "1,2,4", "--index-dir", str(workdir / "index"), "--no-progress",
+    ]
+
+
+def _read(run: Path) -> tuple[dict, list[dict]]:
+    metrics = json.loads((run / "metrics.json").read_text())
+    preds = [json.loads(line) for line in (run / "predictions.jsonl").read_text().splitlines()]
+    return metrics, preds
+
+
+def _check_retrieval(metrics: dict, preds: list[dict], n: int) -> None:
+    assert metrics["dataset"] == "hotpotqa" and metrics["n"] == n
+    for key in ("retrieval", "qa", "avg_context_tokens", "config", "provenance"):
+        assert key in metrics
+    ret = metrics["retrieval"]
+    recall = [ret[f"recall@{k}"] for k in (1, 2, 4)]
+    assert all(0.0 <= v <= 1.0 for v in recall) and recall == sorted(recall)
+    assert all(0.0 <= ret[f"answer_recall@{k}"] <= 1.0 for k in (1, 2, 4))
+    assert metrics["provenance"]["data"]["sha256"] == P.file_digest(HOTPOT)["sha256"]
+    assert len(preds) == n
+    for p in preds:
+        assert len(p["retrieved"]) == 4 and all("text" not in u for u in p["retrieved"])
+        # gold recall recomputed from the written titles: all gold titles within the first k units
+        for k in (1, 2, 4):
+            seen = {t for u in p["retrieved"][:k] for t in u["titles"]}
+            assert p["gold_recall"][str(k)] == float(set(p["gold_titles"]) <= seen)
+    assert recall[0] == pytest.approx(sum(p["gold_recall"]["1"] for p in preds) / n)
+
+
+def test_retrieval_run_compares_unit_kinds(cluster, workdir):
+    from jobs.evaluate import main
+
+    out = workdir / "retrieve"
+    argv = _common(workdir, 4) + ["--unit", "grouped,document", "--links", "titles", "--pipeline", "retrieve",
+                                  "--encode", "ray-data", "--out", str(out)]
+    assert main(argv) == 0
+    for kind in ("grouped", "document"):
+        metrics, preds = _read(out / kind)
+        _check_retrieval(metrics, preds, 4)
+        assert metrics["unit"] == kind and metrics["run"]["retrieval"]["encode_mode"] == "ray-data"
+        assert metrics["run"]["index"]["reused"] is False
+        assert metrics["qa"]["n"] == 0
+        assert (out / kind / "report.md").is_file() and (out / kind / "recall_vs_units.png").is_file()
+    grouped, _ = _read(out / "grouped")
+    document, dpreds = _read(out / "document")
+    # the pooled corpus of 4 questions holds 40 paragraphs; a document unit is one of them
+    assert document["corpus_units"] == document["corpus_documents"] == 40
+    assert grouped["corpus_units"] < 40
+    assert all(len(u["titles"]) == 1 for p in dpreds for u in p["retrieved"])
+    combined = json.loads((out / "metrics.json").read_text())
+    assert [r["unit"] for r in combined["runs"]] == ["grouped", "document"]
+    assert set(combined["summary"]["retrieval"]) == {"grouped", "document"}
+    report = (out / "report.md").read_text()
+    assert "Paper-style table" in report and "| document | 40 |" in report
+    for png in ("recall_vs_units.png", "recall_vs_tokens.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_reader_run_reuses_the_index(cluster, workdir, caplog):
+    from jobs.evaluate import main
+
+    out = workdir / "longrag"
+    argv = _common(workdir, 2) + [
+        "--unit", "grouped", "--links", "titles", "--pipeline", "longrag", "--reader-k", "1",
+        "--encode", "driver", "--out", str(out),
+        "--set", "reader.few_shot_examples=2", "--set", "llm.context_window=2048",
+    ]
+    with caplog.at_level(logging.INFO, logger="jobs.evaluate"):
+        assert main(argv) == 0
+    assert any("reusing index" in rec.getMessage() for rec in caplog.records)
+    metrics, preds = _read(out)
+    assert metrics["run"]["index"]["reused"] is True
+    assert json.loads((out / "run_summary.json").read_text())["index_reused"] == [True]
+    _check_retrieval(metrics, preds, 2)
+    # driver encoding ranks exactly as the Ray Data encoder did in the first run
+    _, first = _read(workdir / "retrieve" / "grouped")
+    assert [[u["unit_id"] for u in p["retrieved"]] for p in preds] == [
+        [u["unit_id"] for u in p["retrieved"]] for p in first[:2]
+    ]
+    qa = metrics["qa"]
+    assert qa["n"] == 2
+    for key in ("em", "refined_em", "f1"):
+        assert 0.0 <= qa[key] <= 1.0
+    for p in preds:
+        assert isinstance(p["prediction"], str) and p["prediction"].strip()
+        assert p["reader_units_used"] == 1 and p["units_used"] == [p["retrieved"][0]["unit_id"]]
+        assert 0 < p["reader_context_tokens"] <= 2048 and p["prompt_tokens"] > p["reader_context_tokens"]
+    assert metrics["avg_context_tokens"] == pytest.approx(sum(p["reader_context_tokens"] for p in preds) / 2)
+    assert "Answer quality" in (out / "report.md").read_text()
+
+
+# --------------------------------------------------------------------------------------------- endpoint
+
+
+def test_endpoint_mode_against_a_canned_http_server(tmp_path):
+    """``--endpoint``: questions go over HTTP; the job scores what the server returns (the server
+    here is a stand-in with fixed answers: the job's client side is what is tested)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from jobs.evaluate import main
+    from longrag.eval.corpus import title_doc_id
+    from longrag.eval.datasets import load_qa
+
+    if not HOTPOT.is_file():
+        pytest.skip(f"shared data not found at {HOTPOT}")
+    exs = {ex.question: ex for ex in load_qa(HOTPOT, "hotpotqa", limit=2).examples}
+    seen: list[tuple[str, dict]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):  # keep test output quiet
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.path, body))
+            ex = exs[body["question"]]
+            gold = ex.gold_titles
+            if self.path == "/v1/retrieve":
+                # rank 1: a distractor; rank 2: both gold documents as one grouped unit
+                other = next(p.title for p in ex.paragraphs if p.title not in gold)
+                units = [
+                    {"unit_id": "u-x", "titles": [other], "doc_ids": [title_doc_id(other)], "score": 0.9,
+                     "n_tokens": 50, "shard": 0, "best_chunk_id": "c"},
+                    {"unit_id": "u-g", "titles": gold, "doc_ids": [title_doc_id(t) for t in gold], "score": 0.8,
+                     "n_tokens": 120, "shard": 1, "best_chunk_id": "c"},
+                ][: body["k"]]
+                out = {"question": body["question"], "k": body["k"], "units": units,
+                       "coverage": {"shards": 2, "answered": 2, "degraded": False}, "trace": {}}
+            else:
+                out = {"question": body["question"], "answer": ex.answers[0], "long_answer": "because",
+                       "evidence": [{"unit_id": "u-x", "titles": [], "score": 0.9, "used": True}],
+                       "coverage": {"shards": 2, "answered": 2, "degraded": False},
+                       "trace": {"prompt_tokens": 300, "completion_tokens": 9, "read_ms": 250.0}}
+            data = json.dumps(out).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        out = tmp_path / "ep"
+        argv = ["--dataset", "hotpotqa", "--data", str(HOTPOT), "--limit", "2", "--k", "1,2", "--pipeline", "longrag",
+                "--reader-k", "2", "--endpoint", f"http://127.0.0.1:{server.server_address[1]}", "--out", str(out),
+                "--no-progress", "--answer-recall-all-types"]
+        assert main(argv) == 0
+    finally:
+        server.shutdown()
+    assert [p for p, _ in seen] == ["/v1/retrieve"] * 2 + ["/v1/answer"] * 2
+    assert all(b["k"] == 2 for _, b in seen)
+    metrics, preds = _read(out)
+    assert metrics["retrieval"]["recall@1"] == 0.0 and metrics["retrieval"]["recall@2"] == 1.0
+    assert metrics["retrieval"]["context_tokens@2"] == 170
+    assert metrics["qa"]["em"] == 1.0 and metrics["qa"]["n"] == 2
+    # unit texts rebuilt from the local corpus: the gold unit holds the answer for bridge questions
+    for p in preds:
+        assert p["answer_recall"]["2"] >= p["answer_recall"]["1"]
+        assert p["units_used"] == ["u-x"] and p["prompt_tokens"] == 300
+    assert "index" not in metrics["run"]
