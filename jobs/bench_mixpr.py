@@ -3,6 +3,7 @@ PageRank vs networkx on the same graph, peak memory, then retrieval recall@k of 
 vs RAG-Hybrid on HashHop (2-6 hops) and BABILong-style qa2/qa3. Ends with one JSON line.
 
     python -m jobs.bench_mixpr                  # defaults: timing at 128K and 1M, recall at 32K/128K, 3 seeds
+                                                # (RAG-Hybrid: 1 seed, MiniLM with 2 torch threads, batch 128)
     python -m jobs.bench_mixpr --with-4m        # also time a 4M-token document
     python -m jobs.bench_mixpr --skip-recall --timing-sizes 1000000
 
@@ -121,8 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--tasks", default="hashhop_2,hashhop_3,hashhop_4,hashhop_5,hashhop_6,babilong_qa2,babilong_qa3")
     ap.add_argument("--hybrid", choices=["auto", "off"], default="auto", help="RAG-Hybrid needs sentence-transformers + faiss")
-    ap.add_argument("--hybrid-max-tokens", type=int, default=32000, help="skip the (slow, CPU) dense baseline above this")
+    ap.add_argument("--hybrid-max-tokens", type=int, default=128000, help="skip the (slow, CPU) dense baseline above this")
     ap.add_argument("--hybrid-seeds", type=int, default=1, help="seeds that also run the dense baseline")
+    ap.add_argument("--torch-threads", type=int, default=2, help="torch threads of the dense encoder (RAG-Hybrid)")
+    ap.add_argument("--embed-batch", type=int, default=128, help="batch size of the dense encoder (RAG-Hybrid)")
     ap.add_argument("--nx-max-edges", type=int, default=3_000_000, help="skip networkx above this many edges")
     ap.add_argument("--skip-timing", action="store_true")
     ap.add_argument("--skip-recall", action="store_true")
@@ -156,10 +159,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.hybrid == "auto":
             try:
                 import faiss  # noqa: F401
+                import torch
 
+                from longrag.config import EmbeddingConfig
                 from longrag.embedding import Embedder
 
-                hybrid = HybridRetriever(Embedder(), cfg)
+                os.environ.setdefault("HF_HUB_OFFLINE", "1")
+                torch.set_num_threads(args.torch_threads)
+                hybrid = HybridRetriever(Embedder(EmbeddingConfig(batch_size=args.embed_batch)), cfg)
             except Exception as exc:  # missing optional deps: say so, keep going
                 log(f"RAG-Hybrid skipped: {type(exc).__name__}: {exc}")
                 out["hybrid_skipped"] = f"{type(exc).__name__}: {exc}"

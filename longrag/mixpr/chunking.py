@@ -8,10 +8,15 @@
 
 Words are runs of non-whitespace. Every chunk keeps its position (0-based, in document order) and
 its character span in the original text, so ``text[start:end] == chunk text`` always holds.
+
+:func:`chunk_text` does the per-line and per-word work with numpy over a whitespace mask of the
+whole text (HashHop-like documents have one line per fact); :func:`chunk_text_reference` is the
+same rule written as a plain loop, and tests check that both agree.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -19,7 +24,7 @@ import numpy as np
 
 from longrag.sentences import sentence_spans
 
-__all__ = ["Chunks", "chunk_text", "split_words_evenly"]
+__all__ = ["Chunks", "chunk_text", "chunk_text_reference", "split_words_evenly", "whitespace_mask"]
 
 _WORD = re.compile(r"\S+")
 _LINE = re.compile(r"[^\n]+")
@@ -63,7 +68,121 @@ def split_words_evenly(n_words: int, max_words: int) -> list[int]:
 
 
 def chunk_text(text: str, max_words: int = 32) -> Chunks:
-    """Chunk ``text`` by the paper's rule (see the module docstring)."""
+    """Chunk ``text`` by the paper's rule (see the module docstring). Same output as
+    :func:`chunk_text_reference`, with the per-line and per-word work done in numpy: word counts
+    come from one whitespace mask of the whole text, over-long sentences are cut into lines and
+    even word pieces with array operations."""
+    if not isinstance(text, str):
+        raise ValueError(f"text must be str, got {type(text).__name__}")
+    if max_words < 1:
+        raise ValueError(f"max_words must be >= 1, got {max_words}")
+    spans = sentence_spans(_join_single_newlines(text), line_breaks=False)
+    if not spans:
+        return Chunks([], np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    sent = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+    nonws = ~whitespace_mask(text)
+    word_start = nonws.copy()
+    word_start[1:] &= ~nonws[:-1]
+    w_start = np.flatnonzero(word_start)  # sorted positions where a word begins
+
+    def n_words(a: np.ndarray, b: np.ndarray) -> np.ndarray:  # words of text[a:b], a < b
+        cont = nonws[a] & (a > 0) & nonws[np.maximum(a - 1, 0)]  # a word that began before a
+        return np.searchsorted(w_start, b) - np.searchsorted(w_start, a) + cont
+
+    s_n = n_words(sent[:, 0], sent[:, 1])
+    short = s_n <= max_words
+    parts_s = [sent[short, 0]]
+    parts_e = [sent[short, 1]]
+    parts_n = [s_n[short]]
+    long_s, long_e = sent[~short, 0], sent[~short, 1]
+    if long_s.size:
+        # lines of the over-long sentences: text between newlines, clipped to the sentence
+        nl = np.flatnonzero(_codepoints(text) == 10)
+        sid = np.searchsorted(long_s, nl, side="right") - 1
+        inside = (sid >= 0) & (nl < long_e[np.maximum(sid, 0)])
+        nl = nl[inside]
+        a = np.sort(np.concatenate([long_s, nl + 1]))
+        b = np.sort(np.concatenate([nl, long_e]))
+        keep = a < b
+        a, b = a[keep], b[keep]
+        l_n = n_words(a, b)
+        a, b, l_n = a[l_n > 0], b[l_n > 0], l_n[l_n > 0]
+        w_end = np.flatnonzero(nonws & ~np.append(nonws[1:], False)) + 1
+        fits = l_n <= max_words
+        # a line that fits: the whole line, leading/trailing whitespace excluded
+        fa, fb = a[fits], b[fits]
+        first = np.where(nonws[fa], fa, w_start[np.minimum(np.searchsorted(w_start, fa), w_start.size - 1)])
+        last = np.where(nonws[fb - 1], fb, w_end[np.searchsorted(w_end, fb, side="right") - 1])
+        parts_s.append(first)
+        parts_e.append(last)
+        parts_n.append(l_n[fits])
+        # an over-long line: ceil(n / max_words) consecutive word pieces of near-equal size
+        oa, on = a[~fits], l_n[~fits]
+        if oa.size:
+            w0 = np.searchsorted(w_start, oa)  # line starts are never inside a word
+            k = -(-on // max_words)
+            base, extra = on // k, on % k
+            line = np.repeat(np.arange(oa.size), k)
+            j = np.arange(line.size) - np.repeat(np.cumsum(k) - k, k)  # piece index within its line
+            size = base[line] + (j < extra[line])
+            off = j * base[line] + np.minimum(j, extra[line])
+            first_w = w0[line] + off
+            parts_s.append(w_start[first_w])
+            parts_e.append(w_end[first_w + size - 1])
+            parts_n.append(size)
+    starts = np.concatenate(parts_s)
+    order = np.argsort(starts, kind="stable")
+    starts = starts[order]
+    ends = np.concatenate(parts_e)[order]
+    counts = np.concatenate(parts_n).astype(np.int64)[order]
+    texts = [text[i:j] for i, j in zip(starts.tolist(), ends.tolist())]
+    return Chunks(texts=texts, starts=starts, ends=ends, n_words=counts)
+
+
+_BLANK_LINE = re.compile(r"\n\s*\n")
+
+
+def _join_single_newlines(text: str) -> str:
+    """``text`` with every newline that is not part of a blank line replaced by a space (same
+    length). With ``line_breaks=False`` such newlines are plain whitespace to the sentence splitter,
+    which then no longer visits each of them (HashHop-like text has one per line)."""
+    if "\n" not in text:
+        return text
+    pieces: list[str] = []
+    last = 0
+    for m in _BLANK_LINE.finditer(text):
+        pieces.append(text[last : m.start()].replace("\n", " "))
+        pieces.append(m.group())
+        last = m.end()
+    pieces.append(text[last:].replace("\n", " "))
+    return "".join(pieces)
+
+
+def _codepoints(text: str) -> np.ndarray:
+    """uint32 (len(text),) code points (lone surrogates kept)."""
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+
+
+@functools.cache
+def _whitespace_table() -> np.ndarray:
+    """bool lookup table over code points 0..max: True where ``str.isspace()`` holds (what
+    ``str.split()`` splits on); every code point above the table's end is not whitespace."""
+    ws = [c for c in range(0x110000) if chr(c).isspace()]
+    table = np.zeros(max(ws) + 2, dtype=bool)  # the last entry stays False: it stands for "above"
+    table[ws] = True
+    return table
+
+
+def whitespace_mask(text: str) -> np.ndarray:
+    """bool (len(text),): ``text[i].isspace()`` for every i."""
+    table = _whitespace_table()
+    cp = _codepoints(text)
+    return table[np.minimum(cp, table.size - 1)]
+
+
+def chunk_text_reference(text: str, max_words: int = 32) -> Chunks:
+    """The rule written plainly, one sentence and line at a time (slow: a Python loop over lines;
+    the reference that :func:`chunk_text` is tested against)."""
     if not isinstance(text, str):
         raise ValueError(f"text must be str, got {type(text).__name__}")
     if max_words < 1:

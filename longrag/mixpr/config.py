@@ -88,6 +88,15 @@ class MixPRConfig(BaseModel):
     router_context_chunks: int = Field(2, ge=1, description="First and last chunks shown to the router.")
     router_max_tokens: int = Field(4, ge=1)
 
+    # --- long-context reading (longrag.longcontext) and its endpoint
+    answer_max_tokens: int = Field(128, ge=1, description="Tokens the reader may generate for the answer.")
+    reader_reserve_tokens: int = Field(
+        64, ge=0, description="Tokens kept free in the reader's window beyond the prompt and the answer."
+    )
+    max_document_bytes: int = Field(
+        64 * 1024 * 1024, ge=1, description="POST /v1/longcontext: larger documents (UTF-8 bytes) get 413."
+    )
+
     # --- RAG-Hybrid baseline (Appendix A.2)
     hybrid_sparse_weight: float = Field(0.15, ge=0.0, le=1.0)
     hybrid_dense_weight: float = Field(0.85, ge=0.0, le=1.0)

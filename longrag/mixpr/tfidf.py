@@ -5,22 +5,33 @@ HashHop and list-like text repeat lines). Identical chunks have identical embedd
 embedding is computed once per DISTINCT chunk text: ``matrix`` has one row per distinct text and
 ``classes[i]`` names the row of chunk ``i``. The weights are exactly scikit-learn's
 ``TfidfVectorizer`` on the full chunk list (smooth idf ``ln((1+n)/(1+df)) + 1`` with ``n`` and ``df``
-counted over all chunks, duplicates included, then L2 row normalisation): counting is done by
-scikit-learn's ``CountVectorizer`` on the distinct texts, document frequencies are weighted by
-multiplicity. A test checks equality with ``TfidfVectorizer``.
+counted over all chunks, duplicates included, then L2 row normalisation); document frequencies are
+weighted by multiplicity. Tests check equality with ``TfidfVectorizer``.
+
+Counting (:func:`count_terms`) does what scikit-learn's ``CountVectorizer`` does (lower-case each
+text, ``re.findall(token_pattern)``, drop stop words, sorted vocabulary) without its per-text
+Python loop: the distinct texts are joined with a separator that holds a sentinel token, the joined
+text is lower-cased and tokenized by ONE ``findall``, tokens get integer codes by a hash
+factorization, the sentinels tell which text each token belongs to, and numpy/scipy count. The
+separator ``"\\n<sentinel>\\n"`` cannot change the tokens of its neighbours for word-like patterns
+(a newline is a non-word character, and lower-casing is per character except the final-sigma rule,
+which a newline also ends); a pattern for which the sentinel count does not come out exact falls
+back to one ``findall`` per text.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.feature_extraction.text import CountVectorizer
 
 from longrag.mixpr.config import MixPRConfig
 
-__all__ = ["TfidfEmbedding", "embed_tfidf", "distinct"]
+__all__ = ["TfidfEmbedding", "Vocabulary", "count_terms", "embed_tfidf", "distinct"]
+
+_SENTINEL = "qzxjmixprsentinelqzxj"
 
 
 def distinct(texts: Sequence[str]) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -30,6 +41,146 @@ def distinct(texts: Sequence[str]) -> tuple[list[str], np.ndarray, np.ndarray]:
     classes = np.fromiter((ids.setdefault(t, len(ids)) for t in texts), dtype=np.int64, count=len(texts))
     counts = np.bincount(classes, minlength=len(ids)).astype(np.int64)
     return list(ids), classes, counts
+
+
+class Vocabulary:
+    """The sorted term list of a fitted counter, with the subset of scikit-learn's
+    ``CountVectorizer`` API that MixPR uses (``get_feature_names_out``, ``vocabulary_``,
+    ``transform``)."""
+
+    def __init__(self, terms: list[str], token_pattern: str, lowercase: bool, stop_words: frozenset[str]):
+        self.terms = terms
+        self.pattern = re.compile(token_pattern)
+        self.lowercase = lowercase
+        self.stop_words = stop_words
+        self._index: dict[str, int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.terms)
+
+    @property
+    def vocabulary_(self) -> dict[str, int]:
+        """term -> column (built on first use)."""
+        if self._index is None:
+            self._index = dict(zip(self.terms, range(len(self.terms))))
+        return self._index
+
+    def get_feature_names_out(self) -> np.ndarray:
+        return np.asarray(self.terms, dtype=object)
+
+    def analyze(self, text: str) -> list[str]:
+        """The tokens of one text, as the vectorizer sees them (stop words kept)."""
+        return self.pattern.findall(text.lower() if self.lowercase else text)
+
+    def transform(self, texts: Sequence[str]) -> sp.csr_matrix:
+        """Term counts, CSR float64 (len(texts), n_terms); unknown words and stop words ignored."""
+        if isinstance(texts, str):
+            raise ValueError("texts must be a sequence of str, got a single str")
+        index = self.vocabulary_
+        rows: list[int] = []
+        cols: list[int] = []
+        for i, t in enumerate(texts):
+            ids = [index[w] for w in self.analyze(t) if w in index]
+            rows.extend([i] * len(ids))
+            cols.extend(ids)
+        m = sp.csr_matrix(
+            (np.ones(len(rows)), (np.asarray(rows, np.int64), np.asarray(cols, np.int64))),
+            shape=(len(texts), len(self.terms)),
+        )
+        m.sum_duplicates()
+        return m
+
+
+def _stop_words(name: str | None) -> frozenset[str]:
+    if name is None:
+        return frozenset()
+    if name == "english":
+        from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+        return frozenset(ENGLISH_STOP_WORDS)
+    raise ValueError(f"stop_words must be 'english' or None, got {name!r}")
+
+
+def _tokens_with_separators(texts: list[str], pattern: re.Pattern, lowercase: bool) -> tuple[list[str], str]:
+    """All tokens of ``texts`` in order with the sentinel token between consecutive texts."""
+    for attempt in range(8):
+        sentinel = _SENTINEL if attempt == 0 else f"{_SENTINEL}{attempt}x"
+        sep = f"\n{sentinel}\n"
+        if pattern.findall(sep) != [sentinel]:
+            break  # this pattern does not see the sentinel as one token: no fast path
+        joined = sep.join(texts)
+        if lowercase:
+            joined = joined.lower()
+        tokens = pattern.findall(joined)
+        if tokens.count(sentinel) == len(texts) - 1:
+            return tokens, sentinel
+    # slow path, exact for any pattern: one findall per text
+    tokens = []
+    sentinel = object()  # never equal to a token
+    for i, t in enumerate(texts):
+        if i:
+            tokens.append(sentinel)
+        tokens.extend(pattern.findall(t.lower() if lowercase else t))
+    return tokens, sentinel
+
+
+def _factorize(tokens: list) -> tuple[np.ndarray, list]:
+    """``(codes, uniques)``: int64 codes into the distinct tokens in first-seen order."""
+    try:
+        import pandas as pd
+    except ImportError:  # pragma: no cover - pandas comes with ray[data]
+        index: dict = {}
+        codes = np.fromiter((index.setdefault(t, len(index)) for t in tokens), np.int64, len(tokens))
+        return codes, list(index)
+    codes, uniques = pd.factorize(pd.Series(tokens, dtype=object), sort=False)
+    return codes.astype(np.int64, copy=False), list(uniques)
+
+
+def count_terms(texts: Sequence[str], config: MixPRConfig | None = None) -> tuple[sp.csr_matrix, Vocabulary]:
+    """``(counts, vocabulary)``: what ``CountVectorizer(lowercase, token_pattern, stop_words)
+    .fit_transform(texts)`` gives, counts as CSR float64 (len(texts), n_terms) with sorted columns.
+    Raises ValueError("empty vocabulary ...") when no text has a term, as scikit-learn does."""
+    cfg = config or MixPRConfig()
+    if isinstance(texts, str):
+        raise ValueError("texts must be a sequence of str, got a single str")
+    texts = list(texts)
+    pattern = re.compile(cfg.token_pattern)
+    if pattern.groups > 1:
+        raise ValueError(f"token_pattern {cfg.token_pattern!r} has more than one capturing group")
+    stop = _stop_words(cfg.stop_words)
+    tokens, sentinel = _tokens_with_separators(texts, pattern, cfg.lowercase)
+    codes, uniques = _factorize(tokens)
+    del tokens
+    n_codes = len(uniques)
+    is_term = np.ones(n_codes, dtype=bool)
+    for i, u in enumerate(uniques) if stop else ():
+        if u in stop:
+            is_term[i] = False
+    sep_code = next((i for i, u in enumerate(uniques) if u is sentinel or u == sentinel), -1) if len(texts) > 1 else -1
+    if sep_code >= 0:
+        is_term[sep_code] = False
+    terms = [u for u, keep in zip(uniques, is_term) if keep]
+    if not terms:
+        raise ValueError("empty vocabulary; perhaps the documents only contain stop words")
+    # sorted vocabulary (scikit-learn's column order); numpy's code-point order equals Python's
+    # string order for strings without NUL characters
+    if any("\x00" in t for t in terms):
+        order = np.array(sorted(range(len(terms)), key=terms.__getitem__), dtype=np.int64)
+    else:
+        order = np.argsort(np.array(terms, dtype=str), kind="stable")
+    col_of_term = np.empty(len(terms), dtype=np.int64)
+    col_of_term[order] = np.arange(len(terms))
+    col_of_code = np.full(n_codes, -1, dtype=np.int64)
+    col_of_code[is_term] = col_of_term
+    row = np.cumsum(codes == sep_code) if sep_code >= 0 else np.zeros(codes.size, np.int64)
+    col = col_of_code[codes]
+    keep = col >= 0
+    counts = sp.csr_matrix(
+        (np.ones(int(keep.sum())), (row[keep], col[keep])), shape=(len(texts), len(terms)), dtype=np.float64
+    )
+    counts.sum_duplicates()
+    vocab = Vocabulary([terms[i] for i in order], cfg.token_pattern, cfg.lowercase, stop)
+    return counts, vocab
 
 
 class TfidfEmbedding:
@@ -44,7 +195,7 @@ class TfidfEmbedding:
         matrix: sp.csr_matrix,
         classes: np.ndarray,
         counts: np.ndarray,
-        counter: CountVectorizer | None,
+        counter: Vocabulary | None,
         idf: np.ndarray | None,
         sublinear_tf: bool = False,
     ):
@@ -103,14 +254,8 @@ def embed_tfidf(texts: Sequence[str], config: MixPRConfig | None = None) -> Tfid
     n = len(texts)
     if n == 0:
         return TfidfEmbedding(sp.csr_matrix((0, 0), dtype=np.float32), classes, counts, None, None)
-    counter = CountVectorizer(
-        lowercase=cfg.lowercase,
-        token_pattern=cfg.token_pattern,
-        stop_words=cfg.stop_words,
-        dtype=np.float64,
-    )
     try:
-        tf = counter.fit_transform(uniq).tocsr()
+        tf, counter = count_terms(uniq, cfg)
     except ValueError as exc:  # "empty vocabulary": no chunk has a term
         if "empty vocabulary" not in str(exc):
             raise

@@ -1,0 +1,286 @@
+"""Long-context pipeline (longrag.longcontext): retrieval + routing + window-fitted reading with a
+scripted LLM, checked against the retrievers run directly; the MixPR compressor; the fast
+chunker / TF-IDF counter against their references (plain chunker, scikit-learn); and one run of
+router + reader with the real bundled SmolLM2 on a small HashHop document."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import numpy as np
+import pytest
+from sklearn.feature_extraction.text import CountVectorizer, TfidfVectorizer
+
+from longrag.longcontext import (
+    LongContextPipeline,
+    compress_units_with_mixpr,
+    reader_messages,
+    select_within_budget,
+)
+from longrag.mixpr import MixPRConfig, MixPRRetriever, SparseRetriever, chunk_text, embed_tfidf
+from longrag.mixpr.chunking import chunk_text_reference, whitespace_mask
+from longrag.mixpr.tfidf import count_terms
+from longrag.synthetic import generate_babilong, generate_hashhop
+from tests.fakes import ScriptedLLM
+
+DOC = (
+    "Alice keeps the key in the blue box. The blue box is in the kitchen. "
+    "Bob likes football and plays on Sundays. The weather was cold in March. "
+    "Carol painted the fence green. The fence borders the garden of the old house. "
+    "Dave bought a new bicycle yesterday. The bicycle is red."
+)
+QUESTION = "Where is the key kept?"
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+# ---------------------------------------------------------------- pipeline (scripted LLM)
+
+
+def test_mixpr_auto_route_local_reads_chunks_in_document_order():
+    llm = ScriptedLLM(["n", "In the blue box."], context_window=4096)
+    cfg = MixPRConfig(top_k=3)
+    res = run(LongContextPipeline(cfg, llm=llm).run(DOC, QUESTION, retriever="mixpr", route="auto"))
+    ref = MixPRRetriever(cfg).retrieve(DOC, QUESTION, route="local")
+    assert res.route == "local" and res.answer == "In the blue box."
+    assert [c["position"] for c in res.chunks] == [c.position for c in ref]
+    assert [c["text"] for c in res.chunks] == [c.text for c in ref]
+    np.testing.assert_allclose([c["score"] for c in res.chunks], [c.score for c in ref])
+    assert [c["position"] for c in res.chunks] == sorted(c["position"] for c in res.chunks)
+    # the router saw the question; the reader got the retrieved chunks, in document order
+    assert QUESTION in llm.calls[0]["messages"][0]["content"]
+    user = llm.calls[1]["messages"][-1]["content"]
+    offsets = [user.index(c["text"]) for c in res.chunks]
+    assert offsets == sorted(offsets) and QUESTION in user
+    t = res.trace
+    assert t["routed_by"] == "llm" and t["chunks_read"] == 3 and t["chunks_dropped"] == 0
+    assert t["n_chunks"] == len(chunk_text(DOC)) and t["prompt_tokens"] > 0 and t["completion_tokens"] == 4
+    for key in ("chunk_ms", "embed_ms", "route_ms", "graph_ms", "pagerank_ms", "topk_ms", "read_ms", "total_ms"):
+        assert key in t, key
+    d = res.to_dict()
+    assert set(d) == {"answer", "route", "chunks", "trace"} and set(d["chunks"][0]) == {"position", "text", "score"}
+
+
+def test_router_yes_gives_global_pagerank():
+    llm = ScriptedLLM(["y", "A summary."])
+    cfg = MixPRConfig(top_k=4)
+    res = run(LongContextPipeline(cfg, llm=llm).run(DOC, "Summarize the document.", route="auto"))
+    assert res.route == "global"
+    ref = MixPRRetriever(cfg).retrieve(DOC, "Summarize the document.", route="global")
+    assert [c["position"] for c in res.chunks] == [c.position for c in ref]
+    assert res.trace["alpha"] == 0.0
+
+
+def test_explicit_route_skips_router_and_unparsable_router_reply_uses_fallback():
+    llm = ScriptedLLM(["An answer."])
+    res = run(LongContextPipeline(MixPRConfig(top_k=2), llm=llm).run(DOC, QUESTION, route="global"))
+    assert res.route == "global" and len(llm.calls) == 1 and res.trace["routed_by"] == "request"
+    llm = ScriptedLLM(["maybe", "x"])
+    res = run(LongContextPipeline(MixPRConfig(top_k=2, router_fallback="global"), llm=llm).run(DOC, QUESTION))
+    assert res.route == "global"
+
+
+def test_window_fitting_drops_lowest_scores_first_and_keeps_order():
+    llm = ScriptedLLM(["n", "ok"], context_window=100)  # tokens = whitespace words
+    cfg = MixPRConfig(top_k=8, answer_max_tokens=10, reader_reserve_tokens=0)
+    pipe = LongContextPipeline(cfg, llm=llm)
+    res = run(pipe.run(DOC, QUESTION))
+    budget = pipe.context_budget(QUESTION, True, cfg)
+    scores = np.array([c["score"] for c in res.chunks])
+    costs = np.array([len(c["text"].split()) for c in res.chunks])
+    kept = select_within_budget(scores, costs, budget)
+    assert res.trace["chunks_read"] == kept.size < len(res.chunks)
+    assert res.trace["context_tokens"] == costs[kept].sum() <= budget
+    user = llm.calls[1]["messages"][-1]["content"]
+    kept_texts = [res.chunks[i]["text"] for i in kept]
+    assert all(t in user for t in kept_texts)
+    assert [user.index(t) for t in kept_texts] == sorted(user.index(t) for t in kept_texts)
+    dropped = [res.chunks[i] for i in range(len(res.chunks)) if i not in set(kept.tolist())]
+    assert max(c["score"] for c in dropped) <= max(scores[kept])
+    # the prompt really fit: the scripted model raises ContextOverflowError otherwise
+    assert llm.calls[1]["max_tokens"] == 10
+
+
+def test_select_within_budget_hand_cases():
+    s = np.array([0.1, 0.9, 0.5, 0.7])
+    c = np.array([5, 6, 3, 5])
+    assert select_within_budget(s, c, 11).tolist() == [1, 3]  # 6 + 5
+    assert select_within_budget(s, c, 10).tolist() == [1, 2]  # 6, skip 5, then 3
+    assert select_within_budget(s, c, 10, sep_cost=1).tolist() == [1, 2]  # 6 + 1 + 3
+    assert select_within_budget(s, c, 2).tolist() == []
+    assert select_within_budget(np.zeros(0), np.zeros(0, np.int64), 5).tolist() == []
+    with pytest.raises(ValueError):
+        select_within_budget(s, c.astype(float), 5)
+
+
+def test_baselines_and_retrieve_only_without_llm():
+    cfg = MixPRConfig(top_k=3)
+    res = run(LongContextPipeline(cfg).run(DOC, QUESTION, retriever="sparse", route="local", read=False))
+    ref = SparseRetriever(cfg).retrieve(DOC, QUESTION)
+    assert res.route is None and res.answer is None and "answer" not in res.to_dict()
+    assert [c["position"] for c in res.chunks] == [c.position for c in ref]
+    assert res.trace["route_ignored"] == "local"
+    res = run(LongContextPipeline(cfg).run(DOC, QUESTION, route="local", read=False, k=2))
+    assert len(res.chunks) == 2 and res.trace["k"] == 2
+    # no question: the document's last chunk is the query and is a candidate like the others
+    res = run(LongContextPipeline(cfg).run(DOC, None, route="local", read=False))
+    assert [c["position"] for c in res.chunks] == [c.position for c in MixPRRetriever(cfg).retrieve(DOC)]
+
+
+def test_hybrid_uses_the_encoder():
+    class BagEncoder:  # deterministic dense vectors: hashed bag of words, L2-normalised
+        def _enc(self, texts):
+            X = np.zeros((len(texts), 16), np.float32)
+            for i, t in enumerate(texts):
+                for w in t.lower().split():
+                    X[i, sum(map(ord, w)) % 16] += 1
+            return X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-9)
+
+        encode_passages = encode_queries = _enc
+
+    from longrag.mixpr.baselines import HybridRetriever
+
+    cfg = MixPRConfig(top_k=3)
+    res = run(LongContextPipeline(cfg, encoder=BagEncoder()).run(DOC, QUESTION, retriever="hybrid", read=False, route="local"))
+    ref = HybridRetriever(BagEncoder(), cfg).retrieve(DOC, QUESTION)
+    assert [c["position"] for c in res.chunks] == [c.position for c in ref] and res.route is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, msg",
+    [
+        (dict(document="   \n"), "document is empty"),
+        (dict(document=b"bytes"), "document must be str"),
+        (dict(retriever="dense"), "retriever must be"),
+        (dict(route="sideways"), "route must be"),
+        (dict(k=0), "k must be"),
+        (dict(retriever="hybrid"), "needs a dense encoder"),
+        (dict(route="auto", read=False), "needs an LLM"),
+        (dict(route="local", read=True), "needs an LLM"),
+    ],
+)
+def test_input_errors(kwargs, msg):
+    args = dict(document=DOC, question=QUESTION, retriever="mixpr", route="local", read=False)
+    args.update(kwargs)
+    doc = args.pop("document")
+    q = args.pop("question")
+    with pytest.raises(ValueError, match=msg):
+        run(LongContextPipeline(MixPRConfig()).run(doc, q, **args))
+
+
+def test_reader_messages_without_question():
+    m = reader_messages("List the colours.", ["a", "b"], has_question=False)
+    assert m[0]["role"] == "system" and "REQUEST: List the colours." in m[1]["content"] and "a\nb" in m[1]["content"]
+
+
+# ---------------------------------------------------------------- MixPR as a context compressor
+
+
+def test_compress_units_keeps_the_chain_within_budget_in_document_order():
+    s = generate_hashhop(3000, 3, seed=4)
+    lines = s.document.split("\n")
+    units = ["\n".join(lines[i : i + 40]) for i in range(0, len(lines), 40)]
+    count = lambda t: len(t.split())  # noqa: E731
+    out = compress_units_with_mixpr(s.question, units, 60, count, MixPRConfig())
+    assert count(out) <= 60
+    for needle in s.needle_texts:
+        assert needle in out, needle
+    kept = [ln for ln in out.split("\n") if ln]
+    joined = "\n\n".join(units)
+    pos = [joined.index(ln) for ln in kept]
+    assert pos == sorted(pos)
+    # fits already: returned unchanged
+    assert compress_units_with_mixpr("q?", ["a b", "c d"], 10, count) == "a b\n\nc d"
+    with pytest.raises(ValueError):
+        compress_units_with_mixpr("", units, 10, count)
+    with pytest.raises(ValueError):
+        compress_units_with_mixpr("q", units, 0, count)
+
+
+# ---------------------------------------------------------------- fast chunker / TF-IDF vs references
+
+_ATOMS = ["word", "Dr.", "U.S.", "x", ".", "!", "?", " ", "  ", "\n", "\n\n", " \n \n ", "\t", "\u00a0", "\r",
+          "\x0b", "\u2028", "\u2026", '"', "'", ")", "Hello.", "e.g.", "İ", "ΣΑΣ", "\u3000", "A.", '."', "w\nw"]  # fmt: skip
+
+
+def test_fast_chunker_equals_reference_on_random_and_real_text():
+    rng = random.Random(0)
+    for _ in range(120):
+        t = "".join(rng.choice(_ATOMS) for _ in range(rng.randint(0, 300)))
+        for mw in (1, 3, 32):
+            a, b = chunk_text(t, mw), chunk_text_reference(t, mw)
+            assert a.texts == b.texts, t
+            assert np.array_equal(a.starts, b.starts) and np.array_equal(a.ends, b.ends)
+            assert np.array_equal(a.n_words, b.n_words)
+    for s in (generate_hashhop(8000, 4, 0), generate_babilong("qa2", 8000, 0)):
+        for mw in (8, 32):
+            a, b = chunk_text(s.document, mw), chunk_text_reference(s.document, mw)
+            assert a.texts == b.texts and np.array_equal(a.starts, b.starts)
+
+
+def test_whitespace_mask_is_str_isspace():
+    text = "".join(chr(c) for c in range(0, 0x3100)) + "\U0001f600 \ud800"
+    np.testing.assert_array_equal(whitespace_mask(text), [ch.isspace() for ch in text])
+
+
+@pytest.mark.parametrize(
+    "cfg", [MixPRConfig(), MixPRConfig(stop_words="english"), MixPRConfig(lowercase=False), MixPRConfig(token_pattern=r"\S+")]
+)
+def test_count_terms_equals_countvectorizer(cfg):
+    rng = random.Random(1)
+    atoms = ["ΣΑΣ", "Σ", "ς", "İstanbul", "the", "The", "a", "x_y", "12", "é", "\n", " ", "ǅ", "ﬁne", "Straße", "!!",
+             "qzxjmixprsentinelqzxj"]  # fmt: skip
+    texts = ["".join(rng.choice(atoms) + rng.choice(" \n.") for _ in range(rng.randint(0, 12))) for _ in range(300)]
+    counts, vocab = count_terms(texts, cfg)
+    ref = CountVectorizer(lowercase=cfg.lowercase, token_pattern=cfg.token_pattern, stop_words=cfg.stop_words)
+    R = ref.fit_transform(texts)
+    assert list(vocab.get_feature_names_out()) == list(ref.get_feature_names_out())
+    assert abs(counts - R).max() == 0
+    assert abs(vocab.transform(texts[:5]) - ref.transform(texts[:5])).max() == 0
+
+
+def test_tfidf_equals_sklearn_on_real_documents():
+    for s in (generate_hashhop(20000, 3, 0), generate_babilong("qa3", 20000, 2)):
+        texts = chunk_text(s.document).texts
+        emb = embed_tfidf(texts)
+        ref = TfidfVectorizer(dtype=np.float64).fit(texts)
+        assert list(emb.counter.get_feature_names_out()) == list(ref.get_feature_names_out())
+        assert abs(emb.chunk_matrix() - ref.transform(texts)).max() < 1e-6
+        q = [s.question]
+        assert abs(emb.transform(q) - ref.transform(q)).max() < 1e-6
+
+
+# ---------------------------------------------------------------- the real bundled model
+
+
+def test_real_smollm2_router_and_reader_on_hashhop():
+    pytest.importorskip("llama_cpp")
+    from longrag.config import LLMConfig
+    from longrag.llm import build_llm
+
+    llm = build_llm(LLMConfig(backend="llamacpp", model="smollm2-135m-instruct", context_window=2048, n_threads=1))
+    try:
+        s = generate_hashhop(600, 2, seed=1)
+        cfg = MixPRConfig(top_k=10, answer_max_tokens=16)
+        pipe = LongContextPipeline(cfg, llm=llm)
+        res = run(pipe.run(s.document, s.question, retriever="mixpr", route="auto"))
+        assert res.route in ("local", "global")
+        assert isinstance(res.answer, str)
+        t = res.trace
+        assert 0 < t["prompt_tokens"] <= llm.context_window - cfg.answer_max_tokens
+        assert 0 < t["completion_tokens"] <= cfg.answer_max_tokens
+        assert t["chunks_read"] >= 1 and t["context_tokens"] <= t["context_budget_tokens"]
+        if res.route == "local":  # PPR from the question reaches both hops of the chain
+            got = "\n".join(c["text"] for c in res.chunks)
+            assert all(n in got for n in s.needle_texts)
+        # a window too small for all 10 chunks: the reader drops some and still fits
+        small_cfg = cfg.model_copy(update={"answer_max_tokens": 8, "reader_reserve_tokens": llm.context_window - 200})
+        small = LongContextPipeline(small_cfg, llm=llm)
+        res2 = run(small.run(s.document, s.question, route="local"))
+        assert res2.trace["chunks_dropped"] > 0 and res2.trace["chunks_read"] >= 1
+        assert res2.trace["context_tokens"] <= res2.trace["context_budget_tokens"]
+    finally:
+        run(llm.aclose())
