@@ -3,10 +3,10 @@
     serve run serve/configs/cpu.yaml                       # the embedded default
     serve run serve.app:app_builder index=artifacts/sample  # same, without a config file
 
-Endpoints: ``POST /v1/retrieve``, ``POST /v1/answer``, ``GET /healthz``; OpenAPI at ``/docs``.
+Endpoints: ``POST /v1/retrieve``, ``POST /v1/answer``, ``POST /v1/longcontext``, ``GET /healthz``;
+OpenAPI at ``/docs``.
 """
 
-from __future__ import annotations
 
 import time
 from typing import Any
@@ -20,6 +20,7 @@ from ray.serve.handle import DeploymentHandle
 
 from longrag.config import LongRAGConfig, load_config
 from serve.deployments import LLMServer, QueryEncoder, Reader, Retriever
+from serve.longcontext import LongContextReader, LongContextRequest, LongContextResponse
 from serve.schemas import (
     AnswerRequest,
     AnswerResponse,
@@ -53,8 +54,9 @@ def _ms(t0: float) -> float:
 @serve.ingress(api)
 class Ingress:
     def __init__(self, encoder: DeploymentHandle, retriever: DeploymentHandle, reader: DeploymentHandle,
-                 llm: DeploymentHandle, config: dict[str, Any]) -> None:
+                 llm: DeploymentHandle, config: dict[str, Any], longcontext: DeploymentHandle) -> None:
         self.encoder, self.retriever, self.reader, self.llm = encoder, retriever, reader, llm
+        self.longcontext = longcontext
         self.config = LongRAGConfig.model_validate(config)
 
     def _validate(self, req: RetrieveRequest) -> tuple[str, int]:
@@ -120,12 +122,14 @@ class Ingress:
             raise HTTPException(status_code=503, detail={"error": "no evidence could be retrieved",
                                                          "coverage": found["coverage"]})
         t1 = time.perf_counter()
-        read = await self.reader.read.remote(question, ordered)
+        read = await self.reader.read.remote(question, ordered, req.compression)
         trace["read_ms"] = _ms(t1)
         trace.update({f"read.{key}": v for key, v in read["stages_ms"].items()})
         trace["prompt_tokens"] = read["prompt_tokens"]
         trace["completion_tokens"] = read["completion_tokens"]
         trace["context_truncated"] = read["truncated"]
+        trace["context_compressed"] = read["compressed"]
+        trace["context_tokens"] = read["context_tokens"]
         used = set(read["units_used"])
         evidence = [
             {"unit_id": h["unit_id"], "titles": found["units"].get(h["unit_id"], {}).get("titles", []),
@@ -135,6 +139,20 @@ class Ingress:
         trace["total_ms"] = _ms(t0)
         return AnswerResponse(question=question, answer=read["answer"], long_answer=read["long_answer"],
                               evidence=evidence, coverage=found["coverage"], trace=trace)
+
+
+    @api.post("/v1/longcontext", response_model=LongContextResponse)
+    async def longcontext_answer(self, req: LongContextRequest) -> LongContextResponse:
+        """One long document + question: MixPR (or sparse/hybrid) selection, then the reader."""
+        limit, n = self.config.mixpr.max_document_bytes, len(req.document.encode("utf-8"))
+        if n > limit:
+            raise HTTPException(status_code=413,
+                                detail=f"document is {n} bytes; the limit is {limit} (mixpr.max_document_bytes)")
+        try:
+            result = await self.longcontext.run.remote(req.model_dump())
+        except ValueError as exc:  # Ray re-raises the pipeline's ValueError (bad k, route, ...) as one
+            raise HTTPException(status_code=422, detail=str(exc).strip().splitlines()[-1]) from None
+        return LongContextResponse.model_validate(result)
 
 
 class AppArgs(BaseModel):
@@ -159,7 +177,8 @@ def app_builder(args: AppArgs | dict[str, Any]) -> serve.Application:
     return Ingress.bind(
         QueryEncoder.bind(cfg.embedding.model_dump()),
         Retriever.bind(args.index, cfg.index.model_dump()),
-        Reader.bind(llm, cfg.llm.model_dump(), cfg.reader.model_dump()),
+        Reader.bind(llm, cfg.llm.model_dump(), cfg.reader.model_dump(), cfg.mixpr.model_dump()),
         llm,
         cfg.model_dump(),
+        LongContextReader.bind(llm, cfg.llm.model_dump(), cfg.mixpr.model_dump(), cfg.embedding.model_dump()),
     )

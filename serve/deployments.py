@@ -75,8 +75,8 @@ class Retriever:
 
     def describe(self) -> dict[str, Any]:
         m = self.manifest
-        return {"build_id": m.build_id, "shards": len(m.shards), "units": m.counts.get("units", 0),
-                "chunks": m.counts.get("chunks", 0), "embedding_model": m.embedding_model}
+        return {"build_id": m.build_id, "shards": len(m.shards), "units": m.counts.units,
+                "chunks": m.counts.chunks, "embedding_model": m.embedding.model}
 
     async def check_health(self) -> None:
         """Serve marks the replica unhealthy (and replaces it) when every shard is unreachable."""
@@ -160,14 +160,25 @@ def local_token_counter(config: LLMConfig) -> Callable[[str], int]:
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=32)
 class Reader:
-    def __init__(self, llm_handle: DeploymentHandle, llm: dict[str, Any], reader: dict[str, Any]) -> None:
+    def __init__(self, llm_handle: DeploymentHandle, llm: dict[str, Any], reader: dict[str, Any],
+                 mixpr: dict[str, Any] | None = None) -> None:
+        from functools import partial
+
+        from longrag.longcontext import compress_units_with_mixpr
+        from longrag.mixpr.config import MixPRConfig
         from longrag.reader import LongReader
 
-        # The window the LLM really has (llama.cpp clamps to the model's trained context).
-        window = llm_handle.describe.remote().result(timeout_s=600)["context_window"]
-        self.llm = RemoteLLM(llm_handle, LLMConfig.model_validate(llm), context_window=window)
-        self.reader = LongReader(self.llm, ReaderConfig.model_validate(reader))
+        self.llm_handle = llm_handle
+        self.llm = RemoteLLM(llm_handle, LLMConfig.model_validate(llm))
+        self._window_known = False
+        compressor = partial(compress_units_with_mixpr, cfg=MixPRConfig.model_validate(mixpr or {}))
+        self.reader = LongReader(self.llm, ReaderConfig.model_validate(reader), compressor=compressor)
 
-    async def read(self, question: str, units: list[dict[str, Any]]) -> dict[str, Any]:
-        result = await self.reader.read(question, [Unit.from_row(u) for u in units])
+    async def read(self, question: str, units: list[dict[str, Any]], compression: str | None = None) -> dict[str, Any]:
+        if not self._window_known:
+            # The window the LLM really has (llama.cpp clamps n_ctx to the model's trained context);
+            # asked on first use because a replica's constructor must not block on another deployment.
+            self.llm.context_window = (await self.llm_handle.describe.remote())["context_window"]
+            self._window_known = True
+        result = await self.reader.read(question, [Unit.from_row(u) for u in units], compression)
         return result.to_dict()

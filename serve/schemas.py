@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,7 +17,11 @@ class RetrieveRequest(_Strict):
 
 
 class AnswerRequest(RetrieveRequest):
-    pass
+    compression: Literal["truncate", "mixpr"] | None = Field(
+        None,
+        description="When the units exceed the reader's window: trim (truncate) or select sentences with "
+        "question-seeded MixPR (mixpr). Default: reader.compression.",
+    )
 
 
 class Coverage(BaseModel):

@@ -19,7 +19,8 @@ PORT = 8123
 def client(sample_index):
     handle = start_or_join(None, num_cpus=4)
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-    serve.run(app_builder(AppArgs(index=sample_index["uri"], overrides=["index.replicas=2"])),
+    serve.run(app_builder(AppArgs(index=sample_index["uri"],
+                                  overrides=["index.replicas=2", "mixpr.max_document_bytes=200000"])),
               name="longrag", route_prefix="/", blocking=False)
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=180) as c:
         deadline = time.time() + 240
@@ -99,3 +100,40 @@ def test_malformed_json_and_wrong_method(client):
     assert r.status_code == 422 and "JSON" in r.text
     assert client.get("/v1/answer").status_code == 405
     assert client.get("/openapi.json").status_code == 200
+
+
+def _hashhop(tokens=3000, hops=2, seed=0):
+    from longrag.synthetic import generate_hashhop
+
+    return generate_hashhop(tokens, hops, seed)
+
+
+def test_longcontext_retrieves_in_document_order(client):
+    sample = _hashhop()
+    r = client.post("/v1/longcontext", json={"document": sample.document, "question": sample.question,
+                                              "retriever": "mixpr", "k": 10, "route": "local",
+                                              "retrieve_only": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    positions = [c["position"] for c in body["chunks"]]
+    assert len(positions) == 10 and positions == sorted(positions)
+    assert body["route"] == "local" and body["answer"] is None
+    assert body["trace"]["n_chunks"] > 10
+
+
+def test_longcontext_answers_with_the_real_llm(client):
+    sample = _hashhop(tokens=600)
+    r = client.post("/v1/longcontext", json={"document": sample.document, "question": sample.question,
+                                              "retriever": "sparse", "k": 8, "route": "local"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["answer"] and body["trace"]["prompt_tokens"] > 0
+
+
+def test_longcontext_rejects_oversized_and_bad_requests(client):
+    r = client.post("/v1/longcontext", json={"document": "word " * 60_000, "retriever": "mixpr", "k": 5})
+    assert r.status_code == 413 and "limit" in r.text
+    r = client.post("/v1/longcontext", json={"document": "   ", "retriever": "mixpr", "k": 5})
+    assert r.status_code == 422
+    r = client.post("/v1/longcontext", json={"document": "A text.", "retriever": "bm25", "k": 5})
+    assert r.status_code == 422
