@@ -141,15 +141,18 @@ def test_restarted_replica_reloads_its_shard(cluster, tmp_path):
     actor = IndexShard.options(num_cpus=0.1).remote(str(tmp_path), 2, True)
     first = ray.get(actor.info.remote())
     ray.kill(actor, no_restart=False)  # crash: Ray restarts it, rerunning __init__
-    deadline = time.time() + 60
+    # The kill is asynchronous: wait until a new process (the restarted replica) answers.
+    deadline = time.time() + 90
     while True:
         try:
             again = ray.get(actor.info.remote(), timeout=30)
-            break
+            if again["pid"] != first["pid"]:
+                break
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            if time.time() > deadline:
-                raise
-            time.sleep(0.5)
+            pass
+        if time.time() > deadline:
+            raise AssertionError("the killed replica was not restarted")
+        time.sleep(0.5)
     assert again["loaded_at"] > first["loaded_at"]
     assert again["pid"] != first["pid"]
     assert again["n_chunks"] == first["n_chunks"] and again["searches"] == 0
