@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "artifacts" / "demo"))
     p.add_argument("--shards", type=int, default=2)
     p.add_argument("--replicas", type=int, default=2)
-    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--k", type=int, default=2)
     p.add_argument("--questions", type=int, default=len(QUESTIONS))
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--num-cpus", type=float, default=4)
