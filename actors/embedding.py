@@ -7,13 +7,17 @@ and fractional CPUs on a laptop; the device itself is picked by the core ``Embed
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 
 class ChunkEmbedder:
-    def __init__(self, embedding_config: dict[str, Any], torch_threads: int = 1) -> None:
+    """Adds a ``vector`` column: ``column`` encoded as passages (chunks) or as queries (with the
+    model's query instruction)."""
+
+    def __init__(self, embedding_config: dict[str, Any], torch_threads: int = 1,
+                 role: Literal["passage", "query"] = "passage", column: str = "text") -> None:
         import torch
 
         from longrag.config import EmbeddingConfig
@@ -22,8 +26,9 @@ class ChunkEmbedder:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         torch.set_num_threads(max(1, torch_threads))
         self.embedder = Embedder(EmbeddingConfig.model_validate(embedding_config))
+        self.encode = self.embedder.encode_queries if role == "query" else self.embedder.encode_passages
+        self.column = column
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        texts = [str(t) for t in batch["text"]]
-        batch["vector"] = self.embedder.encode_passages(texts)
+        batch["vector"] = self.encode([str(t) for t in batch[self.column]])
         return batch

@@ -161,24 +161,6 @@ def ensure_index(
 
 
 # ---------------------------------------------------------------------------------------- retrieval
-class QueryEncoderFn:
-    """Ray Data callable: question texts -> query vectors (one Embedder per actor)."""
-
-    def __init__(self, embedding_config: dict[str, Any], torch_threads: int = 1) -> None:
-        import torch
-
-        from longrag.config import EmbeddingConfig
-        from longrag.embedding import Embedder
-
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        torch.set_num_threads(max(1, torch_threads))
-        self.embedder = Embedder(EmbeddingConfig.model_validate(embedding_config))
-
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        batch["vector"] = self.embedder.encode_queries([str(q) for q in batch["question"]])
-        return batch
-
-
 def encode_queries(questions: list[str], config: LongRAGConfig, mode: str) -> tuple[np.ndarray, str]:
     """``(n, dim)`` float32 query vectors, in question order, and the mode used."""
     if mode == "auto":
@@ -195,9 +177,11 @@ def encode_queries(questions: list[str], config: LongRAGConfig, mode: str) -> tu
             [{"i": i, "question": q} for i, q in enumerate(questions)],
             override_num_blocks=max(1, min(len(questions) // emb.batch_size, 64)),
         )
+        from actors.embedding import ChunkEmbedder
+
         ds = ds.map_batches(
-            QueryEncoderFn,
-            fn_constructor_kwargs={"embedding_config": emb.model_dump()},
+            ChunkEmbedder,
+            fn_constructor_kwargs={"embedding_config": emb.model_dump(), "role": "query", "column": "question"},
             batch_size=emb.batch_size,
             concurrency=emb.concurrency,
             num_cpus=emb.num_cpus,
