@@ -101,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
     ])
     out = str(Path(args.out).resolve())
     failures: list[str] = []
+    retrieve_ms: list[float] = []
+    answer_ms: list[float] = []
+    report: dict[str, Any] = {}
     with MemorySampler() as mem:
         handle = start_or_join(None, num_cpus=args.num_cpus)
         try:
@@ -125,7 +128,6 @@ def run(args: argparse.Namespace) -> int:
                 print(f"   healthy: {json.dumps(health)}", flush=True)
 
                 print("== 3/3 asking questions over HTTP", flush=True)
-                retrieve_ms, answer_ms = [], []
                 for q in QUESTIONS[: args.questions]:
                     t0 = time.perf_counter()
                     r = client.post("/v1/retrieve", json={"question": q, "k": args.k})
@@ -159,7 +161,6 @@ def run(args: argparse.Namespace) -> int:
         except Exception as exc:  # report and fail: the demo must exit non-zero on any failure
             log.exception("demo failed")
             failures.append(f"{type(exc).__name__}: {exc}")
-            retrieve_ms, answer_ms, report = locals().get("retrieve_ms", []), locals().get("answer_ms", []), locals().get("report", {})
         finally:
             try:
                 serve.shutdown()
