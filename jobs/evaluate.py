@@ -35,7 +35,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +44,8 @@ from longrag.eval import pipeline as P
 from longrag.eval.corpus import PooledCorpus, load_corpus_file, load_dpr_passages, pool_examples
 from longrag.eval.datasets import QAExample, load_qa
 from longrag.eval.links import build_links, link_stats
-from longrag.eval.report import score_results, summarize, write_report
+from longrag.eval.report import score_results, summarize
+from longrag.eval.runs import combine, write_run
 from longrag.types import Document, Unit
 
 log = logging.getLogger("jobs.evaluate")
@@ -432,79 +433,6 @@ def _eval_config(args: argparse.Namespace, config: LongRAGConfig) -> dict[str, A
             "answer_recall_all_types": args.answer_recall_all_types,
         },
     }
-
-
-def _tables_md(runs: list[dict[str, Any]], title: str) -> str:
-    parts = [f"## {title}", "", P.paper_table(runs), ""]
-    qa = P.qa_table(runs)
-    if qa:
-        parts += ["### Reader", "", qa, ""]
-    parts += [
-        "R@k: all gold documents among the documents of the top k units; AR@k: a gold answer occurs in the "
-        "text of the top k units (HotpotQA: bridge questions only, as in paper 000). Tokens are counted with the "
-        "embedding model's tokenizer (unit sizes) and the reader model's tokenizer (reader context).",
-        "",
-    ]
-    return "\n".join(parts)
-
-
-def write_run(
-    out: Path,
-    results: list[dict[str, Any]],
-    flat: dict[str, Any] | list[dict[str, Any]],
-    config: dict[str, Any],
-    provenance: dict[str, Any],
-    extra: dict[str, Any],
-    title: str,
-) -> dict[str, str]:
-    """Write the report files for one setting (``flat`` a dict) or a combination (a list)."""
-    paths = write_report(out, results, config, provenance, title=title)
-    doc = json.loads(Path(paths["metrics"]).read_text())
-    runs = flat if isinstance(flat, list) else [flat]
-    if isinstance(flat, list):
-        head = {"dataset": runs[0]["dataset"], "n": max(r["n"] for r in runs), "runs": runs}
-    else:
-        head = dict(flat)
-    Path(paths["metrics"]).write_text(json.dumps({**head, **doc, **extra}, indent=2, default=str))
-    report = Path(paths["report"]).read_text()
-    marker = "## Config"
-    table = _tables_md(runs, "Paper-style table (paper 000, Tables 1-2)")
-    report = report.replace(marker, table + "\n" + marker, 1) if marker in report else report + "\n" + table
-    Path(paths["report"]).write_text(report)
-    return paths
-
-
-def read_run(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
-    """(results, flat metrics of its settings, metrics doc) of a run directory written earlier."""
-    d = Path(run_dir)
-    doc = json.loads((d / "metrics.json").read_text())
-    with open(d / "predictions.jsonl", encoding="utf-8") as fh:
-        results = [P.curves_from_json(json.loads(line)) for line in fh if line.strip()]
-    flats = doc["runs"] if "runs" in doc else [{k: doc[k] for k in doc if k not in ("summary", "config", "provenance", "plots")}]
-    return results, flats, doc
-
-
-def combine(run_dirs: Sequence[str], out: str, command: list[str]) -> dict[str, str]:
-    """One combined report from run directories of one dataset (each setting keeps its label)."""
-    results: list[dict[str, Any]] = []
-    flats: list[dict[str, Any]] = []
-    configs: dict[str, Any] = {}
-    datasets = set()
-    for d in run_dirs:
-        res, fl, doc = read_run(d)
-        results += res
-        flats += fl
-        configs[str(d)] = doc.get("config")
-        datasets.update(f["dataset"] for f in fl)
-    if len(datasets) > 1:
-        raise ValueError(f"runs of different datasets cannot be combined: {sorted(datasets)}")
-    labels = [f.get("label") or f.get("unit") for f in flats]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"runs share setting labels {labels}: a combined curve would mix them")
-    from longrag.manifest import collect_provenance
-
-    prov = {**collect_provenance(command).model_dump(), "combined_from": [str(d) for d in run_dirs]}
-    return write_run(Path(out), results, flats, {"runs": configs}, prov, {}, f"{flats[0]['dataset']}: combined runs")
 
 
 # ---------------------------------------------------------------------------------------- CLI

@@ -3,7 +3,8 @@
 Modules: :mod:`~longrag.eval.datasets` (QA loaders -> :class:`QAExample`),
 :mod:`~longrag.eval.corpus` (pooled corpora -> ``Document``), :mod:`~longrag.eval.links`
 (title-mention and TF-IDF links), :mod:`~longrag.eval.metrics` (EM/F1/refined EM/recalls),
-:mod:`~longrag.eval.report` (metrics.json, predictions.jsonl, report.md, PNG plots).
+:mod:`~longrag.eval.report` (metrics.json, predictions.jsonl, report.md, PNG plots),
+:mod:`~longrag.eval.runs` (run directories: write, read back, combine).
 ``report`` imports matplotlib and ``links`` scikit-learn lazily, so importing this package is cheap.
 """
 
