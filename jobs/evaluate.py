@@ -126,7 +126,7 @@ def ensure_index(
     rebuild: bool = False,
 ) -> dict[str, Any]:
     """Reuse a complete build with the same fingerprint, or build one; returns index info."""
-    from jobs.index import build_from_documents
+    from jobs.index import ResumeError, build_from_documents
     from longrag.store import ArtifactStore
 
     digests = [P.file_digest(f) for f in corpus_files]
@@ -146,15 +146,21 @@ def ensure_index(
             report = json.loads(store.storage.read_bytes("build_report.json")) if store.storage.exists("build_report.json") else {}
             return {**info, "reused": True, "build_id": manifest.build_id, "build_report": report, "build_s": 0.0}
         log.warning("%s is complete but its fingerprint differs or is missing: rebuilding", uri)
-    elif status == "building":
-        log.warning("%s holds an unfinished build: rebuilding", uri)
     log.info("building index %s (%d documents, %s units, links=%s)", uri, len(docs), unit, link_tag)
     t0 = time.perf_counter()
     docs = add_links(docs, links) if unit == "grouped" else docs
-    report = build_from_documents(
-        docs, uri, cfg, read_report={"n_ok": len(docs), "n_bad": 0, "links": link_stats(docs)},
-        overwrite=status != "absent", command=command,
-    )
+    read_report = {"n_ok": len(docs), "n_bad": 0, "links": link_stats(docs)}
+    report = None
+    if status == "building" and not rebuild:
+        # Same fingerprint (path): finish the interrupted build, keeping its verified shards.
+        try:
+            report = build_from_documents(docs, uri, cfg, read_report=read_report, resume=True, command=command)
+            log.info("resumed the unfinished build at %s: %s", uri, report.get("resume"))
+        except ResumeError as exc:
+            log.warning("%s holds an unfinished build that cannot be resumed (%s): rebuilding", uri, exc)
+    if report is None:
+        report = build_from_documents(docs, uri, cfg, read_report=read_report,
+                                      overwrite=store.status() != "absent", command=command)
     store.storage.write_bytes(FINGERPRINT_FILE, json.dumps({"fingerprint": fp, "parts": parts}, indent=2).encode())
     build_s = time.perf_counter() - t0
     log.info("built index %s in %.1fs: %s", uri, build_s, report.get("counts"))

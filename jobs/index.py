@@ -11,6 +11,11 @@ it needs the whole link graph. Each shard is built by one task from its own chun
 span shards) and written to the artifact store with checksums; the manifest is written last and
 marked complete, so a reader never sees half a build. An existing build at ``--out`` is refused
 unless ``--overwrite`` is given: two builds are never mixed.
+
+An interrupted build (status ``building``) continues with ``--resume``: the units are recomputed
+from the same source and config, and a shard already written is kept when its plan digest (the
+units it holds) matches and its files pass their sha256 check; only the other shards are chunked,
+embedded and built. A resume whose config or units differ from the interrupted build is refused.
 """
 
 from __future__ import annotations
@@ -163,10 +168,11 @@ def build_index(
     config: LongRAGConfig,
     *,
     overwrite: bool = False,
+    resume: bool = False,
     command: list[str] | None = None,
 ) -> dict[str, Any]:
     """Read ``source`` and build its index on the connected Ray cluster; returns the build report."""
-    check_out(out, overwrite)
+    check_out(out, overwrite, resume)
     t0 = time.perf_counter()
     docs, read_report = read_corpus(source, fmt, config.units.text_mode)
     parse_s = time.perf_counter() - t0
@@ -174,19 +180,75 @@ def build_index(
         raise ValueError(f"no documents could be read from {source} ({read_report})")
     log.info("parsed %d documents in %.1fs", len(docs), parse_s)
     return build_from_documents(docs, out, config, read_report=read_report, overwrite=overwrite,
-                                command=command, timings={"parse_s": parse_s})
+                                resume=resume, command=command, timings={"parse_s": parse_s})
 
 
-def check_out(out: str, overwrite: bool) -> None:
-    """Refuse to write into an existing build (complete or partial) unless ``overwrite``."""
+def check_out(out: str, overwrite: bool, resume: bool = False) -> None:
+    """Refuse to write into an existing build (complete or partial) unless ``overwrite``; with
+    ``resume``, require an unfinished one."""
     from longrag.store import ArtifactStore
 
+    if overwrite and resume:
+        raise ValueError("--overwrite and --resume exclude each other")
     store = ArtifactStore.open(out)
     status = store.status()
+    if resume:
+        if status == "absent":
+            raise ResumeError(f"{out} holds no build to resume; run without --resume")
+        if status == "complete":
+            raise ResumeError(f"the build at {out} is already complete; nothing to resume")
+        return
     if status != "absent" and not overwrite:
+        hint = "--resume to finish it, " if status == "building" else ""
         raise BuildExistsError(
-            f"{out} already holds a build (status {status!r}); pass --overwrite to replace it or choose another --out"
+            f"{out} already holds a build (status {status!r}); pass {hint}--overwrite to replace it "
+            "or choose another --out"
         )
+
+
+def reusable_shards(store: Any, manifest: Any, plan: dict[str, str], config: LongRAGConfig,
+                    units_by_shard: dict[int, list[Unit]]) -> tuple[dict[int, ShardEntry], dict[int, str]]:
+    """For a resume: (shards to keep, {shard: why it is rebuilt}). Raises ResumeError when the
+    interrupted build was made from another config or other units."""
+    from longrag.store import ChecksumError, verify_shard
+
+    cfg = config.model_dump(mode="json")
+    if manifest.config != cfg:
+        changed = sorted(
+            f"{sec}.{key}" for sec in set(cfg) | set(manifest.config)
+            for key in set(cfg.get(sec, {}) or {}) | set(manifest.config.get(sec, {}) or {})
+            if (cfg.get(sec) or {}).get(key) != (manifest.config.get(sec) or {}).get(key)
+        )
+        raise ResumeError(f"the config differs from the interrupted build's ({', '.join(changed) or 'sections'}); "
+                          "resume with the same config or pass --overwrite")
+    if not manifest.plan:
+        raise ResumeError("the interrupted build recorded no shard plan (it predates resumable builds); "
+                          "pass --overwrite to rebuild it")
+    if manifest.plan != plan:
+        if set(manifest.plan) != set(plan):
+            detail = f"{len(manifest.plan)} shards planned, {len(plan)} now"
+        else:
+            detail = f"units of shards {sorted(int(s) for s in plan if plan[s] != manifest.plan[s])} differ"
+        raise ResumeError(f"the corpus gives other units than the interrupted build ({detail}); "
+                          "resume from the same source or pass --overwrite")
+    keep: dict[int, ShardEntry] = {}
+    redo: dict[int, str] = {}
+    done = store.completed_shards()
+    for shard_id in sorted(units_by_shard):
+        entry = done.get(shard_id)
+        if entry is None:
+            redo[shard_id] = "not written"
+            continue
+        if entry.n_units != len(units_by_shard[shard_id]):
+            redo[shard_id] = f"holds {entry.n_units} units, planned {len(units_by_shard[shard_id])}"
+            continue
+        try:
+            verify_shard(store, shard_id)
+        except (ChecksumError, FileNotFoundError) as exc:
+            redo[shard_id] = f"failed verification: {exc}"
+            continue
+        keep[shard_id] = entry
+    return keep, redo
 
 
 def build_from_documents(
@@ -196,20 +258,23 @@ def build_from_documents(
     *,
     read_report: dict[str, Any] | None = None,
     overwrite: bool = False,
+    resume: bool = False,
     command: list[str] | None = None,
     timings: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Group, chunk, embed and shard ``docs`` into a build at ``out``; returns the build report."""
+    """Group, chunk, embed and shard ``docs`` into a build at ``out``; returns the build report.
+
+    With ``resume``, continue the unfinished build at ``out`` (see the module docstring)."""
     from longrag.embedding import resolve_embedding_model
     from longrag.grouping import grouping_stats, make_units
-    from longrag.manifest import Manifest
+    from longrag.manifest import Manifest, shard_plan
     from longrag.store import ArtifactStore
     from longrag.tokens import counter_for_model_dir
 
     timings = dict(timings or {})
     read_report = read_report or {"n_ok": len(docs), "n_bad": 0}
     t_all = time.perf_counter()
-    check_out(out, overwrite)
+    check_out(out, overwrite, resume)
     store = ArtifactStore.open(out)
     if overwrite:
         for key in store.storage.list(""):
@@ -243,52 +308,34 @@ def build_from_documents(
     for u, s in zip(units, shard_of):
         units_by_shard[s].append(u)
 
-    manifest = Manifest.create(
-        config,
-        dim=spec.dim or _probe_dim(config),
-        max_seq_length=model_max,
-        query_instruction=spec.query_instruction,
-        documents=len(docs),
-        argv=command or sys.argv,
-    )
-    store.write_config(config)
-    store.write_manifest(manifest)  # status "building" until every shard is in
+    plan = shard_plan(units_by_shard)
+    kept: dict[int, ShardEntry] = {}
+    redo: dict[int, str] = {}
+    if resume:
+        manifest = store.read_manifest()
+        kept, redo = reusable_shards(store, manifest, plan, config, units_by_shard)
+        log.info("resuming build %s: keeping shards %s, building %s", manifest.build_id, sorted(kept),
+                 {s: r for s, r in redo.items()})
+        manifest.provenance.command = list(command or sys.argv)
+    else:
+        manifest = Manifest.create(
+            config,
+            dim=spec.dim or _probe_dim(config),
+            max_seq_length=model_max,
+            query_instruction=spec.query_instruction,
+            documents=len(docs),
+            argv=command or sys.argv,
+        )
+        manifest.plan = plan
+        store.write_config(config)
+        store.write_manifest(manifest)  # status "building" until every shard is in
+    pending = [s for s in range(n_shards) if s not in kept]
 
     t0 = time.perf_counter()
-    emb = config.embedding
-    ds = ray.data.from_items(
-        [{"unit_id": u.unit_id, "titles": u.titles, "text": u.text, "shard": s} for u, s in zip(units, shard_of)],
-        override_num_blocks=max(1, min(len(units) // 16, 200)),
-    )
-    ds = ds.map_batches(
-        _ChunkUnits,
-        fn_constructor_kwargs={"tokenizer_path": tokenizer_path, "max_tokens": max_tokens},
-        batch_size=16,
-        concurrency=1,
-        num_cpus=0.25,
-    )
-    ds = ds.map_batches(
-        ChunkEmbedder,
-        fn_constructor_kwargs={"embedding_config": emb.model_dump()},
-        batch_size=emb.batch_size,
-        concurrency=emb.concurrency,
-        num_cpus=emb.num_cpus,
-        num_gpus=emb.num_gpus,
-    )
-    units_ref = ray.put(units_by_shard)
-    built = ds.groupby("shard", num_partitions=n_shards).map_groups(
-        _BuildShard,
-        fn_constructor_kwargs={
-            "store_uri": out,
-            "units_ref": [units_ref],
-            "factory": config.index.factory,
-            "metric": config.index.metric,
-        },
-        batch_format="numpy",
-        concurrency=1,
-        num_cpus=0.25,
-    )
-    entries = sorted((json.loads(r["entry"]) for r in built.iter_rows()), key=lambda e: e["shard_id"])
+    entries = [e.model_dump() for e in kept.values()]
+    if pending:
+        entries += _build_shards(out, config, units, shard_of, units_by_shard, pending, tokenizer_path, max_tokens)
+    entries.sort(key=lambda e: e["shard_id"])
     timings["chunk_embed_shard_s"] = time.perf_counter() - t0
     built_ids = {e["shard_id"] for e in entries}
     missing = sorted(set(range(n_shards)) - built_ids)
@@ -307,9 +354,59 @@ def build_from_documents(
         "read": read_report,
         "timings_s": {k: round(v, 2) for k, v in timings.items()},
     }
+    if resume:
+        report["resume"] = {"kept_shards": sorted(kept), "built_shards": pending,
+                            "why_built": {str(s): r for s, r in redo.items()}}
     store.storage.write_bytes("build_report.json", json.dumps(report, indent=2).encode())
     store.write_manifest(manifest)  # written last: the build is complete only now
     return report
+
+
+def _build_shards(
+    out: str,
+    config: LongRAGConfig,
+    units: list[Unit],
+    shard_of: list[int],
+    units_by_shard: dict[int, list[Unit]],
+    pending: list[int],
+    tokenizer_path: str,
+    max_tokens: int,
+) -> list[dict[str, Any]]:
+    """Chunk, embed and build the ``pending`` shards with Ray Data; their manifest entries (dicts)."""
+    todo = set(pending)
+    rows = [{"unit_id": u.unit_id, "titles": u.titles, "text": u.text, "shard": s}
+            for u, s in zip(units, shard_of) if s in todo]
+    emb = config.embedding
+    ds = ray.data.from_items(rows, override_num_blocks=max(1, min(len(rows) // 16, 200)))
+    ds = ds.map_batches(
+        _ChunkUnits,
+        fn_constructor_kwargs={"tokenizer_path": tokenizer_path, "max_tokens": max_tokens},
+        batch_size=16,
+        concurrency=1,
+        num_cpus=0.25,
+    )
+    ds = ds.map_batches(
+        ChunkEmbedder,
+        fn_constructor_kwargs={"embedding_config": emb.model_dump()},
+        batch_size=emb.batch_size,
+        concurrency=emb.concurrency,
+        num_cpus=emb.num_cpus,
+        num_gpus=emb.num_gpus,
+    )
+    units_ref = ray.put({s: units_by_shard[s] for s in pending})
+    built = ds.groupby("shard", num_partitions=len(pending)).map_groups(
+        _BuildShard,
+        fn_constructor_kwargs={
+            "store_uri": out,
+            "units_ref": [units_ref],
+            "factory": config.index.factory,
+            "metric": config.index.metric,
+        },
+        batch_format="numpy",
+        concurrency=1,
+        num_cpus=0.25,
+    )
+    return [json.loads(r["entry"]) for r in built.iter_rows()]
 
 
 def _probe_dim(config: LongRAGConfig) -> int:
@@ -321,6 +418,10 @@ def _probe_dim(config: LongRAGConfig) -> int:
 
 class BuildExistsError(RuntimeError):
     """The output location already holds a build (complete or partial)."""
+
+
+class ResumeError(RuntimeError):
+    """A resume was asked for but cannot be done (no unfinished build, or another config/corpus)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -338,6 +439,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a new local Ray)")
     p.add_argument("--num-cpus", type=float, default=4, help="logical CPUs for a new local Ray")
     p.add_argument("--overwrite", action="store_true", help="replace an existing build at --out")
+    p.add_argument("--resume", action="store_true",
+                   help="finish an interrupted build at --out (same source and config): keep its verified shards")
     return p.parse_args(argv)
 
 
@@ -365,17 +468,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:  # refuse before starting anything
-        check_out(args.out, args.overwrite)
-    except BuildExistsError as exc:
+        check_out(args.out, args.overwrite, args.resume)
+    except (BuildExistsError, ResumeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     handle = start_or_join(args.address, num_cpus=args.num_cpus)
     try:
         report = build_index(args.source, args.format, args.out, config, overwrite=args.overwrite,
-                             command=["python", "-m", "jobs.index", *(argv if argv is not None else sys.argv[1:])])
+                             resume=args.resume, command=["python", "-m", "jobs.index", *(argv if argv is not None else sys.argv[1:])])
     except Exception as exc:
         log.error("index build failed: %s", exc)
         print(f"error: {exc}", file=sys.stderr)
+        from longrag.store import ArtifactStore
+
+        try:
+            if not isinstance(exc, (BuildExistsError, ResumeError)) and ArtifactStore.open(args.out).status() == "building":
+                print(f"the shards written so far are kept: rerun with --resume to finish the build at {args.out}",
+                      file=sys.stderr)
+        except Exception:  # the store itself may be what failed
+            pass
         return 1
     finally:
         handle.shutdown()

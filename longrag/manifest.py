@@ -4,11 +4,16 @@
 and dimension, the metric and FAISS factory, the unit kind, the counts, every shard with the sha256
 and size of each of its files, the config, and the provenance (git commit, host, library versions,
 command line). ``status`` is ``"building"`` until every shard is written, then ``"complete"``.
+
+``plan`` records, per shard, a digest of the units it is to hold (:func:`shard_plan`), so an
+interrupted build can be resumed shard by shard: a resume recomputes the plan from the corpus and
+config and keeps only shards whose plan and files (sha256) still match.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import platform
 import secrets
 import socket
@@ -74,6 +79,7 @@ class Manifest(_Model):
     shards: list[ShardEntry] = Field(default_factory=list)
     config: dict[str, Any] = Field(default_factory=dict)
     provenance: Provenance = Field(default_factory=Provenance)
+    plan: dict[str, str] = Field(default_factory=dict)  # shard id -> digest of its units (resume)
 
     @classmethod
     def create(
@@ -139,6 +145,22 @@ class Manifest(_Model):
     @classmethod
     def from_json(cls, text: str | bytes) -> "Manifest":
         return cls.model_validate_json(text)
+
+
+def shard_plan(units_by_shard: dict[int, list[Any]]) -> dict[str, str]:
+    """Shard id (as a string, JSON keys) -> sha256 over its units (id, documents, titles, token count,
+    text), in order. Units are :class:`longrag.types.Unit`.
+    """
+    plan: dict[str, str] = {}
+    for shard_id in sorted(units_by_shard):
+        h = hashlib.sha256()
+        for u in units_by_shard[shard_id]:
+            text = u.text.encode("utf-8")
+            head = "\0".join([u.unit_id, "\x1f".join(u.doc_ids), "\x1f".join(u.titles), str(u.n_tokens), str(len(text))])
+            h.update(head.encode("utf-8") + b"\0")
+            h.update(text)
+        plan[str(shard_id)] = h.hexdigest()
+    return plan
 
 
 def new_build_id() -> str:

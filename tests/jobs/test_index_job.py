@@ -107,3 +107,58 @@ def test_build_into_s3_compatible_store(tmp_path, monkeypatch):
             assert index.ntotal == entry.n_chunks and len(units) == entry.n_units
     finally:
         server.stop()
+
+
+def _interrupt(store: ArtifactStore, lost: int) -> None:
+    """Put a complete build back into the state a crash leaves: manifest ``building`` without shard
+    entries, and shard ``lost`` half written (files there, no ``shard.json`` marker)."""
+    manifest = store.read_manifest()
+    manifest.status = "building"
+    manifest.shards = []
+    store.write_manifest(manifest)
+    store.storage.delete(store.shard_key(lost, "shard.json"))
+
+
+def test_resume_keeps_verified_shards_and_rebuilds_the_rest(tmp_path, capsys):
+    src = tmp_path / "docs.jsonl"
+    _corpus(src)
+    out = tmp_path / "build"
+    argv = ["--source", str(src), "--format", "jsonl", "--out", str(out), "--unit", "grouped", "--shards", "3"]
+    assert _run(argv) == 0
+    store = ArtifactStore.open(str(out))
+    original = store.read_manifest()
+    assert sorted(original.plan) == ["0", "1", "2"]
+    shard_dir = {s: out / "shards" / f"shard-{s:05d}" for s in range(3)}
+    units_before = {s: (shard_dir[s] / "units.parquet").read_bytes() for s in range(3)}
+
+    # --resume on a complete build, or on nothing, is refused before anything starts.
+    assert _run([*argv, "--resume"]) == 1
+    assert "already complete" in capsys.readouterr().err
+    assert _run([*argv[:-4], "--out", str(tmp_path / "none"), "--resume"]) == 1
+    assert "no build to resume" in capsys.readouterr().err
+
+    # Crash state: shard 1 never got its marker; shard 2's chunk file was damaged after it was written.
+    _interrupt(store, lost=1)
+    (shard_dir[2] / "chunks.parquet").write_bytes(b"torn write")
+    kept_mtime = (shard_dir[0] / "index.faiss").stat().st_mtime_ns
+    # A plain rerun says how to finish it.
+    assert _run(argv) == 1
+    assert "--resume" in capsys.readouterr().err
+    # A resume with another config is refused and changes nothing.
+    assert _run([*argv, "--resume", "--max-group-tokens", "200"]) == 1
+    assert "config differs" in capsys.readouterr().err and store.status() == "building"
+
+    assert _run([*argv, "--resume"]) == 0
+    report = json.loads((out / "build_report.json").read_text())
+    assert report["resume"]["kept_shards"] == [0] and report["resume"]["built_shards"] == [1, 2]
+    assert report["resume"]["why_built"]["1"] == "not written"
+    assert "verification" in report["resume"]["why_built"]["2"]
+    manifest = store.read_manifest()
+    assert manifest.status == "complete" and manifest.build_id == original.build_id
+    assert [s.model_dump() for s in manifest.shards][0] == original.shards[0].model_dump()
+    assert manifest.counts == original.counts and manifest.plan == original.plan
+    assert (shard_dir[0] / "index.faiss").stat().st_mtime_ns == kept_mtime  # not rewritten
+    for s in range(3):
+        assert (shard_dir[s] / "units.parquet").read_bytes() == units_before[s]
+        index, units = load_shard(store, s)  # every file verifies again
+        assert index.ntotal == manifest.shard(s).n_chunks == original.shard(s).n_chunks

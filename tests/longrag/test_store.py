@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from longrag.config import LongRAGConfig
-from longrag.manifest import Manifest, ShardEntry, git_commit
+from longrag.manifest import Manifest, ShardEntry, git_commit, shard_plan
 from longrag.maxp import MaxPIndex, merge_topk
 from longrag.store import (
     ArtifactStore,
@@ -244,3 +244,25 @@ def test_storage_keys_and_uris(tmp_path) -> None:
     assert ArtifactStore.open(f"file://{tmp_path}").uri == str(tmp_path.resolve())
     with pytest.raises(ValueError, match="unsupported store URI"):
         ArtifactStore.open("gs://bucket/x")
+
+
+def test_shard_plan_changes_with_any_unit_field_and_order():
+    a = Unit(unit_id="u1", doc_ids=["d1"], titles=["A"], text="alpha", n_tokens=1)
+    b = Unit(unit_id="u2", doc_ids=["d2", "d3"], titles=["B", "C"], text="beta gamma", n_tokens=2)
+    base = shard_plan({0: [a, b], 1: []})
+    assert set(base) == {"0", "1"} and base == shard_plan({0: [a, b], 1: []})
+    assert base["1"] != base["0"]
+    assert shard_plan({0: [b, a], 1: []})["0"] != base["0"]  # order is part of the plan
+    for changed in (
+        Unit(unit_id="u1", doc_ids=["d1"], titles=["A"], text="alphA", n_tokens=1),
+        Unit(unit_id="u1", doc_ids=["d9"], titles=["A"], text="alpha", n_tokens=1),
+        Unit(unit_id="u1", doc_ids=["d1"], titles=["Z"], text="alpha", n_tokens=1),
+        Unit(unit_id="u1", doc_ids=["d1"], titles=["A"], text="alpha", n_tokens=2),
+    ):
+        assert shard_plan({0: [changed, b], 1: []})["0"] != base["0"]
+    # field boundaries are unambiguous: moving text between units changes the digest
+    c1 = Unit(unit_id="u1", doc_ids=["d1"], titles=["A"], text="ab", n_tokens=1)
+    c2 = Unit(unit_id="u2", doc_ids=["d2"], titles=["B"], text="c", n_tokens=1)
+    d1 = Unit(unit_id="u1", doc_ids=["d1"], titles=["A"], text="a", n_tokens=1)
+    d2 = Unit(unit_id="u2", doc_ids=["d2"], titles=["B"], text="bc", n_tokens=1)
+    assert shard_plan({0: [c1, c2]}) != shard_plan({0: [d1, d2]})
