@@ -33,7 +33,7 @@ import ray
 
 from actors.embedding import ChunkEmbedder
 from cluster.local import start_or_join
-from longrag.config import LongRAGConfig, load_config
+from longrag.config import LongRAGConfig, build_settings, load_config
 from longrag.manifest import ShardEntry
 from longrag.types import Chunk, Document, Unit
 
@@ -209,17 +209,15 @@ def check_out(out: str, overwrite: bool, resume: bool = False) -> None:
 def reusable_shards(store: Any, manifest: Any, plan: dict[str, str], config: LongRAGConfig,
                     units_by_shard: dict[int, list[Unit]]) -> tuple[dict[int, ShardEntry], dict[int, str]]:
     """For a resume: (shards to keep, {shard: why it is rebuilt}). Raises ResumeError when the
-    interrupted build was made from another config or other units."""
+    interrupted build was made with other build settings (:func:`longrag.config.build_settings`;
+    resources and serving settings may differ) or gives other units."""
     from longrag.store import ChecksumError, verify_shard
 
-    cfg = config.model_dump(mode="json")
-    if manifest.config != cfg:
-        changed = sorted(
-            f"{sec}.{key}" for sec in set(cfg) | set(manifest.config)
-            for key in set(cfg.get(sec, {}) or {}) | set(manifest.config.get(sec, {}) or {})
-            if (cfg.get(sec) or {}).get(key) != (manifest.config.get(sec) or {}).get(key)
-        )
-        raise ResumeError(f"the config differs from the interrupted build's ({', '.join(changed) or 'sections'}); "
+    now, then = build_settings(config), build_settings(manifest.config)
+    if now != then:
+        changed = sorted(f"{sec}.{key}" for sec in now for key in set(now[sec]) | set(then.get(sec, {}))
+                         if now[sec].get(key) != then.get(sec, {}).get(key))
+        raise ResumeError(f"the build settings differ from the interrupted build's ({', '.join(changed)}); "
                           "resume with the same config or pass --overwrite")
     if not manifest.plan:
         raise ResumeError("the interrupted build recorded no shard plan (it predates resumable builds); "
