@@ -286,6 +286,36 @@ def test_reader_run_reuses_the_index(cluster, workdir, caplog):
     assert "Answer quality" in (out / "report.md").read_text()
 
 
+def test_interrupted_index_is_resumed_not_rebuilt(cluster, workdir, caplog):
+    """A crash during an evaluate run's index build leaves the build ``building``; the rerun
+    finishes it, keeping the shards that were written, and ranks exactly as before."""
+    from jobs.evaluate import main
+    from longrag.store import ArtifactStore
+
+    first, first_preds = _read(workdir / "retrieve" / "document")
+    store = ArtifactStore.open(first["run"]["index"]["uri"])
+    manifest = store.read_manifest()
+    assert len(manifest.shards) >= 2
+    manifest.status, manifest.shards = "building", []
+    store.write_manifest(manifest)
+    store.storage.delete(store.shard_key(1, "shard.json"))  # shard 1 was being written
+
+    out = workdir / "resumed"
+    argv = _common(workdir, 4) + ["--unit", "document", "--pipeline", "retrieve", "--encode", "driver",
+                                  "--out", str(out)]
+    with caplog.at_level(logging.INFO, logger="jobs.evaluate"):
+        assert main(argv) == 0
+    assert any("resumed the unfinished build" in rec.getMessage() for rec in caplog.records)
+    metrics, preds = _read(out)
+    resume = metrics["run"]["index"]["build_report"]["resume"]
+    assert resume["built_shards"] == [1] and 0 in resume["kept_shards"]
+    assert store.read_manifest().status == "complete" and store.read_manifest().build_id == manifest.build_id
+    assert [[u["unit_id"] for u in p["retrieved"]] for p in preds] == [
+        [u["unit_id"] for u in p["retrieved"]] for p in first_preds
+    ]
+    assert metrics["retrieval"] == first["retrieval"]
+
+
 # --------------------------------------------------------------------------------------------- endpoint
 
 
