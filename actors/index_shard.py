@@ -21,7 +21,9 @@ from longrag.store import ArtifactStore, load_shard, load_shard_chunks
 class IndexShardImpl:
     """The actor body, also usable in-process (tests, single-process tools)."""
 
-    def __init__(self, store_uri: str, shard_id: int, verify: bool = True, threads: int = 1) -> None:
+    def __init__(
+        self, store_uri: str, shard_id: int, verify: bool = True, threads: int = 1, search_params: str = ""
+    ) -> None:
         import faiss
 
         # FAISS defaults to one OpenMP thread per core; several shard actors on a node would
@@ -32,6 +34,8 @@ class IndexShardImpl:
         self.shard_id = shard_id
         store = ArtifactStore.open(store_uri)
         self.index, self.units = load_shard(store, shard_id, verify=verify)
+        self.index.set_search_params(search_params)
+        self.search_params = search_params
         self.chunks = load_shard_chunks(store, shard_id, verify=verify)
         self.load_s = time.perf_counter() - t0
         self.loaded_at = time.time()
@@ -63,6 +67,9 @@ class IndexShardImpl:
             "n_units": len(self.units),
             "dim": int(self.index.dim),
             "load_s": round(self.load_s, 3),
+            "factory": self.index.factory,
+            "search_params": self.search_params,
+            "rss_bytes": _rss_bytes(),
             "loaded_at": self.loaded_at,
             "searches": self.n_searches,
             "pid": os.getpid(),
@@ -72,6 +79,16 @@ class IndexShardImpl:
 
     def ping(self) -> bool:
         return True
+
+
+def _rss_bytes() -> int | None:
+    """Resident memory of this process (the shard's footprint, for capacity planning)."""
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:  # psutil missing or the platform refuses
+        return None
 
 
 # max_restarts: a crashed replica comes back and reloads its shard; max_task_retries stays 0 so

@@ -223,6 +223,7 @@ def retrieve_local(
         replicas=config.index.replicas,
         num_cpus=config.index.shard_num_cpus,
         timeout_s=max(config.index.search_timeout_s, 30.0),
+        search_params=config.index.search_params,
     )
     try:
         infos = index.wait_ready()

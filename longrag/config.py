@@ -64,6 +64,9 @@ class IndexConfig(_Section):
     replicas: int = Field(1, ge=1, description="IndexShard actors per shard.")
     shard_num_cpus: float = 0.25
     search_timeout_s: float = 10.0
+    search_params: str = Field(
+        "", description="FAISS search-time parameters for approximate factories, e.g. nprobe=32 or efSearch=128."
+    )
 
 
 class LLMConfig(_Section):

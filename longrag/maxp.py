@@ -5,6 +5,11 @@ map. A shard answers "top-k units" exactly: it searches the top k' chunks and do
 k best units are certain (DESIGN.md decision 1), so the scatter/gather client only has to merge the
 shards' lists with :func:`merge_topk`.
 
+With an approximate factory (IVF, HNSW, PQ) the same loop runs on the index's own (approximate)
+ranking and stops as soon as the index returns fewer chunks than asked (its probes are used up);
+the result is then approximate. ``set_search_params`` tunes the trade (``nprobe``, ``efSearch``);
+``jobs.bench_index`` measures recall against exact search, memory and latency per factory.
+
 Scores are "higher is better" everywhere: the inner product for ``metric="ip"`` and the negated
 squared L2 distance for ``metric="l2"``. Ties are broken by ``unit_id`` (ascending), and a unit's
 best chunk among equal-scoring chunks is the one added first.
@@ -160,6 +165,19 @@ class MaxPIndex:
         )
 
     # ------------------------------------------------------------------ search
+    def set_search_params(self, params: str | None) -> None:
+        """Apply FAISS search-time parameters, e.g. ``"nprobe=32"`` (IVF) or ``"efSearch=128"``
+        (HNSW), comma-separated, as :class:`faiss.ParameterSpace` takes them. Empty: no change.
+        Raises ValueError for a parameter the index does not have."""
+        if not params:
+            return
+        if not isinstance(params, str):
+            raise ValueError(f"search params must be a string like 'nprobe=32', got {type(params).__name__}")
+        try:
+            faiss.ParameterSpace().set_index_parameters(self.index, params)
+        except RuntimeError as e:
+            raise ValueError(f"search params {params!r} do not apply to a {self.factory!r} index: {e}") from e
+
     def search(self, queries: np.ndarray, k: int) -> list[list[UnitHit]]:
         """Top-``k`` units per query row by MaxP score, best first, each with its best chunk."""
         hits, _ = self.search_with_stats(queries, k)
@@ -210,13 +228,15 @@ class MaxPIndex:
             if prev is None or score > prev[0] or (score == prev[0] and cid < prev[1]):
                 best[u] = (score, cid)
         ranked = sorted(best.items(), key=lambda kv: (-kv[1][0], self.unit_ids[kv[0]]))[:k]
-        seen_all = k_chunks >= self.ntotal
-        if not seen_all:
+        # An approximate index (IVF, HNSW) returns fewer than k' chunks (-1 ids) once its probes are
+        # used up; asking for more cannot help, so what it found is the answer.
+        exhausted = k_chunks >= self.ntotal or len(ids) < k_chunks
+        if not exhausted:
             if len(ranked) < k:
                 return [], False
             # Every chunk scoring >= the k-th unit's score must have been returned, otherwise an
             # unseen chunk could tie with it (and win on unit_id) or own the tying best chunk.
-            if len(ids) < k_chunks or not ranked[-1][1][0] > float(scores.min()):
+            if not ranked[-1][1][0] > float(scores.min()):
                 return [], False
         hits = [
             UnitHit(unit_id=str(self.unit_ids[u]), score=float(s), best_chunk_id=str(self.chunk_ids[c]))

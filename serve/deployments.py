@@ -55,6 +55,7 @@ class Retriever:
             replicas=cfg.replicas,
             num_cpus=cfg.shard_num_cpus,
             timeout_s=cfg.search_timeout_s,
+            search_params=cfg.search_params,
         )
         self.index.wait_ready()
 

@@ -160,9 +160,49 @@ def test_ivf_with_full_probe_is_exact() -> None:
     rng = np.random.default_rng(7)
     vectors, units, chunks = random_corpus(rng, 80, 5, 16, integer=False)
     index = MaxPIndex.build(vectors, chunks, units, factory="IVF4,Flat")
-    faiss.extract_index_ivf(index.index).nprobe = 4
+    index.set_search_params("nprobe=4")
+    assert faiss.extract_index_ivf(index.index).nprobe == 4
     queries = rng.standard_normal((6, 16)).astype(np.float32)
     assert_same(index.search(queries, 10), brute_force_maxp(vectors, units, chunks, queries, 10, "ip"))
+
+
+def test_approximate_search_stops_when_the_probes_are_used_up() -> None:
+    """IVF with one probe sees a fraction of the chunks: MaxP returns what that fraction holds
+    (approximate, possibly under k units) instead of doubling k' up to every chunk."""
+    rng = np.random.default_rng(8)
+    vectors, units, chunks = random_corpus(rng, 400, 4, 16, integer=False)
+    index = MaxPIndex.build(vectors, chunks, units, factory="IVF16,Flat")
+    index.set_search_params("nprobe=1")
+    queries = rng.standard_normal((8, 16)).astype(np.float32)
+    hits, k_used = index.search_with_stats(queries, 10)
+    assert (k_used < index.ntotal).all()  # never fell back to scanning every chunk
+    exact = brute_force_maxp(vectors, units, chunks, queries, 10, "ip")
+    for got, want in zip(hits, exact):
+        assert 0 < len(got) <= 10
+        scores = [h.score for h in got]
+        assert scores == sorted(scores, reverse=True)
+        assert scores[0] <= want[0][1] + 1e-5  # an approximate score never beats the exact best
+    # more probes, closer to exact; all probes, exact
+    index.set_search_params("nprobe=16")
+    assert_same(index.search(queries, 10), exact)
+
+
+def test_hnsw_search_params_and_bad_params() -> None:
+    rng = np.random.default_rng(9)
+    vectors, units, chunks = random_corpus(rng, 200, 3, 16, integer=False)
+    index = MaxPIndex.build(vectors, chunks, units, factory="HNSW16")
+    index.set_search_params("efSearch=256")
+    queries = rng.standard_normal((5, 16)).astype(np.float32)
+    hits = index.search(queries, 5)
+    exact = brute_force_maxp(vectors, units, chunks, queries, 5, "ip")
+    overlap = np.mean([len({h.unit_id for h in g} & {u for u, _, _ in w}) / 5 for g, w in zip(hits, exact)])
+    assert overlap >= 0.8  # 600 vectors, efSearch 256: nearly exact
+    with pytest.raises(ValueError, match="nprobe"):
+        index.set_search_params("nprobe=4")  # an HNSW index has no inverted lists
+    flat = MaxPIndex.build(vectors, chunks, units)
+    flat.set_search_params("")  # empty: nothing to set
+    with pytest.raises(ValueError):
+        flat.set_search_params(5)  # type: ignore[arg-type]
 
 
 def test_empty_index() -> None:
