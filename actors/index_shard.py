@@ -7,8 +7,10 @@ its shard from the store rather than from any in-memory state.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
+import sys
 import time
 from typing import Any
 
@@ -37,6 +39,7 @@ class IndexShardImpl:
         self.index.set_search_params(search_params)
         self.search_params = search_params
         self.chunks = load_shard_chunks(store, shard_id, verify=verify)
+        _release_load_buffers()
         self.load_s = time.perf_counter() - t0
         self.loaded_at = time.time()
         self.n_searches = 0
@@ -79,6 +82,25 @@ class IndexShardImpl:
 
     def ping(self) -> bool:
         return True
+
+
+def _release_load_buffers() -> None:
+    """Hand the buffers of loading (file bytes, parquet decoding) back to the OS: without this the
+    actor's RSS keeps the loading peak, several times the shard's steady-state size."""
+    import gc
+
+    gc.collect()
+    try:
+        import pyarrow as pa
+
+        pa.default_memory_pool().release_unused()
+    except Exception:  # an old pyarrow without release_unused
+        pass
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except OSError:  # not glibc (musl)
+            pass
 
 
 def _rss_bytes() -> int | None:

@@ -1,0 +1,354 @@
+"""Index capacity benchmark: ANN/compression trade-off against exact MaxP search, a memory model
+for shard actors checked on a simulated multi-node Ray cluster, and a plan for full Wikipedia.
+
+    python -m jobs.bench_index                         # 100K vectors x 384 dims, 3-node check, plan
+    python -m jobs.bench_index --vectors 1000000       # the trade-off at 1M vectors (a few GB of RAM)
+    python -m jobs.bench_index --skip-cluster --factories Flat,HNSW32
+
+1. Trade-off: seeded clustered vectors (``longrag.capacity.clustered_vectors``; real embeddings of
+   this size cannot be made on a CPU box) indexed with each FAISS factory; per factory and search
+   setting: bytes per vector, build time, search latency (one thread, the shard actors' setting)
+   and MaxP unit recall@k against exact Flat search.
+2. Memory model: shards of synthetic chunks (vectors plus ``--chunk-chars`` of text per chunk, as
+   real shards hold units and chunks) are written to a temporary store and served by IndexShard
+   actors on a simulated cluster of ``--nodes`` nodes; the RSS of the smaller shards fits
+   ``RSS = base + chunks x (vector bytes + chunk bytes)`` and the largest shard checks the fit.
+   A scatter/gather search over all shards is timed against one in-process index of the same size.
+3. Plan: shards and nodes for ``--plan-chunks`` chunks of ``--plan-dim`` dims (DESIGN.md: full
+   Wikipedia ~5M chunks, bge-large 1024 dims) per factory, for a node of ``--node-gib`` GiB; an
+   exhaustive factory's shards are also kept small enough for a ``--target-ms`` one-thread scan.
+
+Prints tables, writes ``OUT/ann_tradeoff.png`` and ``OUT/bench_index.json``, ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+
+from longrag.capacity import (
+    CapacityModel,
+    clustered_vectors,
+    measure_factory,
+    plan_corpus,
+    projected_bytes_per_vector,
+)
+from longrag.maxp import MaxPIndex
+
+DEFAULT_FACTORIES = "Flat,SQfp16,SQ8,IVF{nlist},Flat,IVF{nlist},SQ8,IVF{nlist},PQ48,HNSW32"
+PLAN_FACTORIES = "Flat,SQfp16,SQ8,IVF{nlist},SQ8,IVF{nlist},PQ128,HNSW32"
+SEARCH_SWEEP = {"IVF": ["nprobe=1", "nprobe=8", "nprobe=32"], "HNSW": ["efSearch=16", "efSearch=64", "efSearch=256"]}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def split_factories(spec: str, nlist: int) -> list[str]:
+    """``"Flat,IVF{nlist},Flat,HNSW32"`` -> ``["Flat", "IVF1024,Flat", "HNSW32"]`` (IVF takes the
+    next comma-separated part as its encoding)."""
+    parts = [p.strip() for p in spec.format(nlist=nlist).split(",") if p.strip()]
+    out: list[str] = []
+    i = 0
+    while i < len(parts):
+        if parts[i].startswith("IVF") and i + 1 < len(parts):
+            out.append(f"{parts[i]},{parts[i + 1]}")
+            i += 2
+        else:
+            out.append(parts[i])
+            i += 1
+    return out
+
+
+def sweep_for(factory: str) -> list[str]:
+    for prefix, params in SEARCH_SWEEP.items():
+        if factory.startswith(prefix):
+            return params
+    return [""]
+
+
+# ------------------------------------------------------------------------------------- 1. trade-off
+def tradeoff(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    log(f"generating {args.vectors:,} clustered vectors x {args.dim} dims ...")
+    vectors, chunk_ids, unit_ids, queries = clustered_vectors(
+        args.vectors, args.dim, chunks_per_unit=args.chunks_per_unit, n_queries=args.queries, seed=args.seed
+    )
+    nlist = max(16, int(4 * np.sqrt(args.vectors)))
+    rows: list[dict[str, Any]] = []
+    exact = None
+    bpv: dict[str, float] = {}
+    for factory in split_factories(args.factories, nlist):
+        faiss.omp_set_num_threads(args.build_threads)
+        log(f"  {factory}: building ...")
+        # searches run on one thread, as each shard actor does
+        results, exact = measure_factory(vectors, chunk_ids, unit_ids, queries, factory,
+                                         search_params=sweep_for(factory), k=args.k, exact_hits=exact,
+                                         search_threads=1)
+        projected = projected_bytes_per_vector(factory, args.dim)
+        for r in results:
+            rows.append({**r.to_dict(), "projected_bytes_per_vector": round(projected, 1)})
+            log(f"    {r.search_params or '-':>12}: {r.bytes_per_vector:8.1f} B/vec  build {r.build_s:7.2f} s  "
+                f"search {r.search_ms_per_query:8.3f} ms/q  unit recall@{r.k} {r.recall_at_k:.3f}")
+        bpv[factory] = results[0].bytes_per_vector
+    return rows, bpv
+
+
+def plot_tradeoff(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    for fac in dict.fromkeys(r["factory"] for r in rows):
+        rs = [r for r in rows if r["factory"] == fac]
+        axes[0].plot([r["bytes_per_vector"] for r in rs], [r["recall_at_k"] for r in rs], "o", label=fac)
+        axes[1].plot([r["search_ms_per_query"] for r in rs], [r["recall_at_k"] for r in rs], "o-", label=fac)
+        for r in rs:
+            if r["search_params"]:
+                axes[1].annotate(r["search_params"].split("=")[1], (r["search_ms_per_query"], r["recall_at_k"]),
+                                 fontsize=7, xytext=(3, 3), textcoords="offset points")
+    k, n, d = rows[0]["k"], rows[0]["n"], rows[0]["dim"]
+    axes[0].set(xscale="log", xlabel="index bytes per vector (log)", ylabel=f"MaxP unit recall@{k} vs exact",
+                title=f"memory vs recall ({n:,} x {d})")
+    axes[1].set(xscale="log", xlabel="search ms per query, 1 thread (log)", ylabel=f"unit recall@{k}",
+                title="latency vs recall (labels: nprobe / efSearch)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------- 2. memory model
+def write_synthetic_build(root: str, sizes: list[int], dim: int, chunk_chars: int, chunks_per_unit: int,
+                          seed: int) -> None:
+    """A complete build of ``len(sizes)`` Flat shards of synthetic chunks (text of ``chunk_chars``)."""
+    from longrag.config import LongRAGConfig
+    from longrag.manifest import Manifest
+    from longrag.store import ArtifactStore, write_shard
+    from longrag.types import Chunk, Unit
+
+    store = ArtifactStore.open(root)
+    manifest = Manifest.create(LongRAGConfig(), dim=dim, documents=0, argv=["jobs.bench_index"])
+    rng = np.random.default_rng(seed)
+    words = np.array(["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"])
+    offset = 0
+    for shard_id, n in enumerate(sizes):
+        vectors, _, local_units, _ = clustered_vectors(n, dim, chunks_per_unit=chunks_per_unit, n_queries=0,
+                                                       seed=seed + shard_id)
+        n_words = max(1, chunk_chars // 7)
+        chunks: list[Chunk] = []
+        for i in range(n):
+            text = " ".join(words[rng.integers(0, len(words), n_words)].tolist())[:chunk_chars]
+            chunks.append(Chunk(chunk_id=f"c{offset + i}", unit_id=f"s{shard_id}-{local_units[i]}",
+                                position=i % chunks_per_unit, text=text, n_tokens=len(text) // 4))
+        by_unit: dict[str, list[Chunk]] = {}
+        for c in chunks:
+            by_unit.setdefault(c.unit_id, []).append(c)
+        units = [Unit(unit_id=u, doc_ids=[u], titles=[u], text=" ".join(c.text for c in cs),
+                      n_tokens=sum(c.n_tokens for c in cs)) for u, cs in by_unit.items()]
+        index = MaxPIndex.build(vectors, [c.chunk_id for c in chunks], [c.unit_id for c in chunks])
+        manifest.add_shard(write_shard(store, shard_id, units, chunks, index))
+        offset += n
+    manifest.mark_complete()
+    store.write_manifest(manifest)
+
+
+def cluster_check(args: argparse.Namespace) -> dict[str, Any]:
+    from actors.sharded_index import ShardedIndex
+    from cluster.local import start_or_join
+
+    sizes = [int(s) for s in args.shard_sizes.split(",")]
+    if len(sizes) < 3:
+        raise ValueError("--shard-sizes needs at least 3 sizes: the smaller ones fit the model, the largest checks it")
+    with tempfile.TemporaryDirectory(prefix="bench-index-") as root:
+        log(f"writing a {len(sizes)}-shard synthetic build ({sum(sizes):,} chunks, {args.chunk_chars} chars each) ...")
+        write_synthetic_build(root, sizes, args.dim, args.chunk_chars, args.chunks_per_unit, args.seed)
+        handle = start_or_join(None, num_cpus=2, nodes=args.nodes, object_store_memory=128 * 1024**2)
+        try:
+            log(f"serving it from IndexShard actors on a simulated {args.nodes}-node Ray cluster ...")
+            client = ShardedIndex.launch(root, replicas=1, num_cpus=0.1, timeout_s=120)
+            infos = sorted(client.wait_ready(timeout_s=600), key=lambda i: i["shard_id"])
+            queries = clustered_vectors(1000, args.dim, n_queries=64, seed=args.seed + 99)[3]
+            client.search_sync(queries[:4], args.k)  # warm-up
+            time.sleep(1.0)
+            infos = sorted(client.wait_ready(timeout_s=60), key=lambda i: i["shard_id"])
+            t0 = time.perf_counter()
+            for q in queries:
+                client.search_sync(q[None, :], args.k)
+            scatter_ms = (time.perf_counter() - t0) * 1000 / len(queries)
+            client.kill()
+        finally:
+            handle.shutdown()
+    vec_bytes = 4.0 * args.dim + 4  # Flat codes + the int32 chunk -> unit map
+    n = [i["n_chunks"] for i in infos]
+    rss = [float(i["rss_bytes"]) for i in infos]
+    order = np.argsort(n)
+    fit_idx, check_idx = order[:-1], order[-1]
+    model = CapacityModel.fit([n[i] for i in fit_idx], [rss[i] for i in fit_idx], vec_bytes)
+    predicted = model.shard_rss(n[check_idx], vec_bytes)
+    # the same total in one in-process index, one thread (what a single big shard would cost per query)
+    faiss.omp_set_num_threads(1)
+    vectors, chunk_ids, unit_ids, _ = clustered_vectors(sum(sizes), args.dim, chunks_per_unit=args.chunks_per_unit,
+                                                        n_queries=0, seed=args.seed)
+    single = MaxPIndex.build(vectors, chunk_ids, unit_ids)
+    single.search(queries[:4], args.k)
+    t0 = time.perf_counter()
+    for q in queries:
+        single.search(q[None, :], args.k)
+    single_ms = (time.perf_counter() - t0) * 1000 / len(queries)
+    nodes_used = len({i["node_id"] for i in infos})
+    return {
+        "nodes": args.nodes,
+        "nodes_used": nodes_used,
+        "shards": [{"shard": i["shard_id"], "chunks": i["n_chunks"], "rss_mib": round(i["rss_bytes"] / 2**20, 1),
+                    "node": i["node_id"][:8]} for i in infos],
+        "model": {"base_mib": round(model.base_bytes / 2**20, 1), "chunk_bytes": round(model.chunk_bytes, 1),
+                  "vector_bytes": vec_bytes, "fitted_on": [n[i] for i in fit_idx]},
+        "check": {"chunks": n[check_idx], "measured_mib": round(rss[check_idx] / 2**20, 1),
+                  "predicted_mib": round(predicted / 2**20, 1),
+                  "error_pct": round(100 * (predicted - rss[check_idx]) / rss[check_idx], 1)},
+        "latency": {"scatter_gather_ms": round(scatter_ms, 2), "single_index_ms": round(single_ms, 2),
+                    "shards": len(sizes), "total_chunks": sum(sizes)},
+        "chunk_chars": args.chunk_chars,
+    }
+
+
+# ------------------------------------------------------------------------------------- 3. plan
+def exhaustive(factory: str) -> bool:
+    """Flat / SQ / PQ scan every vector (latency grows with the shard); IVF and HNSW do not."""
+    return not factory.startswith(("IVF", "HNSW"))
+
+
+def scan_cost(tradeoff_rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Measured ms per (vector x dim) of each exhaustive factory's one-thread search."""
+    out: dict[str, float] = {}
+    for r in tradeoff_rows:
+        if exhaustive(r["factory"]) and r["factory"] not in out:
+            out[r["factory"]] = r["search_ms_per_query"] / (r["n"] * r["dim"])
+    return out
+
+
+def plan(args: argparse.Namespace, chunk_bytes: float, base_bytes: float,
+         cost: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """Shards and nodes per factory at ``--plan-dim``, with bytes per vector projected from FAISS
+    code sizes (checked against the measured sizes in the trade-off table) and the fitted
+    per-chunk text bytes scaled to ``--plan-chunk-chars``. An exhaustive factory's shard is also
+    capped so that a one-thread scan stays within ``--target-ms`` (from its measured scan cost,
+    or Flat's)."""
+    nlist = max(16, int(4 * np.sqrt(args.plan_chunks)))
+    text_scale = args.plan_chunk_chars / args.chunk_chars
+    cost = cost or {}
+    rows = []
+    for factory in split_factories(args.plan_factories, nlist):
+        bpv = projected_bytes_per_vector(factory, args.plan_dim) + 4  # + the int32 chunk -> unit map
+        per = cost.get(factory, cost.get("Flat")) if exhaustive(factory) else None
+        cap = max(1, int(args.target_ms / (per * args.plan_dim))) if per else None
+        kw = dict(vector_bytes=bpv, chunk_bytes=chunk_bytes * text_scale, base_bytes=base_bytes,
+                  node_memory_bytes=args.node_gib * 2**30, usable_fraction=args.usable_fraction,
+                  replicas=args.replicas, max_shard_chunks=cap, node_cpus=args.node_cpus)
+        p = plan_corpus(args.plan_chunks, **kw)
+        if per:  # again with the scan time of the balanced shard, for the query rate
+            p = plan_corpus(args.plan_chunks, **kw, scan_ms=per * args.plan_dim * p["chunks_per_shard"])
+        rows.append({"factory": factory, "bytes_per_vector": round(bpv, 1),
+                     "vectors_gib": round(args.plan_chunks * bpv / 2**30, 1), **p,
+                     "scan_ms": round(per * args.plan_dim * p["chunks_per_shard"], 1) if per else "sublinear",
+                     "qps_max": p.get("qps_max", "n/a")})
+    return rows
+
+
+# ------------------------------------------------------------------------------------- CLI
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m jobs.bench_index", description=__doc__.split("\n\n")[0])
+    p.add_argument("--vectors", type=int, default=100_000)
+    p.add_argument("--dim", type=int, default=384, help="384 = MiniLM (bundled); bge-large is 1024")
+    p.add_argument("--chunks-per-unit", type=int, default=8)
+    p.add_argument("--queries", type=int, default=200)
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--factories", default=DEFAULT_FACTORIES, help="FAISS factory strings; {nlist} = 4 sqrt(n)")
+    p.add_argument("--build-threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip-tradeoff", action="store_true")
+    p.add_argument("--skip-cluster", action="store_true")
+    p.add_argument("--nodes", type=int, default=3)
+    p.add_argument("--shard-sizes", default="10000,20000,30000,50000",
+                   help="chunks per shard in the cluster check; the largest checks the fit of the others")
+    p.add_argument("--chunk-chars", type=int, default=1000, help="text per synthetic chunk (~250 tokens)")
+    p.add_argument("--plan-factories", default=PLAN_FACTORIES)
+    p.add_argument("--plan-chunks", type=int, default=5_000_000)
+    p.add_argument("--plan-dim", type=int, default=1024)
+    p.add_argument("--plan-chunk-chars", type=int, default=2300, help="~512 tokens of English")
+    p.add_argument("--node-gib", type=float, default=64.0)
+    p.add_argument("--node-cpus", type=int, default=16, help="cores per node: shard actors per node at most")
+    p.add_argument("--target-ms", type=float, default=100.0,
+                   help="one-thread scan budget per query and shard for exhaustive factories")
+    p.add_argument("--usable-fraction", type=float, default=0.6)
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--out", default="reports/bench-index")
+    return p.parse_args(argv)
+
+
+def _table(rows: list[dict[str, Any]], cols: list[str]) -> str:
+    lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
+    for r in rows:
+        lines.append("| " + " | ".join(f"{r[c]:,}" if isinstance(r[c], int) else str(r[c]) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"args": vars(args), "cpus": os.cpu_count()}
+    t_all = time.perf_counter()
+    if not args.skip_tradeoff:
+        rows, _ = tradeoff(args)
+        result["tradeoff"] = rows
+        plot_tradeoff(rows, out / "ann_tradeoff.png")
+        print(f"\n## ANN / compression vs exact MaxP ({args.vectors:,} clustered vectors x {args.dim}, "
+              f"k={args.k}, one search thread)\n")
+        print(_table(rows, ["factory", "search_params", "bytes_per_vector", "projected_bytes_per_vector", "build_s",
+                            "search_ms_per_query", "recall_at_k"]))
+        print(f"\nplot: {out / 'ann_tradeoff.png'}")
+    chunk_bytes, base_bytes = 2.0 * args.chunk_chars + 300.0, 250 * 2**20  # used only without the cluster check
+    if not args.skip_cluster:
+        check = cluster_check(args)
+        result["cluster"] = check
+        chunk_bytes, base_bytes = check["model"]["chunk_bytes"], check["model"]["base_mib"] * 2**20
+        print(f"\n## Shard memory on a simulated {check['nodes']}-node Ray cluster "
+              f"(Flat, {args.dim} dims, {args.chunk_chars} chars per chunk)\n")
+        print(_table(check["shards"], ["shard", "chunks", "rss_mib", "node"]))
+        m, c = check["model"], check["check"]
+        print(f"\nfit on {m['fitted_on']}: RSS = {m['base_mib']} MiB + chunks x ({m['vector_bytes']:.0f} B vector + "
+              f"{m['chunk_bytes']:.0f} B text/ids)")
+        print(f"check on the {c['chunks']:,}-chunk shard: predicted {c['predicted_mib']} MiB, measured "
+              f"{c['measured_mib']} MiB ({c['error_pct']:+.1f}%)")
+        lat = check["latency"]
+        print(f"search, 1 query: scatter/gather over {lat['shards']} shard actors {lat['scatter_gather_ms']} ms vs "
+              f"one in-process index of {lat['total_chunks']:,} chunks {lat['single_index_ms']} ms")
+    plan_rows = plan(args, chunk_bytes, base_bytes, scan_cost(result.get("tradeoff", [])))
+    result["plan"] = plan_rows
+    print(f"\n## Plan: {args.plan_chunks:,} chunks x {args.plan_dim} dims, {args.plan_chunk_chars} chars each, "
+          f"{args.replicas} replicas, {args.node_gib:g} GiB / {args.node_cpus}-core nodes "
+          f"({args.usable_fraction:.0%} of memory for shards, scans within {args.target_ms:g} ms)\n")
+    print(_table(plan_rows, ["factory", "bytes_per_vector", "vectors_gib", "shards", "chunks_per_shard",
+                             "shard_rss_gib", "scan_ms", "shards_per_node", "nodes", "total_gib", "qps_max"]))
+    result["wall_s"] = round(time.perf_counter() - t_all, 1)
+    (out / "bench_index.json").write_text(json.dumps(result, indent=2, default=str))
+    print(json.dumps(result, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

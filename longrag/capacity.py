@@ -1,0 +1,265 @@
+"""Capacity planning for the sharded MaxP index: what a shard costs in memory, and what an
+approximate FAISS factory trades in recall for that memory.
+
+* :func:`clustered_vectors` makes unit-normalised vectors around random topic centres, with
+  chunks of a unit near each other (a unit is about one subject), and queries near random chunks:
+  a stand-in for real embeddings at sizes a CPU machine cannot embed, seeded and reproducible.
+* :func:`measure_factory` builds one factory over the vectors and reports bytes per vector,
+  build time, search latency and MaxP unit recall@k against exact (Flat) search.
+* :class:`CapacityModel` predicts a shard actor's resident memory from its chunk count, the
+  factory's bytes per vector and the bytes each chunk's text and ids take once loaded, plus a
+  fixed process baseline; ``jobs.bench_index`` fits those constants on one machine and checks the
+  prediction against shard actors on a simulated multi-node Ray cluster.
+* :func:`plan_corpus` turns a corpus size into shards and nodes for a memory budget.
+
+No Ray here; FAISS and numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import faiss
+import numpy as np
+
+from longrag.maxp import MaxPIndex
+
+__all__ = [
+    "CapacityModel",
+    "FactoryResult",
+    "clustered_vectors",
+    "index_bytes_per_vector",
+    "projected_bytes_per_vector",
+    "measure_factory",
+    "plan_corpus",
+    "unit_recall",
+]
+
+
+def clustered_vectors(
+    n_chunks: int,
+    dim: int,
+    *,
+    chunks_per_unit: int = 8,
+    n_topics: int = 1000,
+    unit_spread: float = 0.6,
+    chunk_spread: float = 0.35,
+    n_queries: int = 200,
+    query_spread: float = 0.35,
+    seed: int = 0,
+) -> tuple[np.ndarray, list[str], list[str], np.ndarray]:
+    """``(vectors float32 (n, dim), chunk_ids, unit_ids, queries float32 (q, dim))``, all rows unit norm.
+
+    Each unit sits near a topic centre (``unit_spread``), each chunk near its unit
+    (``chunk_spread``), each query near a random chunk (``query_spread``); spreads are the norm of
+    the Gaussian noise relative to the unit-norm point it perturbs."""
+    if n_chunks < 1 or dim < 2 or chunks_per_unit < 1 or n_topics < 1 or n_queries < 0:
+        raise ValueError("n_chunks, dim (>= 2), chunks_per_unit, n_topics must be positive; n_queries >= 0")
+    rng = np.random.default_rng(seed)
+
+    def normed(x: np.ndarray) -> np.ndarray:
+        return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+    def noise(rows: int, spread: float) -> np.ndarray:
+        return rng.standard_normal((rows, dim)).astype(np.float32) * (spread / math.sqrt(dim))
+
+    n_units = -(-n_chunks // chunks_per_unit)
+    topics = normed(rng.standard_normal((n_topics, dim)).astype(np.float32))
+    units = normed(topics[rng.integers(0, n_topics, n_units)] + noise(n_units, unit_spread))
+    unit_of_chunk = np.repeat(np.arange(n_units), chunks_per_unit)[:n_chunks]
+    vectors = np.empty((n_chunks, dim), dtype=np.float32)
+    step = 65536  # bounded temporaries at millions of rows
+    for lo in range(0, n_chunks, step):
+        hi = min(n_chunks, lo + step)
+        vectors[lo:hi] = normed(units[unit_of_chunk[lo:hi]] + noise(hi - lo, chunk_spread))
+    queries = normed(vectors[rng.integers(0, n_chunks, n_queries)] + noise(n_queries, query_spread)) if n_queries else (
+        np.zeros((0, dim), dtype=np.float32))
+    width = len(str(n_units))
+    unit_ids = [f"u{u:0{width}d}" for u in unit_of_chunk.tolist()]
+    chunk_ids = [f"c{i}" for i in range(n_chunks)]
+    return vectors, chunk_ids, unit_ids, queries
+
+
+def index_bytes_per_vector(index: MaxPIndex) -> float:
+    """Serialized FAISS index size per vector (codes, graph links, inverted lists, centroids)."""
+    if index.ntotal == 0:
+        return 0.0
+    return len(faiss.serialize_index(index.index)) / index.ntotal
+
+
+def projected_bytes_per_vector(factory: str, dim: int) -> float:
+    """Bytes per vector of a FAISS factory at ``dim`` dims and scale, without training it: the code
+    size, plus 8 bytes of id per vector in IVF lists, plus HNSW's neighbour links (2M int32 on level
+    0, ~1/M of that again on the upper levels). Centroids and other fixed costs are left out (they
+    vanish per vector at millions of vectors). Raises ValueError for a factory FAISS rejects."""
+    try:
+        index = faiss.index_factory(dim, factory)
+    except RuntimeError as e:
+        raise ValueError(f"FAISS cannot build {factory!r} at {dim} dims: {e}") from e
+    try:
+        ivf = faiss.extract_index_ivf(index)
+    except RuntimeError:
+        ivf = None
+    if ivf is not None:
+        return float(ivf.code_size + 8)
+    concrete = faiss.downcast_index(index)  # keep ``index`` alive: it owns the C++ object
+    if isinstance(concrete, faiss.IndexHNSW):
+        storage = faiss.downcast_index(concrete.storage)
+        links0 = concrete.hnsw.nb_neighbors(0)  # 2M
+        return float(storage.code_size + 4 * links0 * (1 + 2 / links0))
+    code_size = getattr(concrete, "code_size", None)
+    if code_size is None:
+        raise ValueError(f"cannot tell the code size of {factory!r}")
+    return float(code_size)
+
+
+def unit_recall(approx: Sequence[Sequence[Any]], exact: Sequence[Sequence[Any]], k: int) -> float:
+    """Mean over queries of |approx top-k units ∩ exact top-k units| / min(k, |exact|)."""
+    if len(approx) != len(exact):
+        raise ValueError(f"{len(approx)} approximate result lists for {len(exact)} exact ones")
+    if not exact:
+        return float("nan")
+    total = 0.0
+    for a, e in zip(approx, exact):
+        want = {h.unit_id for h in e[:k]}
+        got = {h.unit_id for h in a[:k]}
+        total += len(want & got) / max(1, min(k, len(want)))
+    return total / len(exact)
+
+
+@dataclass(frozen=True)
+class FactoryResult:
+    factory: str
+    search_params: str
+    n: int
+    dim: int
+    bytes_per_vector: float
+    build_s: float
+    search_ms_per_query: float
+    recall_at_k: float
+    k: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def measure_factory(
+    vectors: np.ndarray,
+    chunk_ids: Sequence[str],
+    unit_ids: Sequence[str],
+    queries: np.ndarray,
+    factory: str,
+    *,
+    search_params: Sequence[str] = ("",),
+    k: int = 10,
+    exact_hits: list[list[Any]] | None = None,
+    metric: str = "ip",
+    search_threads: int | None = None,
+) -> tuple[list[FactoryResult], list[list[Any]]]:
+    """Build ``factory`` once (with FAISS's current thread count), then search with each of
+    ``search_params`` on ``search_threads`` threads (unchanged when None); recall is against
+    ``exact_hits`` (computed with Flat when not given). Returns the rows and the exact hits."""
+    if exact_hits is None:
+        flat = MaxPIndex.build(vectors, chunk_ids, unit_ids, factory="Flat", metric=metric)  # type: ignore[arg-type]
+        exact_hits = flat.search(queries, k)
+        del flat
+    t0 = time.perf_counter()
+    index = MaxPIndex.build(vectors, chunk_ids, unit_ids, factory=factory, metric=metric)  # type: ignore[arg-type]
+    build_s = time.perf_counter() - t0
+    bpv = index_bytes_per_vector(index)
+    if search_threads is not None:
+        faiss.omp_set_num_threads(search_threads)
+    rows = []
+    for params in search_params:
+        index.set_search_params(params)
+        index.search(queries[: min(8, len(queries))], k)  # warm-up
+        t0 = time.perf_counter()
+        hits = index.search(queries, k)
+        per_q = (time.perf_counter() - t0) * 1000.0 / max(1, len(queries))
+        rows.append(FactoryResult(factory, params, index.ntotal, index.dim, round(bpv, 2), round(build_s, 3),
+                                  round(per_q, 3), round(unit_recall(hits, exact_hits, k), 4), k))
+    return rows, exact_hits
+
+
+@dataclass(frozen=True)
+class CapacityModel:
+    """RSS of a shard actor ≈ ``base_bytes + n_chunks · (vector_bytes + chunk_bytes)``.
+
+    ``vector_bytes`` is the factory's bytes per vector (:func:`index_bytes_per_vector`, ~4·dim for
+    Flat); ``chunk_bytes`` is what one chunk's text, ids and unit share cost in memory once loaded
+    (measured: it scales with the chunk's text length); ``base_bytes`` is the process baseline
+    (Python, FAISS, pyarrow, Ray worker)."""
+
+    base_bytes: float
+    chunk_bytes: float
+
+    def shard_rss(self, n_chunks: int, vector_bytes: float) -> float:
+        return self.base_bytes + n_chunks * (vector_bytes + self.chunk_bytes)
+
+    @classmethod
+    def fit(cls, n_chunks: Sequence[int], rss: Sequence[float], vector_bytes: float) -> "CapacityModel":
+        """Least-squares fit of base and per-chunk bytes from (chunks, RSS) measurements of shards
+        with the same factory (at least two distinct chunk counts)."""
+        n = np.asarray(n_chunks, dtype=np.float64)
+        y = np.asarray(rss, dtype=np.float64)
+        if len(n) != len(y) or len(set(n.tolist())) < 2:
+            raise ValueError("fit needs measurements at two or more distinct chunk counts")
+        slope, intercept = np.polyfit(n, y, 1)
+        return cls(base_bytes=float(intercept), chunk_bytes=float(slope - vector_bytes))
+
+
+def plan_corpus(
+    n_chunks: int,
+    *,
+    vector_bytes: float,
+    chunk_bytes: float,
+    base_bytes: float,
+    node_memory_bytes: float,
+    usable_fraction: float = 0.6,
+    replicas: int = 1,
+    max_shard_chunks: int | None = None,
+    node_cpus: int | None = None,
+    scan_ms: float | None = None,
+) -> dict[str, Any]:
+    """Shards and nodes for ``n_chunks``.
+
+    A shard is as large as fits ``usable_fraction`` of one node's memory (or ``max_shard_chunks``);
+    every shard has ``replicas`` actors; replicas of a shard sit on different nodes (nodes >=
+    replicas); a node holds as many shard actors as fit its memory and, with ``node_cpus``, no more
+    actors than cores (each searches on one thread). With ``scan_ms`` (one-thread search time of a
+    full shard), ``qps_max`` is the query rate at which every core of the cluster is busy: a query
+    costs one search on every shard."""
+    if n_chunks < 0 or node_memory_bytes <= 0 or not 0 < usable_fraction <= 1 or replicas < 1:
+        raise ValueError("n_chunks >= 0, node_memory_bytes > 0, 0 < usable_fraction <= 1, replicas >= 1")
+    if node_cpus is not None and node_cpus < 1:
+        raise ValueError(f"node_cpus must be >= 1, got {node_cpus}")
+    per_chunk = vector_bytes + chunk_bytes
+    budget = node_memory_bytes * usable_fraction
+    fit = int((budget - base_bytes) // per_chunk) if budget > base_bytes else 0
+    if fit < 1:
+        raise ValueError(f"a node with {node_memory_bytes / 2**30:.1f} GiB cannot hold even one chunk's shard")
+    shard_chunks = min(fit, max_shard_chunks) if max_shard_chunks else fit
+    shards = max(1, -(-n_chunks // shard_chunks))
+    shard_chunks = -(-n_chunks // shards)  # balance
+    shard_rss = base_bytes + shard_chunks * per_chunk
+    per_node = max(1, int(budget // shard_rss))
+    if node_cpus is not None:
+        per_node = min(per_node, node_cpus)
+    nodes = max(replicas, -(-shards * replicas // per_node))
+    out: dict[str, Any] = {
+        "n_chunks": n_chunks,
+        "shards": shards,
+        "chunks_per_shard": shard_chunks,
+        "shard_rss_gib": round(shard_rss / 2**30, 2),
+        "replicas": replicas,
+        "shards_per_node": per_node,
+        "nodes": nodes,
+        "total_gib": round(shards * replicas * shard_rss / 2**30, 1),
+    }
+    if scan_ms is not None and node_cpus is not None:
+        busy_cores = min(nodes * node_cpus, shards * replicas)  # an actor searches on one core
+        out["qps_max"] = round(busy_cores * 1000.0 / (shards * scan_ms), 1) if scan_ms > 0 else None
+    return out
