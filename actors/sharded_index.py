@@ -104,6 +104,7 @@ class ShardedIndex:
         detached: bool = False,
         verify: bool = True,
         search_params: str = "",
+        threads: int = 1,
     ) -> "ShardedIndex":
         """Start (or, with ``name_prefix``, find) ``replicas`` actors for every shard of a build.
 
@@ -120,7 +121,7 @@ class ShardedIndex:
                     opts.update(name=f"{name_prefix}-s{shard.shard_id}-r{r}", get_if_exists=True)
                 if detached:
                     opts["lifetime"] = "detached"
-                row.append(IndexShard.options(**opts).remote(store_uri, shard.shard_id, verify, 1, search_params))
+                row.append(IndexShard.options(**opts).remote(store_uri, shard.shard_id, verify, threads, search_params))
             handles.append(row)
         return cls(handles, timeout_s=timeout_s)
 

@@ -224,6 +224,7 @@ def retrieve_local(
         num_cpus=config.index.shard_num_cpus,
         timeout_s=max(config.index.search_timeout_s, 30.0),
         search_params=config.index.search_params,
+        threads=config.index.shard_threads,
     )
     try:
         infos = index.wait_ready()

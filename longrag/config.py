@@ -63,6 +63,9 @@ class IndexConfig(_Section):
     shards: int = Field(2, ge=1)
     replicas: int = Field(1, ge=1, description="IndexShard actors per shard.")
     shard_num_cpus: float = 0.25
+    shard_threads: int = Field(
+        1, ge=1, description="FAISS threads per shard actor (a batch of queries or a large Flat scan uses them)."
+    )
     search_timeout_s: float = 10.0
     search_params: str = Field(
         "", description="FAISS search-time parameters for approximate factories, e.g. nprobe=32 or efSearch=128."

@@ -56,6 +56,7 @@ class Retriever:
             num_cpus=cfg.shard_num_cpus,
             timeout_s=cfg.search_timeout_s,
             search_params=cfg.search_params,
+            threads=cfg.shard_threads,
         )
         self.index.wait_ready()
 
