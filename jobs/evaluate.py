@@ -46,6 +46,7 @@ from longrag.eval.datasets import QAExample, load_qa
 from longrag.eval.links import build_links, link_stats
 from longrag.eval.report import score_results, summarize
 from longrag.eval.runs import combine, write_run
+from longrag.progress import progress as progress_bar
 from longrag.types import Document, Unit
 
 log = logging.getLogger("jobs.evaluate")
@@ -210,8 +211,6 @@ def retrieve_local(
     index_uri: str, questions: list[str], k: int, config: LongRAGConfig, encode_mode: str, progress: bool
 ) -> tuple[list[list[dict[str, Any]]], dict[str, Any]]:
     """Top-k units per question through ShardedIndex actors; returns (retrieved lists, stats)."""
-    from tqdm import tqdm
-
     from actors.sharded_index import ShardedIndex
 
     t0 = time.perf_counter()
@@ -232,7 +231,7 @@ def retrieve_local(
         out: list[list[dict[str, Any]]] = []
         degraded = 0
         t2 = time.perf_counter()
-        bar = tqdm(total=len(questions), desc="retrieve", unit="q", disable=not progress)
+        bar = progress_bar(len(questions), "retrieve", bar=progress, logger=log)
         for start in range(0, len(questions), SEARCH_BATCH):
             res = index.search_sync(vecs[start : start + SEARCH_BATCH], k)
             if res.coverage.degraded:
@@ -270,16 +269,18 @@ def retrieve_endpoint(
 ) -> tuple[list[list[dict[str, Any]]], dict[str, Any]]:
     """Top-k units per question from a running Serve app (``POST {endpoint}/v1/retrieve``)."""
     import httpx
-    from tqdm import tqdm
 
     out = []
     t0 = time.perf_counter()
     degraded = 0
     with httpx.Client(timeout=timeout_s) as client:
-        for q in tqdm(questions, desc="retrieve (http)", unit="q", disable=not progress):
+        bar = progress_bar(len(questions), "retrieve (http)", bar=progress, logger=log)
+        for q in questions:
             body = _post(client, f"{endpoint.rstrip('/')}/v1/retrieve", {"question": q, "k": k})
             degraded += bool((body.get("coverage") or {}).get("degraded"))
             out.append(P.retrieved_from_endpoint(body["units"], doc_texts))
+            bar.update(1)
+        bar.close()
     return out, {"endpoint": endpoint, "search_fetch_s": round(time.perf_counter() - t0, 3), "degraded_requests": degraded}
 
 
@@ -288,8 +289,6 @@ def run_reader_local(
     results: list[dict[str, Any]], config: LongRAGConfig, reader_k: int, concurrency: int, progress: bool
 ) -> dict[str, Any]:
     """LongReader over the top ``reader_k`` retrieved units of every result (in place)."""
-    from tqdm import tqdm
-
     from longrag.llm.factory import build_llm
     from longrag.reader import LongReader
 
@@ -300,7 +299,7 @@ def run_reader_local(
 
     async def run_all() -> None:
         sem = asyncio.Semaphore(max(1, concurrency))
-        bar = tqdm(total=len(results), desc="read", unit="q", disable=not progress)
+        bar = progress_bar(len(results), "read", bar=progress, logger=log)
 
         async def one(r: dict[str, Any]) -> None:
             units = [
@@ -327,11 +326,11 @@ def run_reader_endpoint(
 ) -> dict[str, Any]:
     """``POST {endpoint}/v1/answer`` with ``k = reader_k`` for every result (in place)."""
     import httpx
-    from tqdm import tqdm
 
     t0 = time.perf_counter()
     with httpx.Client(timeout=timeout_s) as client:
-        for r in tqdm(results, desc="answer (http)", unit="q", disable=not progress):
+        bar = progress_bar(len(results), "answer (http)", bar=progress, logger=log)
+        for r in results:
             body = _post(client, f"{endpoint.rstrip('/')}/v1/answer", {"question": r["question"], "k": reader_k})
             trace = body.get("trace") or {}
             P.attach_reader(
@@ -346,6 +345,8 @@ def run_reader_endpoint(
                     "stages_ms": {"total": trace["read_ms"]} if "read_ms" in trace else {},
                 },
             )
+            bar.update(1)
+        bar.close()
     return {"read_s": round(time.perf_counter() - t0, 2)}
 
 
