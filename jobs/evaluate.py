@@ -45,6 +45,7 @@ from longrag.eval.corpus import PooledCorpus, load_corpus_file, load_dpr_passage
 from longrag.eval.datasets import QAExample, load_qa
 from longrag.eval.links import build_links, link_stats
 from longrag.eval.report import score_results, summarize
+from longrag.eval.checkpoint import ReaderCheckpoint
 from longrag.eval.runs import combine, write_run
 from longrag.progress import progress as progress_bar
 from longrag.types import Document, Unit
@@ -285,21 +286,53 @@ def retrieve_endpoint(
 
 
 # ---------------------------------------------------------------------------------------- reader
+def reader_setup(config: LongRAGConfig, reader_k: int) -> dict[str, Any]:
+    """What decides a local reader's answers (the key of its checkpoint entries)."""
+    return {"llm": config.llm.model_dump(), "reader": config.reader.model_dump(), "reader_k": reader_k}
+
+
+def checkpoint_file(out: str | Path, label: str) -> Path:
+    """Where a setting's reader answers are checkpointed while its run is in progress."""
+    return Path(out) / f".reader-checkpoint-{label}.jsonl"
+
+
+def _from_checkpoint(results: list[dict[str, Any]], reader_k: int,
+                     checkpoint: ReaderCheckpoint | None) -> list[dict[str, Any]]:
+    """Attach the answers the checkpoint already holds; return the results still to read."""
+    if checkpoint is None:
+        return results
+    todo = []
+    for r in results:
+        done = checkpoint.get(r["qid"], r["question"], [u["unit_id"] for u in r["retrieved"][:reader_k]])
+        if done is None:
+            todo.append(r)
+        else:
+            P.attach_reader(r, done)
+    if len(todo) < len(results):
+        log.info("reader checkpoint %s: %d of %d answers reused, %d to read", checkpoint.path,
+                 len(results) - len(todo), len(results), len(todo))
+    return todo
+
+
 def run_reader_local(
-    results: list[dict[str, Any]], config: LongRAGConfig, reader_k: int, concurrency: int, progress: bool
+    results: list[dict[str, Any]], config: LongRAGConfig, reader_k: int, concurrency: int, progress: bool,
+    checkpoint_path: Path | None = None,
 ) -> dict[str, Any]:
-    """LongReader over the top ``reader_k`` retrieved units of every result (in place)."""
+    """LongReader over the top ``reader_k`` retrieved units of every result (in place). With
+    ``checkpoint_path``, answers are appended there as they come and reused by a rerun."""
     from longrag.llm.factory import build_llm
     from longrag.reader import LongReader
 
+    checkpoint = ReaderCheckpoint(checkpoint_path, reader_setup(config, reader_k)) if checkpoint_path else None
+    todo = _from_checkpoint(results, reader_k, checkpoint)
     t0 = time.perf_counter()
-    llm = build_llm(config.llm)
+    llm = build_llm(config.llm) if todo else None
     load_s = time.perf_counter() - t0
-    reader = LongReader(llm, config.reader)
+    reader = LongReader(llm, config.reader) if llm is not None else None
 
     async def run_all() -> None:
         sem = asyncio.Semaphore(max(1, concurrency))
-        bar = progress_bar(len(results), "read", bar=progress, logger=log)
+        bar = progress_bar(len(todo), "read", bar=progress, logger=log)
 
         async def one(r: dict[str, Any]) -> None:
             units = [
@@ -309,28 +342,38 @@ def run_reader_local(
             ]
             async with sem:
                 res = await reader.read(r["question"], units)
-            P.attach_reader(r, res.to_dict())
+            out = res.to_dict()
+            P.attach_reader(r, out)
+            if checkpoint is not None:
+                checkpoint.add(r["qid"], r["question"], [u.unit_id for u in units], out)
             bar.update(1)
 
-        await asyncio.gather(*(one(r) for r in results))
+        await asyncio.gather(*(one(r) for r in todo))
         bar.close()
 
     t1 = time.perf_counter()
-    asyncio.run(run_all())
+    if todo:
+        asyncio.run(run_all())
     return {"llm": getattr(llm, "name", config.llm.model), "llm_load_s": round(load_s, 2),
-            "read_s": round(time.perf_counter() - t1, 2)}
+            "read_s": round(time.perf_counter() - t1, 2), "from_checkpoint": len(results) - len(todo)}
 
 
 def run_reader_endpoint(
-    results: list[dict[str, Any]], endpoint: str, reader_k: int, progress: bool, timeout_s: float
+    results: list[dict[str, Any]], endpoint: str, reader_k: int, progress: bool, timeout_s: float,
+    checkpoint_path: Path | None = None,
 ) -> dict[str, Any]:
-    """``POST {endpoint}/v1/answer`` with ``k = reader_k`` for every result (in place)."""
+    """``POST {endpoint}/v1/answer`` with ``k = reader_k`` for every result (in place), with the
+    same checkpointing as :func:`run_reader_local`."""
     import httpx
 
+    checkpoint = None
+    if checkpoint_path is not None:
+        checkpoint = ReaderCheckpoint(checkpoint_path, {"endpoint": endpoint, "reader_k": reader_k})
+    todo = _from_checkpoint(results, reader_k, checkpoint)
     t0 = time.perf_counter()
     with httpx.Client(timeout=timeout_s) as client:
-        bar = progress_bar(len(results), "answer (http)", bar=progress, logger=log)
-        for r in results:
+        bar = progress_bar(len(todo), "answer (http)", bar=progress, logger=log)
+        for r in todo:
             body = _post(client, f"{endpoint.rstrip('/')}/v1/answer", {"question": r["question"], "k": reader_k})
             trace = body.get("trace") or {}
             P.attach_reader(
@@ -345,9 +388,15 @@ def run_reader_endpoint(
                     "stages_ms": {"total": trace["read_ms"]} if "read_ms" in trace else {},
                 },
             )
+            if checkpoint is not None:
+                keep = ("prediction", "long_answer", "units_used", "prompt_tokens", "completion_tokens")
+                checkpoint.add(r["qid"], r["question"], [u["unit_id"] for u in r["retrieved"][:reader_k]],
+                               {"answer": r["prediction"], **{k: r.get(k) for k in keep[1:]},
+                                "truncated": r.get("reader_truncated"),
+                                "stages_ms": {"total": 1000.0 * r["reader_s"]} if "reader_s" in r else {}})
             bar.update(1)
         bar.close()
-    return {"read_s": round(time.perf_counter() - t0, 2)}
+    return {"read_s": round(time.perf_counter() - t0, 2), "from_checkpoint": len(results) - len(todo)}
 
 
 # ---------------------------------------------------------------------------------------- one setting
@@ -400,12 +449,13 @@ def run_setting(
         r["retrieval_s"] = retrieval_s / max(1, len(chosen))
         results.append(r)
     if args.pipeline == "longrag":
+        ckpt = checkpoint_file(args.out, label)
         if args.endpoint:
             info["reader"] = run_reader_endpoint(results, args.endpoint, args.reader_k, not args.no_progress,
-                                                 args.http_timeout)
+                                                 args.http_timeout, checkpoint_path=ckpt)
         else:
             info["reader"] = run_reader_local(results, config, args.reader_k, args.reader_concurrency,
-                                              not args.no_progress)
+                                              not args.no_progress, checkpoint_path=ckpt)
     ar_types = None if args.answer_recall_all_types else P.DEFAULT_ANSWER_RECALL_TYPES.get(args.dataset)
     scored = score_results(results, ks=ks, answer_recall_types=ar_types)
     flat = P.flat_metrics(scored, summarize(scored), dataset=args.dataset, unit=unit, reader_k=reader_k)
@@ -549,6 +599,8 @@ def run(args: argparse.Namespace, command: list[str]) -> dict[str, Any]:
     if len(settings) > 1:
         write_run(out, all_results, flats, eval_config, provenance, {"corpus": corpus_info, "runs_info": infos},
                   f"{args.dataset}: retrieval by unit granularity")
+    for _, _, label in settings:  # every answer is in the written reports now
+        checkpoint_file(out, label).unlink(missing_ok=True)
     wall = round(time.perf_counter() - t_all, 2)
     summary = {"out": str(out), "wall_s": wall, "runs": flats, "index_reused": [i.get("index", {}).get("reused") for i in infos]}
     (out / "run_summary.json").write_text(json.dumps(summary, indent=2, default=str))

@@ -286,6 +286,37 @@ def test_reader_run_reuses_the_index(cluster, workdir, caplog):
     assert "Answer quality" in (out / "report.md").read_text()
 
 
+def test_reader_answers_checkpointed_by_a_dead_run_are_reused(cluster, workdir, caplog):
+    """A run that died after reading one of two questions left that answer in its checkpoint; the
+    rerun reads only the other question, writes both, and removes the checkpoint."""
+    from jobs.evaluate import checkpoint_file, main, reader_setup
+    from longrag.config import load_config
+    from longrag.eval.checkpoint import ReaderCheckpoint
+
+    overrides = ["reader.few_shot_examples=2", "llm.context_window=2048"]
+    _, first = _read(workdir / "longrag")  # the reader run above (k=1, the same settings)
+    out = workdir / "longrag-resumed"
+    ck = ReaderCheckpoint(checkpoint_file(out, "grouped"), reader_setup(load_config(None, overrides), 1))
+    done = first[0]
+    ck.add(done["qid"], done["question"], [u["unit_id"] for u in done["retrieved"][:1]],
+           {"answer": "FROM THE CHECKPOINT", "long_answer": "", "prompt_tokens": 1, "completion_tokens": 1,
+            "context_tokens": 1, "units_used": [done["retrieved"][0]["unit_id"]], "stages_ms": {"total": 1.0}})
+    argv = _common(workdir, 2) + [
+        "--unit", "grouped", "--links", "titles", "--pipeline", "longrag", "--reader-k", "1",
+        "--encode", "driver", "--out", str(out), *[x for o in overrides for x in ("--set", o)],
+    ]
+    with caplog.at_level(logging.INFO, logger="jobs.evaluate"):
+        assert main(argv) == 0
+    assert any("1 of 2 answers reused, 1 to read" in rec.getMessage() for rec in caplog.records)
+    metrics, preds = _read(out)
+    by_qid = {p["qid"]: p for p in preds}
+    assert by_qid[done["qid"]]["prediction"] == "FROM THE CHECKPOINT"
+    other = next(p for p in preds if p["qid"] != done["qid"])
+    assert other["prediction"].strip() and other["prediction"] != "FROM THE CHECKPOINT"  # read by the model
+    assert metrics["run"]["reader"]["from_checkpoint"] == 1
+    assert not checkpoint_file(out, "grouped").exists()
+
+
 def test_interrupted_index_is_resumed_not_rebuilt(cluster, workdir, caplog):
     """A crash during an evaluate run's index build leaves the build ``building``; the rerun
     finishes it, keeping the shards that were written, and ranks exactly as before."""
