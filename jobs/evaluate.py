@@ -376,24 +376,18 @@ def run_reader_endpoint(
         for r in todo:
             body = _post(client, f"{endpoint.rstrip('/')}/v1/answer", {"question": r["question"], "k": reader_k})
             trace = body.get("trace") or {}
-            P.attach_reader(
-                r,
-                {
-                    "answer": body["answer"],
-                    "long_answer": body.get("long_answer", ""),
-                    "units_used": [e["unit_id"] for e in body.get("evidence", []) if e.get("used")],
-                    "prompt_tokens": trace.get("prompt_tokens"),
-                    "completion_tokens": trace.get("completion_tokens"),
-                    "truncated": trace.get("context_truncated"),
-                    "stages_ms": {"total": trace["read_ms"]} if "read_ms" in trace else {},
-                },
-            )
+            out = {
+                "answer": body["answer"],
+                "long_answer": body.get("long_answer", ""),
+                "units_used": [e["unit_id"] for e in body.get("evidence", []) if e.get("used")],
+                "prompt_tokens": trace.get("prompt_tokens"),
+                "completion_tokens": trace.get("completion_tokens"),
+                "truncated": trace.get("context_truncated"),
+                "stages_ms": {"total": trace["read_ms"]} if "read_ms" in trace else {},
+            }
+            P.attach_reader(r, out)
             if checkpoint is not None:
-                keep = ("prediction", "long_answer", "units_used", "prompt_tokens", "completion_tokens")
-                checkpoint.add(r["qid"], r["question"], [u["unit_id"] for u in r["retrieved"][:reader_k]],
-                               {"answer": r["prediction"], **{k: r.get(k) for k in keep[1:]},
-                                "truncated": r.get("reader_truncated"),
-                                "stages_ms": {"total": 1000.0 * r["reader_s"]} if "reader_s" in r else {}})
+                checkpoint.add(r["qid"], r["question"], [u["unit_id"] for u in r["retrieved"][:reader_k]], out)
             bar.update(1)
         bar.close()
     return {"read_s": round(time.perf_counter() - t0, 2), "from_checkpoint": len(results) - len(todo)}
