@@ -313,7 +313,7 @@ def build_from_documents(
         manifest = store.read_manifest()
         kept, redo = reusable_shards(store, manifest, plan, config, units_by_shard)
         log.info("resuming build %s: keeping shards %s, building %s", manifest.build_id, sorted(kept),
-                 {s: r for s, r in redo.items()})
+                 redo)
         manifest.provenance.command = list(command or sys.argv)
     else:
         manifest = Manifest.create(
