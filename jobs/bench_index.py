@@ -179,11 +179,11 @@ def cluster_check(args: argparse.Namespace) -> dict[str, Any]:
         try:
             log(f"serving it from IndexShard actors on a simulated {args.nodes}-node Ray cluster ...")
             client = ShardedIndex.launch(root, replicas=1, num_cpus=0.1, timeout_s=120)
-            infos = sorted(client.wait_ready(timeout_s=600), key=lambda i: i["shard_id"])
+            client.wait_ready(timeout_s=600)
             queries = clustered_vectors(1000, args.dim, n_queries=64, seed=args.seed + 99)[3]
             client.search_sync(queries[:4], args.k)  # warm-up
             time.sleep(1.0)
-            infos = sorted(client.wait_ready(timeout_s=60), key=lambda i: i["shard_id"])
+            infos = sorted(client.wait_ready(timeout_s=60), key=lambda i: i["shard_id"])  # RSS after load + search
             t0 = time.perf_counter()
             for q in queries:
                 client.search_sync(q[None, :], args.k)
@@ -263,7 +263,8 @@ def plan(args: argparse.Namespace, chunk_bytes: float, base_bytes: float,
             p = plan_corpus(args.plan_chunks, **kw, scan_ms=per * args.plan_dim * p["chunks_per_shard"])
         rows.append({"factory": factory, "bytes_per_vector": round(bpv, 1),
                      "vectors_gib": round(args.plan_chunks * bpv / 2**30, 1), **p,
-                     "scan_ms": round(per * args.plan_dim * p["chunks_per_shard"], 1) if per else "sublinear",
+                     "scan_ms": (round(per * args.plan_dim * p["chunks_per_shard"], 1) if per
+                                 else "not measured" if exhaustive(factory) else "sublinear"),
                      "qps_max": p.get("qps_max", "n/a")})
     return rows
 

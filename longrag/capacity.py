@@ -75,8 +75,9 @@ def clustered_vectors(
     for lo in range(0, n_chunks, step):
         hi = min(n_chunks, lo + step)
         vectors[lo:hi] = normed(units[unit_of_chunk[lo:hi]] + noise(hi - lo, chunk_spread))
-    queries = normed(vectors[rng.integers(0, n_chunks, n_queries)] + noise(n_queries, query_spread)) if n_queries else (
-        np.zeros((0, dim), dtype=np.float32))
+    queries = np.zeros((0, dim), dtype=np.float32)
+    if n_queries:
+        queries = normed(vectors[rng.integers(0, n_chunks, n_queries)] + noise(n_queries, query_spread))
     width = len(str(n_units))
     unit_ids = [f"u{u:0{width}d}" for u in unit_of_chunk.tolist()]
     chunk_ids = [f"c{i}" for i in range(n_chunks)]
