@@ -75,13 +75,19 @@ class IndexConfig(_Section):
 class LLMConfig(_Section):
     backend: Literal["llamacpp", "openai"] = "llamacpp"
     model: str = Field(
-        "smollm2-135m-instruct",
-        description="llamacpp: a bundled model name or a .gguf path; openai: the served model name.",
+        "qwen2.5-coder-0.5b-instruct",
+        description="llamacpp: a bundled model name (qwen2.5-coder-0.5b-instruct, smollm2-135m-instruct, "
+        "gemma3-270m) or a .gguf path; openai: the served model name.",
+    )
+    chat_format: str | None = Field(
+        None, description="llamacpp: chat format for a GGUF without a chat template (e.g. chatml); "
+        "bundled models set their own.",
     )
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://host:8000/v1")
     api_key_env: str = "OPENAI_API_KEY"
     context_window: int = Field(8192, gt=0)
     n_threads: int | None = None
+    flash_attn: bool = Field(True, description="llamacpp: flash attention (faster prompt processing on CPU too).")
     temperature: float = 0.0
     seed: int = 0
     timeout_s: float = 120.0
@@ -98,6 +104,10 @@ class ReaderConfig(_Section):
         384, description="Tokens kept free in the window for instructions and the generated answer."
     )
     few_shot_examples: int = Field(8, ge=0, le=8, description="Worked examples in the short-answer turn.")
+    max_context_tokens: int | None = Field(
+        None, ge=1, description="At most this many tokens of unit text go to the reader (None: what the "
+        "window leaves). On CPU the prompt's length sets the latency: see the README's reader benchmark.",
+    )
     min_partial_unit_tokens: int = Field(
         128, ge=1, description="Fill leftover room with a trimmed unit only when at least this many tokens are free."
     )

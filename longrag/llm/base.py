@@ -33,6 +33,9 @@ class ChatResult:
     completion_tokens: int
     latency_ms: float
     model: str
+    #: Prompt tokens served from the backend's prefix (KV) cache instead of being evaluated again
+    #: (llama.cpp: the reader's second turn repeats the first; vLLM: ``prompt_tokens_details``).
+    cached_prompt_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

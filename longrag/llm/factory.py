@@ -17,6 +17,8 @@ def build_llm(config: LLMConfig) -> LLM:
             n_threads=config.n_threads,
             seed=config.seed,
             temperature=config.temperature,
+            chat_format=config.chat_format,
+            flash_attn=config.flash_attn,
         )
     if config.backend == "openai":
         if not config.base_url:

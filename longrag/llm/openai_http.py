@@ -184,6 +184,7 @@ class OpenAIHTTPLLM(LLM):
             text=text,
             prompt_tokens=int(usage.get("prompt_tokens") or prompt_est),
             completion_tokens=int(usage.get("completion_tokens") or self.count_tokens(text)),
+            cached_prompt_tokens=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
             latency_ms=(time.perf_counter() - t0) * 1000.0,
             model=str(body.get("model") or self.name),
         )
