@@ -21,12 +21,14 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from longrag.config import ReaderConfig
 from longrag.llm.base import LLM, ChatResult, ContextOverflowError
 from longrag.prompts import (
+    FEW_SHOT_EXAMPLES,
     UNIT_SEPARATOR,
+    FewShotExample,
     completion_prompt,
     format_context,
     format_unit,
@@ -67,6 +69,11 @@ class ReaderResult:
     context_tokens: int = 0
     raw_short_answer: str = ""
     compressed: bool = False
+    #: Why the short-answer turn's reply was replaced by a span of the long answer ("empty",
+    #: "question echo", "few-shot example"), or None when the reply was used.
+    answer_fallback: str | None = None
+    #: Prompt tokens the backend took from its prefix cache (the second turn repeats the first).
+    cached_prompt_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -214,6 +221,48 @@ def reduce_to_span(answer: str, question: str, max_words: int = 6) -> str:
     return cand or answer
 
 
+_YES_NO = frozenset({"yes", "no"})
+
+
+def _normalized(text: str) -> str:
+    return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def short_answer_problem(answer: str, question: str, evidence: str, examples: Sequence[FewShotExample]) -> str | None:
+    """Why a short answer cannot be the answer, or None when it may be.
+
+    * ``"empty"``: nothing left after cleaning;
+    * ``"question echo"``: the reply restates the question (it ends with "?", or its words cover at
+      least 3/4 of the question's content words) -- an entity named in the question, as comparison
+      questions need, covers less and passes;
+    * ``"few-shot example"``: the reply is one of the worked examples of the prompt rather than an
+      answer from this conversation: its content words come from an example more than from the
+      ``evidence`` (the long answer and the context), or it is an example's short answer that the
+      evidence never mentions. "yes"/"no" are always allowed.
+    """
+    if not answer.strip():
+        return "empty"
+    norm = _normalized(answer)
+    if norm in _YES_NO:
+        return None
+    words = _content_words(answer)
+    q_words = _content_words(question)
+    if answer.rstrip().endswith("?") or (q_words and words <= q_words and len(words) >= 0.75 * len(q_words)):
+        return "question echo"
+    evidence_norm = f" {_normalized(evidence)} "
+    for ex in examples:
+        if norm == _normalized(ex.short_answer) and f" {norm} " not in evidence_norm:
+            return "few-shot example"
+        ex_words = _content_words(f"{ex.question} {ex.long_answer}")
+        if not words:
+            continue
+        from_example = len(words & ex_words) / len(words)
+        from_evidence = len(words & _content_words(evidence)) / len(words)
+        if from_example >= 0.5 and from_example > from_evidence:
+            return "few-shot example"
+    return None
+
+
 def first_sentence(text: str, max_words: int = 30) -> str:
     """The first sentence of ``text`` (for a fallback answer), at most ``max_words`` words."""
     text = " ".join(text.split())
@@ -236,12 +285,14 @@ class LongReader:
 
     def context_budget(self, question: str) -> int:
         """Tokens left for unit text: window minus both turns' fixed prompt tokens, both answer
-        budgets (the long answer appears twice in turn 2: as the reply and quoted), and the reserve."""
+        budgets (the long answer appears twice in turn 2: as the reply and quoted), and the reserve;
+        capped at ``reader.max_context_tokens``."""
         cfg = self.config
         fixed = self.llm.count_message_tokens(turn1_messages(question, ""))
         fixed += self.llm.count_message_tokens([turn2_message(question, "", cfg.few_shot_examples)])
         answers = 2 * cfg.long_answer_max_tokens + cfg.short_answer_max_tokens
-        return self.llm.context_window - fixed - answers - cfg.context_reserve_tokens
+        budget = self.llm.context_window - fixed - answers - cfg.context_reserve_tokens
+        return budget if cfg.max_context_tokens is None else min(budget, cfg.max_context_tokens)
 
     def fit(self, question: str, units: list[Unit], compression: str | None = None) -> FittedContext:
         if not units:
@@ -287,7 +338,8 @@ class LongReader:
         fitted = self.fit(question, units, compression)
         t_fit = time.perf_counter()
 
-        messages = turn1_messages(question, format_context(fitted.blocks))
+        context = format_context(fitted.blocks)
+        messages = turn1_messages(question, context)
         first = await self._generate(
             messages, max_tokens=cfg.long_answer_max_tokens, stop=["\nQuestion:"]
         )
@@ -305,10 +357,12 @@ class LongReader:
         )
         t_short = time.perf_counter()
 
-        answer = clean_short_answer(second.text)
-        if not answer:
-            answer = clean_short_answer(first_sentence(long_answer))
-        answer = reduce_to_span(answer, question)
+        examples = FEW_SHOT_EXAMPLES[: cfg.few_shot_examples]
+        answer = reduce_to_span(clean_short_answer(second.text), question)
+        fallback = short_answer_problem(answer, question, f"{long_answer}\n{context}", examples)
+        if fallback is not None:
+            # The long answer's first sentence, cut to its answer span.
+            answer = reduce_to_span(clean_short_answer(first_sentence(long_answer)), question)
         return ReaderResult(
             answer=answer,
             long_answer=long_answer,
@@ -325,4 +379,6 @@ class LongReader:
             context_tokens=fitted.tokens,
             compressed=fitted.compressed,
             raw_short_answer=second.text,
+            answer_fallback=fallback,
+            cached_prompt_tokens=first.cached_prompt_tokens + second.cached_prompt_tokens,
         )

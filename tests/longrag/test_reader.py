@@ -16,6 +16,7 @@ from longrag.reader import (
     first_sentence,
     fit_units,
     reduce_to_span,
+    short_answer_problem,
     trim_to_tokens,
 )
 from longrag.types import Unit
@@ -322,3 +323,69 @@ def test_compression_mixpr_without_compressor_is_a_clear_error():
                                           long_answer_max_tokens=16, short_answer_max_tokens=8))
     with pytest.raises(ValueError, match="compressor"):
         reader.fit("Which?", _big_units())
+
+
+# -- the short-answer guard -------------------------------------------------------------------
+
+BEATLES_LEAK = "The Beatles were born in Liverpool and the Rolling Stones were born in London"
+ORWELL_EVIDENCE = "Animal Farm is a novella by George Orwell, first published in England in 1945."
+
+
+@pytest.mark.parametrize(
+    "answer, question, evidence, problem",
+    [
+        ("George Orwell", "Who wrote the novel Animal Farm?", ORWELL_EVIDENCE, None),
+        (BEATLES_LEAK, "Who wrote the novel Animal Farm?", ORWELL_EVIDENCE, "few-shot example"),
+        # an example's short answer that this conversation never mentions
+        ("Canberra", "Who wrote the novel Animal Farm?", ORWELL_EVIDENCE, "few-shot example"),
+        # ... and the same words when the evidence does say them: a real answer
+        ("Canberra", "What is the capital of Australia?", "Canberra is the capital of Australia.", None),
+        ("yes", "Are the Beatles and the Rolling Stones both from England?", "Both are English bands.", None),
+        ("Which spaceflight first landed humans on the Moon?",
+         "Which spaceflight first landed humans on the Moon?", "Apollo 11 landed on the Moon.", "question echo"),
+        ("spaceflight first landed humans on Moon", "Which spaceflight first landed humans on the Moon?",
+         "Apollo 11 landed on the Moon.", "question echo"),
+        # comparison questions are answered by an entity of the question: allowed
+        ("Arthur's Magazine", "Which magazine was started first, Arthur's Magazine or First for Women?",
+         "Arthur's Magazine was started in 1844.", None),
+        ("", "Who wrote the novel Animal Farm?", ORWELL_EVIDENCE, "empty"),
+    ],
+)
+def test_short_answer_problem(answer, question, evidence, problem):
+    assert short_answer_problem(answer, question, evidence, FEW_SHOT_EXAMPLES) == problem
+
+
+def test_short_answer_problem_only_checks_the_examples_in_the_prompt():
+    # with no examples in the prompt, an example's answer cannot have leaked from it
+    assert short_answer_problem(BEATLES_LEAK, "Who wrote Animal Farm?", ORWELL_EVIDENCE, ()) is None
+
+
+@pytest.mark.parametrize(
+    "reply, reason",
+    [(BEATLES_LEAK, "few-shot example"), ("Who wrote the novel Animal Farm?", "question echo"), ("", "empty")],
+)
+def test_reader_replaces_a_bad_short_answer_with_the_long_answer_span(reply, reason):
+    long_answer = "Animal Farm was written by George Orwell. It was published in 1945."
+    llm = ScriptedLLM([long_answer, reply])
+    unit = Unit("u1", ["d1"], ["Animal Farm"], ORWELL_EVIDENCE, 20)
+    res = run(LongReader(llm, ReaderConfig()).read("Who wrote the novel Animal Farm?", [unit]))
+    assert res.answer_fallback == reason
+    assert res.raw_short_answer == reply
+    assert "George Orwell" in res.answer and "Beatles" not in res.answer and "1945" not in res.answer
+
+
+def test_reader_keeps_a_good_short_answer_and_says_so():
+    llm = ScriptedLLM(["Animal Farm was written by George Orwell.", "George Orwell"])
+    unit = Unit("u1", ["d1"], ["Animal Farm"], ORWELL_EVIDENCE, 20)
+    res = run(LongReader(llm, ReaderConfig()).read("Who wrote the novel Animal Farm?", [unit]))
+    assert res.answer == "George Orwell" and res.answer_fallback is None
+
+
+def test_max_context_tokens_caps_the_budget():
+    llm = ScriptedLLM(["x", "x"])
+    wide = LongReader(llm, ReaderConfig())
+    capped = LongReader(llm, ReaderConfig(max_context_tokens=50))
+    assert wide.context_budget("q?") > 50 and capped.context_budget("q?") == 50
+    units = [make_unit(f"u{i}", 30) for i in range(4)]
+    fitted = capped.fit("q?", units)
+    assert fitted.unit_ids == ["u0"] and fitted.tokens <= 50 and fitted.truncated

