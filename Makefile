@@ -8,7 +8,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup demo test index serve bench-mixpr clean
+.PHONY: setup demo test test-fast index serve bench-mixpr bench-reader clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest
 
+# The inner loop: the Ray-free core with fakes and small real models, no cluster (a couple of minutes).
+test-fast: setup
+	$(BIN)/python -m pytest tests/longrag -q --durations=5
+
 index: setup
 	$(BIN)/python -m jobs.index --source data/sample/enwiki-sample-106-articles.xml.bz2 --format wikixml \
 		--out artifacts/sample --unit grouped --text-mode lead --shards 2
@@ -35,6 +39,10 @@ serve: setup
 
 bench-mixpr: setup
 	$(BIN)/python -m jobs.bench_mixpr
+
+bench-reader: setup
+	$(BIN)/python -m jobs.bench_reader --dataset hotpotqa
+	$(BIN)/python -m jobs.bench_reader --dataset musique
 
 clean:
 	rm -rf artifacts .pytest_cache

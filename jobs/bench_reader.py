@@ -1,0 +1,90 @@
+"""Reader benchmark: full vs MixPR-compressed units at several context budgets, EM/F1 and seconds.
+
+    python -m jobs.bench_reader --dataset hotpotqa --limit 30
+    python -m jobs.bench_reader --dataset musique --limit 30 --settings full@2048,mixpr@2048,full@4096
+
+Retrieval runs in process (pooled paragraphs of the evaluated questions -> title-linked grouped units
+-> MaxP over the bundled encoder); every setting then reads each question's top ``--k`` units with
+the configured LLM (default: the bundled Qwen2.5-Coder-0.5B-Instruct through llama.cpp). Writes
+``OUT/<dataset>.json``, ``OUT/<dataset>.md``, ``OUT/reader_bench.png`` and ends with a JSON line.
+A rerun of the same command resumes from ``OUT/<dataset>.rows.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from longrag.config import load_config
+from longrag.eval import reader_bench as rb
+from longrag.eval.datasets import load_qa
+
+ROOT = Path(__file__).resolve().parent.parent
+DATASETS = {
+    "hotpotqa": ROOT / "data" / "hotpotqa" / "hotpotqa_train100.json",
+    "musique": ROOT / "data" / "musique" / "musique_train100.json",
+}
+DEFAULT_SETTINGS = "full@2048,mixpr@2048,full@4096,mixpr@4096,full@8192,mixpr@8192"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m jobs.bench_reader", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset", choices=sorted(DATASETS), required=True)
+    p.add_argument("--data", help="QA file (default: the sample under data/)")
+    p.add_argument("--limit", type=int, default=30, help="questions (the first N of the file)")
+    p.add_argument("--k", type=int, default=8, help="candidate units per question")
+    p.add_argument("--settings", default=DEFAULT_SETTINGS, help="MODE@TOKENS[/fsN],... (MODE: full | mixpr)")
+    p.add_argument("--out", default=str(ROOT / "reports" / "bench-reader"))
+    p.add_argument("--config")
+    p.add_argument("--set", action="append", default=[], help="config override section.field=value")
+    args = p.parse_args(argv)
+    try:
+        args.settings = rb.parse_settings(args.settings)
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.limit < 1 or args.k < 1:
+        p.error("--limit and --k must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    args = parse_args(argv)
+    from longrag.llm.factory import build_llm
+
+    config = load_config(args.config, args.set)
+    top_budget = max(s.budget for s in args.settings)
+    # the window must hold the largest budget plus both turns' prompts and answers
+    config = config.with_overrides([f"llm.context_window={max(config.llm.context_window, top_budget + 2048)}"])
+    out = Path(args.out)
+    data = args.data or str(DATASETS[args.dataset])
+    loaded = load_qa(data, args.dataset)
+    examples = loaded.examples[: args.limit]
+    t0 = time.perf_counter()
+    cands = rb.retrieve_candidates(examples, args.k, embedding=config.embedding)
+    logging.info("retrieval: %s", cands.stats)
+    llm = build_llm(config.llm)
+    rows = asyncio.run(rb.run_settings(llm, examples, cands, args.settings, base=config.reader, mixpr=config.mixpr,
+                                       checkpoint=out / f"{args.dataset}.rows.jsonl"))
+    summary = rb.summarize(rows)
+    meta = {"llm": config.llm.model_dump(), "data": data, "malformed": loaded.n_malformed,
+            "settings_spec": rb.setting_dicts(args.settings), "wall_s": round(time.perf_counter() - t0, 1),
+            "command": ["python", "-m", "jobs.bench_reader", *(argv if argv is not None else sys.argv[1:])]}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.dataset}.json").write_text(json.dumps(rb.report_json(args.dataset, cands, summary, meta), indent=2))
+    table = rb.markdown_table(args.dataset, summary)
+    (out / f"{args.dataset}.md").write_text(table + "\n")
+    summaries = {p.stem: json.loads(p.read_text())["settings"] for p in sorted(out.glob("*.json"))}
+    rb.plot_summary(summaries, out / "reader_bench.png")
+    print(table)
+    print(json.dumps({"dataset": args.dataset, "settings": summary, "wall_s": meta["wall_s"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
