@@ -88,6 +88,10 @@ class LLMConfig(_Section):
     context_window: int = Field(8192, gt=0)
     n_threads: int | None = None
     flash_attn: bool = Field(True, description="llamacpp: flash attention (faster prompt processing on CPU too).")
+    prompt_cache_mb: int = Field(
+        256, ge=0, description="llamacpp: RAM for saved KV states, so a conversation's next turn reuses its "
+        "prefix even when other requests ran in between (0: only the last prompt's prefix is reused).",
+    )
     temperature: float = 0.0
     seed: int = 0
     timeout_s: float = 120.0

@@ -19,6 +19,7 @@ def build_llm(config: LLMConfig) -> LLM:
             temperature=config.temperature,
             chat_format=config.chat_format,
             flash_attn=config.flash_attn,
+            prompt_cache_mb=config.prompt_cache_mb,
         )
     if config.backend == "openai":
         if not config.base_url:

@@ -7,7 +7,9 @@ file. A GGUF without a chat template gets ``chat_format`` (e.g. ``chatml``); bun
 A llama.cpp context is not thread-safe: every call runs in a worker thread
 (``asyncio.to_thread``) under one lock, so concurrent requests queue instead of corrupting state.
 Consecutive calls that share a prompt prefix (the reader's second turn repeats the first turn's
-conversation) reuse llama.cpp's KV cache for that prefix: only the new tokens are evaluated.
+conversation) reuse llama.cpp's KV cache for that prefix: only the new tokens are evaluated. With
+``prompt_cache_mb`` the KV states of recent calls are kept in RAM, so that holds when other requests
+ran in between, as they do behind a Serve deployment.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class LlamaCppLLM(LLM):
         n_batch: int = 512,
         chat_format: str | None = None,
         flash_attn: bool = True,
+        prompt_cache_mb: int = 0,
     ) -> None:
         if n_ctx <= 0:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
@@ -96,6 +99,10 @@ class LlamaCppLLM(LLM):
             kwargs["n_ctx"] = trained
             kwargs["n_batch"] = min(n_batch, trained)
             llama = Llama(**kwargs)
+        if prompt_cache_mb > 0:
+            # Saved KV states keyed by token prefix: a conversation's next turn finds its own prefix
+            # again even when another request ran in between (llama.cpp keeps only the last one).
+            llama.set_cache(llama_cpp.LlamaRAMCache(capacity_bytes=prompt_cache_mb << 20))
         self._llama = llama
         self.context_window = int(llama.n_ctx())
         if bundled is None:  # a user's file: a chat model iff it has a chat template or format

@@ -111,3 +111,23 @@ def test_long_reader_answers_from_context(llm):
     assert res.prompt_tokens > res.context_tokens > 0
     assert res.completion_tokens > 0
     assert res.stages_ms["total"] >= res.stages_ms["long_answer"] + res.stages_ms["short_answer"]
+
+
+@pytest.mark.parametrize("cache_mb", [0, 64])
+def test_next_turn_reuses_its_prefix_after_another_request(cache_mb):
+    """A conversation's second turn takes its first turn from the KV cache; with a prompt cache that
+    holds even when another conversation ran in between (as behind a Serve deployment)."""
+    model = LlamaCppLLM("smollm2-135m-instruct", n_ctx=1024, n_threads=1, prompt_cache_mb=cache_mb)
+    try:
+        a = [{"role": "user", "content": "Describe the river Nile and the cities along it. " * 8}]
+        b = [{"role": "user", "content": "List some animals that live in the Arctic tundra. " * 8}]
+        a1 = model.chat_sync(a, max_tokens=4)
+        model.chat_sync(b, max_tokens=4)  # another request in between
+        a2 = model.chat_sync(a + [{"role": "assistant", "content": a1.text}, {"role": "user", "content": "Shorter."}],
+                             max_tokens=4)
+        if cache_mb:
+            assert a2.cached_prompt_tokens >= a1.prompt_tokens - 2
+        else:  # without the cache only the template's first tokens (its system prompt) are shared with b
+            assert a2.cached_prompt_tokens < a1.prompt_tokens // 2
+    finally:
+        asyncio.run(model.aclose())
