@@ -45,6 +45,7 @@ class ClusterHandle:
     started: bool
     nodes: int
     simulated: Any = None  # ray.cluster_utils.Cluster when simulated
+    logs_dir: str | None = None  # Ray's log folder of this session on this node (when known)
     node_handles: list[Any] = field(default_factory=list)
 
     def add_node(self, **resources: Any) -> Any:
@@ -100,13 +101,13 @@ def start_or_join(
         return ClusterHandle(address=ctx.gcs_address, started=False, nodes=len(ray.nodes()))
     if address:
         log.info("joining Ray cluster at %s", address)
-        ray.init(address=address, namespace=namespace, runtime_env=runtime_env, log_to_driver=True)
-        return ClusterHandle(address=address, started=False, nodes=len(ray.nodes()))
+        ctx = ray.init(address=address, namespace=namespace, runtime_env=runtime_env, log_to_driver=True)
+        return ClusterHandle(address=address, started=False, nodes=len(ray.nodes()), logs_dir=_logs_dir(ctx))
 
     if nodes < 1:
         raise ValueError(f"nodes must be >= 1, got {nodes}")
     if nodes == 1:
-        ray.init(
+        ctx = ray.init(
             address="local",  # always a new local instance, never another Ray already on this machine
             num_cpus=num_cpus,
             num_gpus=num_gpus,
@@ -117,7 +118,8 @@ def start_or_join(
             runtime_env=runtime_env,
             log_to_driver=True,
         )
-        return ClusterHandle(address=ray.get_runtime_context().gcs_address, started=True, nodes=1)
+        return ClusterHandle(address=ray.get_runtime_context().gcs_address, started=True, nodes=1,
+                             logs_dir=_logs_dir(ctx))
 
     from ray.cluster_utils import Cluster
 
@@ -132,8 +134,15 @@ def start_or_join(
     for _ in range(nodes - 1):
         handles.append(cluster.add_node(**node_args))
     cluster.wait_for_nodes()
-    ray.init(address=cluster.address, namespace=namespace, runtime_env=runtime_env)
+    ctx = ray.init(address=cluster.address, namespace=namespace, runtime_env=runtime_env)
     log.info("started a simulated %d-node Ray cluster at %s", nodes, cluster.address)
     return ClusterHandle(
-        address=cluster.address, started=True, nodes=nodes, simulated=cluster, node_handles=handles
+        address=cluster.address, started=True, nodes=nodes, simulated=cluster, node_handles=handles,
+        logs_dir=_logs_dir(ctx),
     )
+
+
+def _logs_dir(ctx: Any) -> str | None:
+    """``<session_dir>/logs`` of the context ``ray.init`` returned (worker, raylet and Serve logs)."""
+    session = getattr(ctx, "address_info", {}).get("session_dir")
+    return os.path.join(session, "logs") if session else None

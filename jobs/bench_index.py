@@ -14,8 +14,8 @@ for shard actors checked on a simulated multi-node Ray cluster, and a plan for f
    actors on a simulated cluster of ``--nodes`` nodes; the RSS of the smaller shards fits
    ``RSS = base + chunks x (vector bytes + chunk bytes)`` and the largest shard checks the fit.
    A scatter/gather search over all shards is timed against one in-process index of the same size.
-3. Plan: shards and nodes for ``--plan-chunks`` chunks of ``--plan-dim`` dims (DESIGN.md: full
-   Wikipedia ~5M chunks, bge-large 1024 dims) per factory, for a node of ``--node-gib`` GiB; an
+3. Plan: shards and nodes for ``--plan-chunks`` chunks of ``--plan-dim`` dims (the README's plan:
+   full Wikipedia ~5M chunks, bge-large 1024 dims) per factory, for a node of ``--node-gib`` GiB; an
    exhaustive factory's shards are also kept small enough for a ``--target-ms`` one-thread scan.
 
 Prints tables, writes ``OUT/ann_tradeoff.png`` and ``OUT/bench_index.json``, ends with one JSON line.

@@ -5,25 +5,36 @@ grouped along their hyperlinks), deploys the Serve app with the bundled CPU mode
 embeddings, SmolLM2 through llama.cpp), asks a handful of questions over HTTP, prints answers with
 the titles of their evidence and the figures of the run, shuts everything down, and exits
 non-zero on any failure.
+
+The terminal shows only the demo's own transcript. Everything else the process writes — Ray's and
+Serve's logs, the output Ray forwards from workers and replicas (one INFO line per replica call),
+Ray Data's progress, library warnings, C-level messages — goes to ``--log`` (default
+``artifacts/demo.log``), named at the start and at the end; Ray's own per-process log files stay in
+its session folder, also named at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import statistics
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import httpx
 import psutil
 
+from longrag.data import SAMPLE_WIKI, data_path
+
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLE = ROOT / "data" / "sample" / "enwiki-sample-106-articles.xml.bz2"
+SAMPLE = data_path(SAMPLE_WIKI)
 QUESTIONS = [
     "Who wrote the novel Animal Farm?",
     "Which spaceflight first landed humans on the Moon?",
@@ -67,6 +78,32 @@ class MemorySampler:
         self._thread.join()
 
 
+@contextlib.contextmanager
+def transcript(log_path: str | Path) -> Iterator[TextIO]:
+    """Route everything written to this process's stdout and stderr (file descriptors 1 and 2, so
+    also Ray's C++ core and the threads that print forwarded worker output) into ``log_path``, and
+    yield a stream to the original stdout for the demo's own lines. Restored on exit."""
+    path = Path(log_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    terminal = os.fdopen(os.dup(saved_out), "w", buffering=1, encoding="utf-8", errors="replace")
+    with open(path, "w", encoding="utf-8") as log_file:
+        os.dup2(log_file.fileno(), 1)
+        os.dup2(log_file.fileno(), 2)
+        try:
+            yield terminal
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved_out, 1)
+            os.dup2(saved_err, 2)
+            os.close(saved_out)
+            os.close(saved_err)
+            terminal.close()
+
+
 def wait_healthy(client: httpx.Client, timeout_s: float = 300) -> dict[str, Any]:
     deadline = time.time() + timeout_s
     last = ""
@@ -87,6 +124,20 @@ def p50(values: list[float]) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The demo; its transcript goes to the terminal, all other output to ``args.log``."""
+    log_path = Path(args.log).resolve()
+    print(f"== LongRAG demo. Ray's and Serve's logs go to {log_path}", flush=True)
+    with transcript(log_path) as terminal:
+        summary, ray_logs = _run(args, terminal)
+    print("\n== summary\n" + json.dumps(summary, indent=2))
+    print(f"== logs: {log_path}" + (f" (Ray's per-process log files: {ray_logs})" if ray_logs else ""))
+    return 1 if summary["failures"] else 0
+
+
+def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], str | None]:
+    def say(*parts: Any) -> None:
+        print(*parts, file=terminal, flush=True)
+
     from ray import serve
 
     from cluster.local import start_or_join
@@ -106,28 +157,28 @@ def run(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {}
     with MemorySampler() as mem:
         handle = start_or_join(None, num_cpus=args.num_cpus)
+        ray_logs = handle.logs_dir
         try:
-            print(f"== 1/3 indexing {SAMPLE.name} -> {out}", flush=True)
+            say(f"== 1/3 indexing {SAMPLE.name} -> {out}")
             report = build_index(str(SAMPLE), "wikixml", out, config, overwrite=True,
                                  command=["python", "-m", "jobs.demo"])
             counts = report["counts"]
             hist = {int(n): c for n, c in report["grouping"]["docs_per_unit"].items()}
             multi = sum(c for n, c in hist.items() if n > 1)
-            print(f"   {counts['documents']} documents -> {counts['units']} grouped units "
-                  f"({multi} hold several documents, up to {max(hist)}) -> {counts['chunks']} chunks "
-                  f"in {counts['shards']} shards; build {report['timings_s']['total_s']}s "
-                  f"({report['read']['n_bad']} pages skipped: {[b['title'] for b in report['read']['bad']]})",
-                  flush=True)
+            say(f"   {counts['documents']} documents -> {counts['units']} grouped units "
+                f"({multi} hold several documents, up to {max(hist)}) -> {counts['chunks']} chunks "
+                f"in {counts['shards']} shards; build {report['timings_s']['total_s']}s "
+                f"({report['read']['n_bad']} pages skipped: {[b['title'] for b in report['read']['bad']]})")
 
-            print("== 2/3 deploying the Serve app (query encoder, retriever, reader, LLM)", flush=True)
+            say("== 2/3 deploying the Serve app (query encoder, retriever, reader, LLM)")
             serve.start(http_options={"host": "127.0.0.1", "port": args.port})
             serve.run(app_builder(AppArgs(index=out)), name="longrag", route_prefix="/", blocking=False)
             base = f"http://127.0.0.1:{args.port}"
             with httpx.Client(base_url=base, timeout=300) as client:
                 health = wait_healthy(client)
-                print(f"   healthy: {json.dumps(health)}", flush=True)
+                say(f"   healthy: {json.dumps(health)}")
 
-                print("== 3/3 asking questions over HTTP", flush=True)
+                say("== 3/3 asking questions over HTTP")
                 for q in QUESTIONS[: args.questions]:
                     t0 = time.perf_counter()
                     r = client.post("/v1/retrieve", json={"question": q, "k": args.k})
@@ -146,21 +197,20 @@ def run(args: argparse.Namespace) -> int:
                         failures.append(f"answer {q!r}: empty answer")
                     if body["coverage"]["degraded"]:
                         failures.append(f"answer {q!r}: degraded coverage {body['coverage']}")
-                    print(f"\nQ: {q}\nA: {body['answer']}\n   long answer: {body['long_answer'][:300]}")
+                    say(f"\nQ: {q}\nA: {body['answer']}\n   long answer: {body['long_answer'][:300]}")
                     for ev in body["evidence"]:
                         mark = "*" if ev["used"] else " "
-                        print(f"   {mark} {ev['score']:.3f}  {ev['unit_id']}: {' | '.join(ev['titles'][:6])}"
-                              f"{' ...' if len(ev['titles']) > 6 else ''}")
+                        say(f"   {mark} {ev['score']:.3f}  {ev['unit_id']}: {' | '.join(ev['titles'][:6])}"
+                            f"{' ...' if len(ev['titles']) > 6 else ''}")
                     t = body["trace"]
-                    print(f"   trace: encode {t['encode_ms']} ms, retrieve {t['retrieve_ms']} ms, "
-                          f"read {t['read_ms']} ms, tokens {t['prompt_tokens']}+{t['completion_tokens']}",
-                          flush=True)
+                    say(f"   trace: encode {t['encode_ms']} ms, retrieve {t['retrieve_ms']} ms, "
+                        f"read {t['read_ms']} ms, tokens {t['prompt_tokens']}+{t['completion_tokens']}")
                 bad = client.post("/v1/answer", json={"question": "", "k": 3})
                 if bad.status_code != 422:
                     failures.append(f"an empty question should get 422, got {bad.status_code}")
         except Exception as exc:  # report and fail: the demo must exit non-zero on any failure
-            log.exception("demo failed")
-            failures.append(f"{type(exc).__name__}: {exc}")
+            log.exception("demo failed")  # the traceback goes to the log file
+            failures.append(f"{type(exc).__name__}: {exc} (traceback in {args.log})")
         finally:
             try:
                 serve.shutdown()
@@ -177,14 +227,15 @@ def run(args: argparse.Namespace) -> int:
         "peak_rss_gib": round(mem.peak_bytes / 2**30, 2),
         "failures": failures,
     }
-    print("\n== summary\n" + json.dumps(summary, indent=2))
-    return 1 if failures else 0
+    return summary, ray_logs
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     p = argparse.ArgumentParser(prog="python -m jobs.demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=str(ROOT / "artifacts" / "demo"))
+    p.add_argument("--out", default=str(ROOT / "artifacts" / "demo"), help="index build folder")
+    p.add_argument("--log", default=str(ROOT / "artifacts" / "demo.log"),
+                   help="file for Ray's, Serve's and the libraries' output (the terminal shows the transcript)")
     p.add_argument("--shards", type=int, default=2)
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--k", type=int, default=2)

@@ -1,9 +1,9 @@
 """Evaluate retrieval (and the long reader) on a QA set: one command, offline, reproducible.
 
-    python -m jobs.evaluate --dataset hotpotqa --data ../shared/data/hotpotqa/hotpotqa_train100.json \
+    python -m jobs.evaluate --dataset hotpotqa --data data/hotpotqa/hotpotqa_train100.json.gz \
         --unit grouped,document,passage --links titles --k 1,2,4,8 --pipeline retrieve --out reports/hotpot
 
-    python -m jobs.evaluate --dataset musique --data ../shared/data/musique/musique_train100.json \
+    python -m jobs.evaluate --dataset musique --data data/musique/musique_train100.json.gz \
         --unit grouped --links titles --pipeline longrag --reader-k 4 --limit 20 --out reports/musique-qa
 
 Steps: load the questions; pool the context paragraphs of every question of the set into one corpus
@@ -16,8 +16,10 @@ questions; search the ``ShardedIndex`` actors (the service's scatter/gather); ru
 questions go to a running Serve app instead (``/v1/retrieve``, ``/v1/answer``) and no index is built.
 
 Several ``--unit`` (and ``--links``) values, comma-separated, run one setting each (written under
-``OUT/<setting>/``) and a combined report in ``OUT`` (the unit-granularity comparison of paper 000,
-Tables 1-2 and Figures 3-5). ``--combine RUN_DIR ...`` combines runs written earlier.
+``OUT/<setting>/``) and a combined report in ``OUT`` (the unit-granularity comparison of LongRAG,
+Jiang et al., 2024, "LongRAG: Enhancing Retrieval-Augmented Generation with Long-context LLMs",
+Section 4.2, Tables 1-2, and Section 4.3, Figures 3-5). ``--combine RUN_DIR ...`` combines runs
+written earlier.
 
 Query encoding: ``--encode auto`` encodes in the driver for up to ``DRIVER_ENCODE_MAX`` questions
 (one model load, no actor start-up, no data-pipeline overhead: a few hundred questions take well
@@ -525,7 +527,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--http-timeout", type=float, default=300.0)
     p.add_argument("--encode", choices=["auto", "driver", "ray-data"], default="auto", help="query encoding")
     p.add_argument("--answer-recall-all-types", action="store_true",
-                   help="answer recall over all question types (default for HotpotQA: bridge only, as paper 000)")
+                   help="answer recall over all question types (default for HotpotQA: bridge only, as in LongRAG, "
+                        "Jiang et al., 2024, Section 4.2)")
     p.add_argument("--config", help="YAML config file (LongRAGConfig)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a new local Ray)")

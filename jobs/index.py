@@ -6,11 +6,11 @@
     ray job submit --working-dir . -- python -m jobs.index --source ... --out s3://bucket/builds/wiki
 
 Ray Data parses pages in parallel and runs the chunk + embed step in an actor pool (GPUs per actor
-from ``embedding.num_gpus``); grouping (paper 000, Algorithm 1) runs on the driver between them, as
-it needs the whole link graph. Each shard is built by one task from its own chunks (units never
-span shards) and written to the artifact store with checksums; the manifest is written last and
-marked complete, so a reader never sees half a build. An existing build at ``--out`` is refused
-unless ``--overwrite`` is given: two builds are never mixed.
+from ``embedding.num_gpus``); grouping (LongRAG, Jiang et al., 2024, Section 3.1, Algorithm 1) runs
+on the driver between them, as it needs the whole link graph. Each shard is built by one task from
+its own chunks (units never span shards) and written to the artifact store with checksums; the
+manifest is written last and marked complete, so a reader never sees half a build. An existing
+build at ``--out`` is refused unless ``--overwrite`` is given: two builds are never mixed.
 
 An interrupted build (status ``building``) continues with ``--resume``: the units are recomputed
 from the same source and config, and a shard already written is kept when its plan digest (the

@@ -1,4 +1,5 @@
-"""Answer a question over one long document from the command line (MixPR, paper 003).
+"""Answer a question over one long document from the command line with Mixture-of-PageRanks retrieval
+(Alonso and Millidge, 2024, "Mixture-of-PageRanks: Replacing Long-Context with Real-Time, Sparse GraphRAG").
 
     python -m jobs.longcontext --document book.txt --question "Who wrote the letter?" --json
     python -m jobs.longcontext --document doc.txt --question "..." --retriever sparse --k 50 --route local \\

@@ -1,4 +1,6 @@
-"""Cut retrieval units into chunks that fit the embedding model (MaxP scoring, paper 000 Table 3).
+"""Cut retrieval units into chunks that fit the embedding model (MaxP scoring: LongRAG,
+Jiang et al., 2024, "LongRAG: Enhancing Retrieval-Augmented Generation with Long-context LLMs",
+Section 3.1 and Table 3).
 
 Whole sentences are packed greedily up to ``max_tokens``. A sentence longer than that is cut at
 word boundaries, and a word longer than that at character positions found by counting, so no

@@ -40,7 +40,7 @@ class EmbeddingConfig(_Section):
 
 
 class UnitConfig(_Section):
-    """How documents become retrieval units (paper 000, section 2.1 and Table 3)."""
+    """How documents become retrieval units (LongRAG, Jiang et al., 2024, Section 3.1 and Table 3)."""
 
     kind: Literal["grouped", "document", "passage"] = "grouped"
     text_mode: Literal["full", "lead"] = Field(

@@ -11,7 +11,6 @@ is counted in a :class:`ReadReport` with its line (or row) number and the reason
 
 from __future__ import annotations
 
-import gzip
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -21,6 +20,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from longrag.data import open_text
 from longrag.types import Document
 
 Format = Literal["wikixml", "jsonl", "parquet"]
@@ -144,12 +144,6 @@ class _Collector:
         self.report.n_ok += 1
 
 
-def _open_text(path: Path):
-    if path.name.lower().endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
-    return open(path, encoding="utf-8", errors="replace")
-
-
 def read_jsonl(path: str | Path, max_examples: int = 20) -> tuple[list[Document], ReadReport]:
     """Read a JSONL document file (optionally gzipped). Blank lines are skipped (and counted in
     ``stats['blank_lines']``); every other line is a document or a counted bad record."""
@@ -159,7 +153,7 @@ def read_jsonl(path: str | Path, max_examples: int = 20) -> tuple[list[Document]
     report = ReadReport(source=str(p), fmt="jsonl", max_examples=max_examples)
     col = _Collector(report)
     blank = 0
-    with _open_text(p) as fh:
+    with open_text(p, errors="replace") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 blank += 1

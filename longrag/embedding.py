@@ -1,4 +1,6 @@
-"""Dense encoders for chunks and queries (paper 000, section 2.1: similarity search).
+"""Dense encoders for chunks and queries (LongRAG, Jiang et al., 2024,
+"LongRAG: Enhancing Retrieval-Augmented Generation with Long-context LLMs", Section 3.1,
+"Similarity search").
 
 :func:`resolve_embedding_model` maps a model name to where its weights live and what it expects
 (dimension, input limit, query instruction). :class:`Embedder` wraps sentence-transformers and

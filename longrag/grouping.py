@@ -1,4 +1,5 @@
-"""Long retrieval units (paper 000, section 2.1): group related documents along hyperlinks.
+"""Long retrieval units (LongRAG, Jiang et al., 2024, "LongRAG: Enhancing Retrieval-Augmented Generation
+with Long-context LLMs", Section 3.1): group related documents along hyperlinks.
 
 ``group_documents`` is Algorithm 1 with a token budget: documents are visited from low to high
 degree (ties in corpus order); each one starts a new group and absorbs the existing groups that
@@ -222,7 +223,7 @@ def make_units(
     passage_words: int = 100,
     symmetric: bool = True,
 ) -> list[Unit]:
-    """Retrieval units of the chosen granularity (paper 000, Table 3).
+    """Retrieval units of the chosen granularity (LongRAG, Section 4.2, Table 3).
 
     grouped: Algorithm 1 over the link graph with a ``budget`` of tokens (each document counted as
     ``Title\\ntext`` plus the separator that joins it to the next); document: one unit per document;

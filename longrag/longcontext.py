@@ -1,5 +1,6 @@
-"""Long-context question answering over ONE long document (paper 003): the request carries the
-document and (optionally) a question.
+"""Long-context question answering over ONE long document (Alonso and Millidge, 2024, "Mixture-of-PageRanks:
+Replacing Long-Context with Real-Time, Sparse GraphRAG", Section 4): the request carries the document
+and (optionally) a question.
 
     document -> chunk + TF-IDF -> retrieve top-k chunks (MixPR | RAG-Sparse | RAG-Hybrid)
              -> route (auto: the LLM router; local: PPR; global: plain PageRank)

@@ -1,4 +1,5 @@
-"""The build manifest: what an index build holds and where it came from (DESIGN.md decision 3).
+"""The build manifest: what an index build holds and where it came from (README, Architecture:
+"Artifacts, not pickles").
 
 ``manifest.json`` sits at the root of a build in the artifact store. It names the embedding model
 and dimension, the metric and FAISS factory, the unit kind, the counts, every shard with the sha256

@@ -1,9 +1,11 @@
-"""MaxP index: a unit's score is the best score of any of its chunks (paper 000, section 2.1).
+"""MaxP index: a unit's score is the best score of any of its chunks (LongRAG,
+Jiang et al., 2024, "LongRAG: Enhancing Retrieval-Augmented Generation with Long-context LLMs",
+Section 3.1, "Similarity search").
 
 One :class:`MaxPIndex` holds one shard: a FAISS index over chunk vectors plus the chunk -> unit
 map. A shard answers "top-k units" exactly: it searches the top k' chunks and doubles k' until the
-k best units are certain (DESIGN.md decision 1), so the scatter/gather client only has to merge the
-shards' lists with :func:`merge_topk`.
+k best units are certain (README, Architecture: "A unit never spans shards"), so the scatter/gather
+client only has to merge the shards' lists with :func:`merge_topk`.
 
 With an approximate factory (IVF, HNSW, PQ) the same loop runs on the index's own (approximate)
 ranking and stops as soon as the index returns fewer chunks than asked (its probes are used up);

@@ -1,6 +1,6 @@
 """The artifact store: one index build as files under a local folder or ``s3://bucket/prefix``.
 
-Layout of a build (DESIGN.md decision 3)::
+Layout of a build (README, Architecture: "Artifacts, not pickles")::
 
     manifest.json                 Manifest (status "building" until every shard is written)
     config.yaml                   the LongRAGConfig the build ran with

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
@@ -12,9 +11,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-ROOT = Path(__file__).resolve().parent.parent
-SHARED_DATA = ROOT.parent / "shared" / "data"
-SAMPLE_WIKI = ROOT / "data" / "sample" / "enwiki-sample-106-articles.xml.bz2"
+from longrag.data import SAMPLE_WIKI as _SAMPLE_WIKI
+from longrag.data import data_path
+
+# Every data file the tests read ships in the repository's data/ (see data/README.md); a missing
+# one is an error, never a skip.
+SAMPLE_WIKI = data_path(_SAMPLE_WIKI)
 
 
 def _has_cuda() -> bool:
@@ -33,13 +35,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-@pytest.fixture(scope="session")
-def shared_data() -> Path:
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"shared data not found at {SHARED_DATA}")
-    return SHARED_DATA
 
 
 @pytest.fixture(scope="session")

@@ -15,14 +15,13 @@ Corpus forms (HotpotQA ``title -> [sentences]``, MuSiQue ``[{title, text}]``, DP
 
 from __future__ import annotations
 
-import bz2
-import gzip
-import io
 import json
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal
+
+from longrag.data import open_text
 
 log = logging.getLogger(__name__)
 
@@ -93,14 +92,6 @@ class MalformedRecord(ValueError):
 # --------------------------------------------------------------------------------------------- reading
 
 
-def _open_text(path: Path) -> io.TextIOBase:
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")  # type: ignore[return-value]
-    if path.suffix == ".bz2":
-        return bz2.open(path, "rt", encoding="utf-8")  # type: ignore[return-value]
-    return open(path, encoding="utf-8")
-
-
 def read_records(path: str | Path) -> tuple[list[Any], int, list[str]]:
     """Read a JSON list / JSON object / JSONL file. Returns ``(records, n_bad_lines, errors)``.
 
@@ -110,7 +101,7 @@ def read_records(path: str | Path) -> tuple[list[Any], int, list[str]]:
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"dataset file not found: {p}")
-    with _open_text(p) as fh:
+    with open_text(p) as fh:
         raw = fh.read()
     stripped = raw.lstrip()
     if not stripped:

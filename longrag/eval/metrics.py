@@ -4,8 +4,10 @@
   articles a/an/the, collapse whitespace). LongBench's English QA metric uses the same one.
 - :func:`exact_match`, :func:`f1`: SQuAD/HotpotQA style, max over gold answers; with
   ``hotpot_special=True`` a yes/no/noanswer prediction or gold gets F1 0 unless both are equal.
-- :func:`refined_exact_match`: paper 000 (LongRAG, Appendix 6.2): EM, or a prediction of fewer than
-  five tokens where the gold is contained in the prediction or the prediction in the gold.
+- :func:`refined_exact_match`: LongRAG (Jiang et al., 2024, "LongRAG: Enhancing
+  Retrieval-Augmented Generation with Long-context LLMs", Appendix 6.2 "Refined Metric"): EM, or a
+  prediction of fewer than five tokens where the gold is contained in the prediction or the
+  prediction in the gold.
 - :func:`has_answer` / :func:`answer_recall_at_k`: DPR-style answer recall: an answer's token
   sequence occurs in the retrieved text (uncased, accent-folded, word-token boundaries).
 - :func:`gold_recall_at_k`: all gold titles among the documents of the top-k retrieved units.
@@ -89,7 +91,7 @@ def refined_exact_match(
     max_tokens: int = 5,
     token_boundary: bool = True,
 ) -> float:
-    """Paper 000's refined EM.
+    """LongRAG's refined EM (Jiang et al., 2024, Appendix 6.2).
 
     1.0 when the standard EM holds, or when the normalized prediction has fewer than
     ``max_tokens`` tokens and a normalized gold is contained in it or it is contained in a gold.

@@ -5,7 +5,8 @@ an HTTP endpoint) and optionally runs the reader; these functions turn what it g
 per-question result dicts of :mod:`longrag.eval.report`, and the report's summary into the flat
 ``metrics.json`` keys the issue asks for (``retrieval.recall@K``, ``qa.em`` ...). They also hold
 the index fingerprint (what decides whether an existing index build can be reused) and the
-paper-style table of retrieval by unit granularity (paper 000, Tables 1-2).
+paper-style table of retrieval by unit granularity (LongRAG, Jiang et al., 2024, "LongRAG:
+Enhancing Retrieval-Augmented Generation with Long-context LLMs", Section 4.2, Tables 1-2).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from longrag.eval.report import CURVE_KEYS, QA_KEYS
 
 FINGERPRINT_VERSION = 1
 
-# Which question types count for answer recall by default (paper 000: HotpotQA bridge questions only,
-# as comparison questions have yes/no or entity answers that are trivially in or absent from the text).
+# Which question types count for answer recall by default (LongRAG, Section 4.2: HotpotQA bridge
+# questions only, as comparison questions have yes/no or entity answers that are trivially in or
+# absent from the text).
 DEFAULT_ANSWER_RECALL_TYPES: dict[str, tuple[str, ...] | None] = {"hotpotqa": ("bridge",)}
 
 
@@ -260,7 +262,7 @@ def _num(v: Any) -> str:
 
 
 def paper_table(runs: Sequence[Mapping[str, Any]], ks: Sequence[int] | None = None) -> str:
-    """Markdown table in the layout of paper 000's Tables 1-2: per setting, corpus size in units,
+    """Markdown table in the layout of LongRAG's Tables 1-2 (Section 4.2): per setting, corpus size in units,
     average unit tokens (corpus / retrieved), and for each k recall, answer recall and context tokens.
 
     ``runs`` are flat metrics dicts (:func:`flat_metrics`) with optional ``label``, ``corpus_units``

@@ -65,7 +65,8 @@ def score_results(
     and ``answers``; gold recall needs ``retrieved[i]["titles"]`` and non-empty ``gold_titles``;
     context tokens use ``retrieved[i]["n_tokens"]`` or else ``counter(text)``. ks larger than
     the retrieved list are kept (recall there is that of the whole list). ``answer_recall_types``
-    restricts answer recall to those question types (paper 000 uses only HotpotQA ``bridge``).
+    restricts answer recall to those question types (LongRAG, Jiang et al., 2024, Section 4.2, uses only
+    HotpotQA ``bridge``).
     """
     _check_results(results)
     ks = sorted(set(int(k) for k in ks))
@@ -254,7 +255,8 @@ _STYLE = {"answer_recall": ("-", "o", "answer recall"), "gold_recall": ("--", "s
 
 
 def plot_results(summary: Mapping[str, Any], out_dir: str | Path) -> list[str]:
-    """PNG plots in the spirit of paper 000's Figures 3-5. Returns the files written.
+    """PNG plots in the spirit of LongRAG's Figures 3-5 (Jiang et al., 2024,
+    Section 4.3). Returns the files written.
 
     - ``recall_vs_units.png``: recall@k vs number of retrieved units, one line per unit kind;
     - ``recall_vs_tokens.png``: recall vs average context tokens at the same k;

@@ -22,7 +22,8 @@ def tables_md(runs: list[dict[str, Any]], title: str) -> str:
         parts += ["### Reader", "", qa, ""]
     parts += [
         "R@k: all gold documents among the documents of the top k units; AR@k: a gold answer occurs in the "
-        "text of the top k units (HotpotQA: bridge questions only, as in paper 000). Tokens are counted with the "
+        "text of the top k units (HotpotQA: bridge questions only, as in LongRAG, Jiang et al., 2024, "
+        "Section 4.2). Tokens are counted with the "
         "embedding model's tokenizer (unit sizes) and the reader model's tokenizer (reader context).",
         "",
     ]
@@ -49,7 +50,7 @@ def write_run(
     Path(paths["metrics"]).write_text(json.dumps({**head, **doc, **extra}, indent=2, default=str))
     report = Path(paths["report"]).read_text()
     marker = "## Config"
-    table = tables_md(runs, "Paper-style table (paper 000, Tables 1-2)")
+    table = tables_md(runs, "Paper-style table (LongRAG, Jiang et al., 2024, Tables 1-2)")
     report = report.replace(marker, table + "\n" + marker, 1) if marker in report else report + "\n" + table
     Path(paths["report"]).write_text(report)
     return paths

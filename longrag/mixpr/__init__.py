@@ -1,4 +1,5 @@
-"""Mixture-of-PageRanks (MixPR) long-context retrieval (paper 003, Section 4 and Appendix A.2).
+"""Mixture-of-PageRanks (MixPR) long-context retrieval (Alonso and Millidge, 2024, "Mixture-of-PageRanks:
+Replacing Long-Context with Real-Time, Sparse GraphRAG", Section 4 and Appendix A.2).
 
 Thin public API::
 

@@ -1,5 +1,6 @@
-"""The paper's two nearest-neighbour baselines (paper 003, Appendix A.2), over the same chunks and
-query definition as MixPR, results in document order.
+"""The paper's two nearest-neighbour baselines (Alonso and Millidge, 2024,
+"Mixture-of-PageRanks: Replacing Long-Context with Real-Time, Sparse GraphRAG", Appendix A.2), over
+the same chunks and query definition as MixPR, results in document order.
 
 * RAG-Sparse: cosine of L2-normalised TF-IDF vectors, ``s = E q`` (sparse matrix-vector product).
 * RAG-Hybrid: ``0.15 * s_sparse + 0.85 * s_dense``; dense cosine from an embedding model (the

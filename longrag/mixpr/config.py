@@ -1,4 +1,6 @@
-"""Typed configuration of the Mixture-of-PageRanks retriever (paper 003, Section 4 and Appendix A.2).
+"""Typed configuration of the Mixture-of-PageRanks retriever (Alonso and Millidge, 2024,
+"Mixture-of-PageRanks: Replacing Long-Context with Real-Time, Sparse GraphRAG", Section 4 and
+Appendix A.2).
 
 Defaults are the paper's: sentence chunks of at most 32 words, TF-IDF embeddings, similarity
 threshold 0.27, at most 18 power iterations, restart probability 0.6 for local (specific) queries

@@ -1,4 +1,5 @@
-"""The chunk similarity graph ``S = E E^T`` with entries below a threshold dropped (paper 003,
+"""The chunk similarity graph ``S = E E^T`` with entries below a threshold dropped (Alonso and
+Millidge, 2024, "Mixture-of-PageRanks: Replacing Long-Context with Real-Time, Sparse GraphRAG",
 Section 4 "Graph Generation" and Appendix A.2). ``S`` is symmetric CSR float32; its column
 normalisation (the Markov matrix A) is left to :mod:`longrag.mixpr.pagerank`.
 

@@ -145,7 +145,8 @@ def _to_chunks(prep: PreparedDocument, positions: np.ndarray, scores: np.ndarray
 
 
 class MixPRRetriever:
-    """Mixture-of-PageRanks retriever (paper 003). Stateless between calls; thread-safe."""
+    """Mixture-of-PageRanks retriever (Alonso and Millidge, 2024, Section 4). Stateless between calls;
+    thread-safe."""
 
     def __init__(self, config: MixPRConfig | None = None):
         self.config = config or MixPRConfig()

@@ -1,6 +1,7 @@
 """The MixPR router: a zero-shot LLM call that says whether a query needs global retrieval
 (summaries, most frequent words, whole-document descriptions -> plain PageRank) or local retrieval
-(a specific question -> personalized PageRank). Prompt in our own words (paper 003, Appendix A.2
+(a specific question -> personalized PageRank). Prompt in our own words (Alonso and Millidge, 2024,
+"Mixture-of-PageRanks: Replacing Long-Context with Real-Time, Sparse GraphRAG", Appendix A.2,
 describes a y/n prompt over the first and last two chunks of the input)."""
 
 from __future__ import annotations

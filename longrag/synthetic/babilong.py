@@ -1,10 +1,14 @@
-"""BABILong-style generator (recipe in ``shared/data/synthetic_specs/babilong.md``; written from the
-recipe, no code copied).
+"""BABILong-style generator, written from the benchmark's description (Kuratov et al., 2024,
+"BABILong: Testing the Limits of LLMs with Long Context Reasoning-in-a-Haystack"; used as a
+retrieval test by Alonso and Millidge, 2024, "Mixture-of-PageRanks: Replacing Long-Context with
+Real-Time, Sparse GraphRAG", Section 5 and Appendix A.2); no code copied.
 
-A bAbI story (tasks qa1..qa5 from ``shared/data/babi/``) is hidden in long filler text: every fact
-of the story before the question is inserted, in order, at uniformly drawn sentence boundaries of
-the filler. The supporting facts named by bAbI are the ``needles``. Filler: Wikipedia sentences
-(PG19, the original noise, is not available offline; see ``longrag.synthetic.common``).
+A bAbI story (Weston et al., 2016, "Towards AI-Complete Question Answering: A Set of Prerequisite
+Toy Tasks"; tasks qa1..qa5, the ones BABILong releases, bundled in ``data/babi/``) is hidden in
+long filler text: every fact of the story before the question is inserted, in order, at uniformly
+drawn sentence boundaries of the filler. The supporting facts named by bAbI are the ``needles``.
+Filler: Wikipedia sentences (PG19, the original noise, is not bundled; see
+``longrag.synthetic.common``).
 """
 
 from __future__ import annotations
@@ -12,14 +16,14 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
+from longrag.data import BABI_DIR, read_text
 from longrag.synthetic.common import (
     CHARS_PER_TOKEN,
     FillerStream,
     SyntheticSample,
     assemble,
-    data_dir,
+    bundled_file,
     place_items,
     wikipedia_sentences,
 )
@@ -27,11 +31,11 @@ from longrag.synthetic.common import (
 __all__ = ["BabiQuestion", "TASK_FILES", "load_babi", "generate_babilong"]
 
 TASK_FILES = {
-    "qa1": "qa1_single-supporting-fact_train.txt",
-    "qa2": "qa2_two-supporting-facts_train.txt",
-    "qa3": "qa3_three-supporting-facts_train.txt",
-    "qa4": "qa4_two-arg-relations_train.txt",
-    "qa5": "qa5_three-arg-relations_train.txt",
+    "qa1": "qa1_single-supporting-fact_train.txt.gz",
+    "qa2": "qa2_two-supporting-facts_train.txt.gz",
+    "qa3": "qa3_three-supporting-facts_train.txt.gz",
+    "qa4": "qa4_two-arg-relations_train.txt.gz",
+    "qa5": "qa5_three-arg-relations_train.txt.gz",
 }
 
 
@@ -81,12 +85,11 @@ def parse_babi(text: str) -> list[BabiQuestion]:
 
 @lru_cache(maxsize=8)
 def load_babi(task: str, root: str | None = None) -> tuple[BabiQuestion, ...]:
-    """All questions of bAbI task ``task`` (``qa1``..``qa5``), train split (the only one shipped)."""
+    """All questions of bAbI task ``task`` (``qa1``..``qa5``), 1k train split (the one bundled)."""
     if task not in TASK_FILES:
         raise ValueError(f"unknown bAbI task {task!r}; expected one of {sorted(TASK_FILES)}")
-    base = Path(root) if root else data_dir()
-    path = base / "babi" / TASK_FILES[task]
-    return tuple(parse_babi(path.read_text(encoding="utf-8")))
+    path = bundled_file(f"{BABI_DIR}/{TASK_FILES[task]}", root)
+    return tuple(parse_babi(read_text(path)))
 
 
 def generate_babilong(task: str, target_tokens: int, seed: int = 0, *, question_index: int | None = None) -> SyntheticSample:

@@ -4,28 +4,29 @@ data folder, and the Wikipedia filler text.
 Token counts are estimated as ``ceil(characters / 4)`` (``CHARS_PER_TOKEN``), the usual rate of
 GPT-style BPE tokenizers on English text; generators size documents with it so a length means the
 same thing in every task. PG19 books (BABILong's noise) and Paul Graham essays (RULER's) are not
-available offline: the filler is real Wikipedia prose from the DPR passages, the HotpotQA and the
-MuSiQue paragraphs in the shared data folder (about 2 MB, i.e. ~0.5M tokens of distinct text; longer
-documents reuse sentences in a fresh random order).
+bundled: the filler is real Wikipedia prose from the DPR passages, the HotpotQA and the MuSiQue
+paragraphs bundled in the repository's ``data/`` folder (see ``data/README.md``; about 2 MB of text,
+i.e. ~0.5M tokens of distinct sentences; longer documents reuse sentences in a fresh random order).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import random
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
+from longrag.data import DPR_PASSAGES, HOTPOTQA_CORPUS, MUSIQUE_CORPUS, data_dir, data_path, open_text, read_text
 from longrag.sentences import split_sentences
 
 __all__ = [
     "CHARS_PER_TOKEN",
     "SyntheticSample",
     "data_dir",
+    "bundled_file",
     "estimate_tokens",
     "wikipedia_sentences",
     "FillerStream",
@@ -72,29 +73,27 @@ def estimate_tokens(text: str) -> int:
     return math.ceil(len(text) / CHARS_PER_TOKEN)
 
 
-def data_dir() -> Path:
-    """The shared real-data folder (``$LONGRAG_DATA_DIR`` or ``/work/shared/data``)."""
-    p = Path(os.environ.get("LONGRAG_DATA_DIR", "/work/shared/data"))
-    if not p.is_dir():
-        raise ValueError(f"data folder {p} does not exist; set LONGRAG_DATA_DIR")
-    return p
+def bundled_file(rel: str, root: str | None = None) -> Path:
+    """``rel`` under the data folder ``root``, or under :func:`longrag.data.data_dir` (checked to
+    exist, with an error naming the folder) when ``root`` is not given."""
+    return Path(root) / rel if root else data_path(rel)
 
 
 @lru_cache(maxsize=2)
 def wikipedia_sentences(root: str | None = None, min_words: int = MIN_FILLER_WORDS) -> tuple[str, ...]:
     """Distinct Wikipedia sentences of at least ``min_words`` words, in a fixed order: DPR passages,
-    HotpotQA paragraphs, MuSiQue paragraphs."""
-    base = Path(root) if root else data_dir()
+    HotpotQA paragraphs, MuSiQue paragraphs (the bundled samples under ``root``, default
+    :func:`longrag.data.data_dir`)."""
     paragraphs: list[str] = []
-    with open(base / "dpr_wiki" / "wiki_dpr_sample1000.jsonl", encoding="utf-8") as f:
+    with open_text(bundled_file(DPR_PASSAGES, root)) as f:
         for line in f:
             contents = json.loads(line)["contents"]
             _, _, body = contents.partition("\n")  # drop the '"Title"' line
             paragraphs.append(body)
-    hotpot = json.loads((base / "hotpotqa" / "hotpotqa_train100_corpus.json").read_text(encoding="utf-8"))
+    hotpot = json.loads(read_text(bundled_file(HOTPOTQA_CORPUS, root)))
     for title in sorted(hotpot):
         paragraphs.append(" ".join(s.strip() for s in hotpot[title]))
-    for row in json.loads((base / "musique" / "musique_train100_corpus.json").read_text(encoding="utf-8")):
+    for row in json.loads(read_text(bundled_file(MUSIQUE_CORPUS, root))):
         paragraphs.append(row["text"])
     seen: set[str] = set()
     out: list[str] = []
@@ -105,7 +104,7 @@ def wikipedia_sentences(root: str | None = None, min_words: int = MIN_FILLER_WOR
                 seen.add(s)
                 out.append(s)
     if not out:
-        raise ValueError(f"no filler sentences found under {base}")
+        raise ValueError(f"no filler sentences found under {root or data_dir()}")
     return tuple(out)
 
 

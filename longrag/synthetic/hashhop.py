@@ -1,5 +1,6 @@
-"""HashHop-style multi-hop generator (recipe: Magic's hash-hop, MIT; summary in
-``shared/data/synthetic_specs/hashhop.md``; written from the recipe, no code copied).
+"""HashHop-style multi-hop generator, written from the recipe of Magic's hash-hop benchmark
+(github.com/magicproduct/hash-hop, MIT; used by Alonso and Millidge, 2024, "Mixture-of-PageRanks:
+Replacing Long-Context with Real-Time, Sparse GraphRAG", Section 5 and Appendix A.2); no code copied.
 
 The document is a shuffled list of assignment lines ``a = b`` between random 16-letter hashes,
 forming chains ``h0 -> h1 -> ... -> hH``; the last link of each chain is written with quotes

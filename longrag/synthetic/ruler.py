@@ -1,11 +1,13 @@
-"""RULER-style synthetic tasks (recipe in ``shared/data/synthetic_specs/ruler.md`` and the task table
-``ruler_synthetic.yaml``; written from the recipe, no code copied).
+"""RULER-style synthetic tasks, written from the benchmark's description (Hsieh et al., 2024, "RULER:
+What's the Real Context Size of Your Long-Context Language Models?"; used by Alonso and Millidge,
+2024, "Mixture-of-PageRanks: Replacing Long-Context with Real-Time, Sparse GraphRAG", Section 5) and
+RULER's task table (``data/ruler/ruler_synthetic.yaml``, Apache-2.0, bundled); no code copied.
 
 Tasks: NIAH (single_1..3, multikey_1..3, multivalue, multiquery), variable tracking (vt), common
 words extraction (cwe), frequent words extraction (fwe). Haystacks: ``noise`` (a fixed five-sentence
-filler, repeated), ``essay`` (Wikipedia sentences stand in for Paul Graham's essays, not available
-offline), ``needle`` (distractor needles). Keys are adjective-noun words from the shared word
-lists, 7-digit numbers or UUIDs (drawn from the seeded RNG).
+filler, repeated), ``essay`` (Wikipedia sentences stand in for Paul Graham's essays, not
+bundled), ``needle`` (distractor needles). Keys are adjective-noun words from the bundled word
+lists (``data/wordlists/``), 7-digit numbers or UUIDs (drawn from the seeded RNG).
 
 For the global tasks (cwe, fwe) ``needles`` is empty and ``answers`` holds the expected words; a
 retriever is scored there with :func:`longrag.synthetic.scoring.top_word_overlap`.
@@ -16,16 +18,16 @@ from __future__ import annotations
 import random
 import uuid
 from functools import lru_cache
-from pathlib import Path
 
 import yaml
 
+from longrag.data import RULER_TASKS_YAML, WORDLISTS_DIR, data_path
 from longrag.synthetic.common import (
     CHARS_PER_TOKEN,
     FillerStream,
     SyntheticSample,
     assemble,
-    data_dir,
+    bundled_file,
     place_items,
     wikipedia_sentences,
 )
@@ -43,8 +45,7 @@ NOISE_SENTENCES = (
 
 @lru_cache(maxsize=1)
 def _task_table() -> dict:
-    path = data_dir() / "synthetic_specs" / "ruler_synthetic.yaml"
-    return yaml.safe_load(path.read_text(encoding="utf-8"))
+    return yaml.safe_load(data_path(RULER_TASKS_YAML).read_text(encoding="utf-8"))
 
 
 RULER_TASKS = (
@@ -65,10 +66,9 @@ RULER_TASKS = (
 @lru_cache(maxsize=2)
 def load_wordlists(root: str | None = None) -> dict[str, tuple[str, ...]]:
     """Noun, adjective and verb lists (single lower-case alphabetic words only)."""
-    base = Path(root) if root else data_dir()
     out = {}
     for kind, fname in (("nouns", "nounlist.txt"), ("adjectives", "adjectivelist.txt"), ("verbs", "verblist.txt")):
-        words = (base / "wordlists" / fname).read_text(encoding="utf-8").split()
+        words = bundled_file(f"{WORDLISTS_DIR}/{fname}", root).read_text(encoding="utf-8").split()
         out[kind] = tuple(sorted({w.lower() for w in words if w.isalpha()}))
     return out
 

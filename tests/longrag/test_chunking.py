@@ -7,17 +7,17 @@ import json
 import math
 import random
 import re
-from pathlib import Path
 
 import pytest
 
+from longrag.data import DPR_PASSAGES, data_path, open_text
 from longrag.chunking import chunk_spans, chunk_text, chunk_units, document_spans
 from longrag.grouping import make_units
 from longrag.sentences import sentence_spans
 from longrag.tokens import WhitespaceCounter, counter_for_model_dir
 from longrag.types import Document, Unit
 
-DPR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "dpr_wiki" / "wiki_dpr_sample1000.jsonl"
+DPR = data_path(DPR_PASSAGES)  # the bundled 1,000 DPR passages (data/README.md)
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +29,8 @@ def minilm():
 
 @pytest.fixture(scope="module")
 def passages() -> list[str]:
-    if not DPR.is_file():
-        pytest.skip(f"shared data not found at {DPR}")
-    return [json.loads(line)["contents"] for line in DPR.open()]
+    with open_text(DPR) as fh:
+        return [json.loads(line)["contents"] for line in fh]
 
 
 class CharCounter:

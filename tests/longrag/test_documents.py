@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from longrag.data import DPR_PASSAGES, data_path
 from longrag.documents import (
     DOCUMENT_SCHEMA,
     ReadReport,
@@ -24,7 +25,7 @@ from longrag.documents import (
 )
 from longrag.types import Document
 
-DPR = Path("/work/shared/data/dpr_wiki/wiki_dpr_sample1000.jsonl")
+DPR = data_path(DPR_PASSAGES)  # the bundled 1,000 DPR passages, gzipped (data/README.md)
 
 
 def test_split_dpr_contents() -> None:
@@ -99,8 +100,6 @@ def test_jsonl_bad_examples_capped(tmp_path: Path) -> None:
 
 
 def test_real_dpr_passages() -> None:
-    if not DPR.exists():
-        pytest.skip("shared DPR sample not present")
     docs, rep = read_documents(DPR, "jsonl")
     assert rep.n_ok == 1000 and rep.n_bad == 0
     assert docs[0].title == "Evan Morris" and docs[0].text.startswith("Evan Morris Evan L. Morris")

@@ -3,26 +3,30 @@
 import collections
 import gzip
 import json
-import os
-from pathlib import Path
 
 import pytest
 
+from longrag.data import (
+    DPR_PASSAGES,
+    HOTPOTQA_CORPUS,
+    HOTPOTQA_SAMPLE,
+    MUSIQUE_CORPUS,
+    MUSIQUE_SAMPLE,
+    NQ_OPEN_SAMPLE,
+    TWOWIKI_EXAMPLE,
+    data_path,
+    read_text,
+)
 from longrag.eval import corpus as C
 from longrag.eval import datasets as D
 
-DATA = Path(os.environ.get("LONGRAG_DATA_DIR", "/work/shared/data"))
-needs_data = pytest.mark.skipif(not (DATA / "hotpotqa").exists(), reason="shared data samples not available")
-
-
 def _raw(rel):
-    return json.loads((DATA / rel).read_text())
+    return json.loads(read_text(data_path(rel)))
 
 
-@needs_data
 def test_hotpotqa_loader_matches_raw_file():
-    raw = _raw("hotpotqa/hotpotqa_train100.json")
-    res = D.load_qa(DATA / "hotpotqa/hotpotqa_train100.json")
+    raw = _raw(HOTPOTQA_SAMPLE)
+    res = D.load_qa(data_path(HOTPOTQA_SAMPLE))
     assert res.format == "hotpotqa" and res.n_malformed == 0
     assert len(res.examples) == len(raw) == 100
     for ex, r in zip(res.examples, raw):
@@ -37,24 +41,22 @@ def test_hotpotqa_loader_matches_raw_file():
     assert collections.Counter(e.type for e in res.examples) == {"bridge": 78, "comparison": 22}
 
 
-@needs_data
 def test_hotpotqa_pooled_equals_corpus_file():
-    res = D.load_hotpotqa(DATA / "hotpotqa/hotpotqa_train100.json")
+    res = D.load_hotpotqa(data_path(HOTPOTQA_SAMPLE))
     pooled = C.pool_examples(res.examples)
-    n_ctx = sum(len(r["context"]) for r in _raw("hotpotqa/hotpotqa_train100.json"))
+    n_ctx = sum(len(r["context"]) for r in _raw(HOTPOTQA_SAMPLE))
     assert pooled.n_paragraphs == n_ctx
     assert len(pooled.documents) == 994  # README: 994 distinct paragraphs
-    cf = C.load_corpus_file(DATA / "hotpotqa/hotpotqa_train100_corpus.json")
+    cf = C.load_corpus_file(data_path(HOTPOTQA_CORPUS))
     assert cf.n_malformed == 0 and len(cf.documents) == 994
     a = {d.doc_id: (d.title, d.text) for d in pooled.documents}
     b = {d.doc_id: (d.title, d.text) for d in cf.documents}
     assert a == b  # stable title-hash ids and identical text in both forms
 
 
-@needs_data
 def test_musique_loader_and_pool_conflicts():
-    raw = _raw("musique/musique_train100.json")
-    res = D.load_musique(DATA / "musique/musique_train100.json")
+    raw = _raw(MUSIQUE_SAMPLE)
+    res = D.load_musique(data_path(MUSIQUE_SAMPLE))
     assert len(res.examples) == 100 and res.n_malformed == 0
     ex, r = res.examples[0], raw[0]
     assert ex.answers[0] == r["answer"] and set(r["answer_aliases"]) <= set(ex.answers)
@@ -80,23 +82,22 @@ def test_musique_loader_and_pool_conflicts():
     assert len({d.doc_id for d in sep.documents}) == len(sep.documents)
     first = C.pool_examples(res.examples, on_conflict="first")
     assert len(first.documents) == len(by_title)
-    cf = C.load_corpus_file(DATA / "musique/musique_train100_corpus.json")
+    cf = C.load_corpus_file(data_path(MUSIQUE_CORPUS))
     assert cf.n_paragraphs == 1890 and len(cf.documents) == len(by_title)
 
 
-@needs_data
 def test_2wiki_nq_dpr_loaders():
-    w = D.load_qa(DATA / "hotpotqa/2wiki_format_example2.json")
+    w = D.load_qa(data_path(TWOWIKI_EXAMPLE))
     assert w.format == "2wiki" and len(w.examples) == 2
     assert w.examples[0].gold_titles == ["Lothair II", "Ermengarde of Tours"]
     assert w.examples[0].answers == ["20 March 851"] and w.examples[0].meta["evidences"]
     # 2Wiki sentences have no leading space: they are joined with one
     t = w.examples[0].paragraphs[0].text
     assert "Lothair II. She was" in t
-    nq = D.load_qa(DATA / "nq_open/NQ-open.efficientqa.dev.1.1.jsonl")
+    nq = D.load_qa(data_path(NQ_OPEN_SAMPLE))
     assert nq.format == "nq_open" and len(nq.examples) == 1800 and nq.n_malformed == 0
     assert nq.examples[2].answers == ["Salzburg, Austria", "Austria"]
-    dpr = C.load_dpr_passages(DATA / "dpr_wiki/wiki_dpr_sample1000.jsonl")
+    dpr = C.load_dpr_passages(data_path(DPR_PASSAGES))
     assert len(dpr.documents) == 1000 and dpr.n_malformed == 0
     assert dpr.documents[0].doc_id == "0" and dpr.documents[0].title == "Evan Morris"
     assert not dpr.documents[0].text.startswith('"')

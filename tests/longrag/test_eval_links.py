@@ -1,19 +1,14 @@
 """Link builders: hand cases for the matching rules, brute-force references for the trie walk and the
 TF-IDF neighbours, networkx for the link statistics."""
 
-import os
-from pathlib import Path
-
 import networkx as nx
 import numpy as np
 import pytest
 
+from longrag.data import HOTPOTQA_CORPUS, HOTPOTQA_SAMPLE, data_path
 from longrag.eval import corpus as C
 from longrag.eval import links as L
 from longrag.types import Document
-
-DATA = Path(os.environ.get("LONGRAG_DATA_DIR", "/work/shared/data"))
-needs_data = pytest.mark.skipif(not (DATA / "hotpotqa").exists(), reason="shared data samples not available")
 
 
 def _docs(pairs):
@@ -108,9 +103,8 @@ def _brute_force_mentions(matcher, text):
     return set(first)
 
 
-@needs_data
 def test_trie_matches_brute_force_on_hotpotqa_pool():
-    docs = C.load_corpus_file(DATA / "hotpotqa/hotpotqa_train100_corpus.json").documents
+    docs = C.load_corpus_file(data_path(HOTPOTQA_CORPUS)).documents
     matcher = L.TitleMatcher(d.title for d in docs)
     assert len(matcher.aliases) > 900
     total = 0
@@ -186,14 +180,13 @@ def test_build_links_dispatch():
         L.build_links(docs, "hyperlinks")
 
 
-@needs_data
 def test_title_links_feed_grouping_on_hotpotqa():
     """Links from title mentions drive Algorithm 1: more gold pairs share a grouped unit than by chance."""
     from longrag.eval import datasets as D
     from longrag.grouping import make_units
     from longrag.tokens import WhitespaceCounter
 
-    ex = D.load_hotpotqa(DATA / "hotpotqa/hotpotqa_train100.json").examples
+    ex = D.load_hotpotqa(data_path(HOTPOTQA_SAMPLE)).examples
     docs = L.title_mention_links(C.pool_examples(ex).documents)
     units = make_units(docs, "grouped", WhitespaceCounter(), budget=2048)
     assert sorted(i for u in units for i in u.doc_ids) == sorted(d.doc_id for d in docs)

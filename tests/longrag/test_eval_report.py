@@ -36,7 +36,8 @@ def test_score_results_fills_metrics():
     assert r["context_tokens"] == {1: 100, 2: 400, 3: 450}
     q2 = scored[1]
     assert q2["em"] == 0.0 and q2["answer_recall"] == {1: 1.0, 2: 1.0, 3: 1.0} and q2["gold_recall"][1] == 1.0
-    # answer recall limited to some types (paper 000: HotpotQA bridge questions only)
+    # answer recall limited to some types (LongRAG, Jiang et al., 2024, Section 4.2: HotpotQA bridge
+    # questions only)
     only_bridge = R.score_results(_results(), ks=[1], answer_recall_types=["bridge"])
     assert "answer_recall" in only_bridge[0] and "answer_recall" not in only_bridge[1]
     # precomputed fields are kept

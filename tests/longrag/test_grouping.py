@@ -1,17 +1,18 @@
-"""Algorithm 1 (paper 000) against a literal implementation, invariants, and unit building."""
+"""Algorithm 1 (LongRAG, Jiang et al., 2024, Section 3.1) against a literal implementation, invariants,
+and unit building."""
 
 from __future__ import annotations
 
 import json
 import random
 import re
-from pathlib import Path
 
 import networkx as nx
 import numpy as np
 import pytest
 
 from longrag.config import UnitConfig
+from longrag.data import DPR_PASSAGES, data_path, open_text
 from longrag.grouping import (
     UNIT_SEPARATOR,
     build_adjacency,
@@ -25,7 +26,7 @@ from longrag.grouping import (
 from longrag.tokens import WhitespaceCounter, counter_for_model_dir
 from longrag.types import Document
 
-DPR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "dpr_wiki" / "wiki_dpr_sample1000.jsonl"
+DPR = data_path(DPR_PASSAGES)  # the bundled 1,000 DPR passages (data/README.md)
 
 
 @pytest.fixture(scope="module")
@@ -218,9 +219,8 @@ def test_build_adjacency_random_against_networkx():
 
 
 def _dpr_docs(n=300, seed=0):
-    if not DPR.is_file():
-        pytest.skip(f"shared data not found at {DPR}")
-    rows = [json.loads(line) for line in DPR.open()][:n]
+    with open_text(DPR) as fh:
+        rows = [json.loads(line) for line in fh][:n]
     rng = random.Random(seed)
     docs = []
     for i, r in enumerate(rows):

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 
+from longrag.data import DPR_PASSAGES, data_path, open_text
 from longrag.sentences import sentence_spans, split_sentences
 
-DPR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "dpr_wiki" / "wiki_dpr_sample1000.jsonl"
+DPR = data_path(DPR_PASSAGES)  # the bundled 1,000 DPR passages (data/README.md)
 
 
 @pytest.fixture(scope="module")
 def passages() -> list[str]:
-    if not DPR.is_file():
-        pytest.skip(f"shared data not found at {DPR}")
-    return [json.loads(line)["contents"] for line in DPR.open()]
+    with open_text(DPR) as fh:
+        return [json.loads(line)["contents"] for line in fh]
 
 
 @pytest.mark.parametrize(

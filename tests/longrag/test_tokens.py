@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from longrag.data import DPR_PASSAGES, data_path, open_text
 from longrag.tokens import (
     HFTokenCounter,
     TokenCounter,
@@ -17,7 +18,7 @@ from longrag.tokens import (
 )
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-DPR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "dpr_wiki" / "wiki_dpr_sample1000.jsonl"
+DPR = data_path(DPR_PASSAGES)  # the bundled 1,000 DPR passages (data/README.md)
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +35,8 @@ def counter(model_dir) -> HFTokenCounter:
 
 @pytest.fixture(scope="module")
 def passages() -> list[str]:
-    if not DPR.is_file():
-        pytest.skip(f"shared data not found at {DPR}")
-    return [json.loads(line)["contents"] for line in DPR.open()][:200]
+    with open_text(DPR) as fh:
+        return [json.loads(line)["contents"] for line in fh][:200]
 
 
 def test_counts_match_python_wordpiece(counter, model_dir, passages):

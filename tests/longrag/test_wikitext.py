@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from longrag.data import SAMPLE_WIKI, data_path
 from longrag.documents import read_documents
 from longrag.types import Document
 from longrag.wikitext import (
@@ -21,7 +22,7 @@ from longrag.wikitext import (
     wikitext_to_text,
 )
 
-SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample" / "enwiki-sample-106-articles.xml.bz2"
+SAMPLE = data_path(SAMPLE_WIKI)  # the bundled enwiki excerpt (data/sample/ATTRIBUTION.md)
 
 ALPHA = """{{Infobox thing|name=Alpha|country=[[Gamma Land]]}}
 '''Alpha''' is a [[beta_test|test ''subject'']] linked to [[Delta#History|the delta]] and [[Redirect One]].<ref>{{cite web|url=http://x.org|title=[[Ref Target]]}}</ref> It was [[File:Alpha.jpg|thumb|A [[Caption Link]] picture]] studied in [[:fr:Alpha|France]][[fr:Alpha]] and [[wikt:alpha|Wiktionary]] and in [[Alpha]] itself (see [[#History]]). It is {{convert|5|km}} long.
