@@ -21,14 +21,12 @@ import time
 from pathlib import Path
 
 from longrag.config import load_config
+from longrag.data import HOTPOTQA_SAMPLE, MUSIQUE_SAMPLE, data_path
 from longrag.eval import reader_bench as rb
 from longrag.eval.datasets import load_qa
 
 ROOT = Path(__file__).resolve().parent.parent
-DATASETS = {
-    "hotpotqa": ROOT / "data" / "hotpotqa" / "hotpotqa_train100.json",
-    "musique": ROOT / "data" / "musique" / "musique_train100.json",
-}
+DATASETS = {"hotpotqa": HOTPOTQA_SAMPLE, "musique": MUSIQUE_SAMPLE}
 DEFAULT_SETTINGS = "full@2048,mixpr@2048,full@4096,mixpr@4096,full@8192,mixpr@8192"
 
 
@@ -62,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     # the window must hold the largest budget plus both turns' prompts and answers
     config = config.with_overrides([f"llm.context_window={max(config.llm.context_window, top_budget + 2048)}"])
     out = Path(args.out)
-    data = args.data or str(DATASETS[args.dataset])
+    data = args.data or str(data_path(DATASETS[args.dataset]))
     loaded = load_qa(data, args.dataset)
     examples = loaded.examples[: args.limit]
     t0 = time.perf_counter()

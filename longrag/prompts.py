@@ -1,4 +1,4 @@
-"""Prompts of the two-turn long reader (paper 000, section 3.2 and appendix 6.1), in our words.
+"""Prompts of the two-turn long reader (LongRAG, Jiang et al. 2024, Section 3.2 and Appendix 6.1), in our words.
 
 Turn 1 shows the retrieved units (each as ``Title: ...`` then its text) and asks for a short
 paragraph that answers the question. Turn 2 continues the same conversation and asks for the

@@ -1,4 +1,4 @@
-"""The long reader (paper 000, section 3.2): top-ranked long units -> a long answer -> a short answer.
+"""The long reader (LongRAG, Jiang et al. 2024, Section 3.2): top-ranked long units -> a long answer -> a short answer.
 
 Two turns of one conversation:
 
