@@ -2,7 +2,7 @@
 
 Starts a local Ray, builds a grouped-unit index of the 106-article enwiki sample (lead sections
 grouped along their hyperlinks), deploys the Serve app with the bundled CPU models (MiniLM
-embeddings, SmolLM2 through llama.cpp), asks a handful of questions over HTTP, prints answers with
+embeddings, Qwen2.5-Coder-0.5B-Instruct through llama.cpp), asks a handful of questions over HTTP, prints answers with
 the titles of their evidence and the figures of the run, shuts everything down, and exits
 non-zero on any failure.
 
@@ -35,13 +35,22 @@ from longrag.data import SAMPLE_WIKI, data_path
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = data_path(SAMPLE_WIKI)
-QUESTIONS = [
-    "Who wrote the novel Animal Farm?",
-    "Which spaceflight first landed humans on the Moon?",
-    "What is the capital of Angola?",
-    "Who composed An American in Paris?",
-    "Which country is Aruba a constituent country of?",
+# Questions about the sample, with the answers a reader should give (any alias counts).
+QUESTIONS: list[tuple[str, tuple[str, ...]]] = [
+    ("Who wrote the novel Animal Farm?", ("George Orwell", "Orwell", "Eric Arthur Blair")),
+    ("Which spaceflight first landed humans on the Moon?", ("Apollo 11",)),
+    ("What is the capital of Angola?", ("Luanda",)),
+    ("Who composed An American in Paris?", ("George Gershwin", "Gershwin")),
+    ("Which country is Aruba a constituent country of?", ("the Netherlands", "Kingdom of the Netherlands")),
 ]
+
+
+def is_correct(answer: str, golds: tuple[str, ...]) -> bool:
+    """A gold answer (or alias) occurs in the answer, ignoring case, punctuation and articles."""
+    from longrag.eval.metrics import normalize_answer
+
+    got = f" {normalize_answer(answer)} "
+    return any(f" {normalize_answer(g)} " in got for g in golds)
 
 log = logging.getLogger("jobs.demo")
 
@@ -154,6 +163,7 @@ def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], st
     failures: list[str] = []
     retrieve_ms: list[float] = []
     answer_ms: list[float] = []
+    correct: list[bool] = []
     report: dict[str, Any] = {}
     with MemorySampler() as mem:
         handle = start_or_join(None, num_cpus=args.num_cpus)
@@ -179,7 +189,7 @@ def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], st
                 say(f"   healthy: {json.dumps(health)}")
 
                 say("== 3/3 asking questions over HTTP")
-                for q in QUESTIONS[: args.questions]:
+                for q, golds in QUESTIONS[: args.questions]:
                     t0 = time.perf_counter()
                     r = client.post("/v1/retrieve", json={"question": q, "k": args.k})
                     retrieve_ms.append((time.perf_counter() - t0) * 1e3)
@@ -197,14 +207,18 @@ def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], st
                         failures.append(f"answer {q!r}: empty answer")
                     if body["coverage"]["degraded"]:
                         failures.append(f"answer {q!r}: degraded coverage {body['coverage']}")
-                    say(f"\nQ: {q}\nA: {body['answer']}\n   long answer: {body['long_answer'][:300]}")
+                    right = is_correct(body["answer"], golds)
+                    correct.append(right)
+                    say(f"\nQ: {q}\nA: {body['answer']}   [{'right' if right else 'wrong'}: {golds[0]}]"
+                        f"\n   long answer: {body['long_answer'][:300]}")
                     for ev in body["evidence"]:
                         mark = "*" if ev["used"] else " "
                         say(f"   {mark} {ev['score']:.3f}  {ev['unit_id']}: {' | '.join(ev['titles'][:6])}"
                             f"{' ...' if len(ev['titles']) > 6 else ''}")
                     t = body["trace"]
                     say(f"   trace: encode {t['encode_ms']} ms, retrieve {t['retrieve_ms']} ms, "
-                        f"read {t['read_ms']} ms, tokens {t['prompt_tokens']}+{t['completion_tokens']}")
+                        f"read {t['read_ms']} ms, tokens {t['prompt_tokens']}+{t['completion_tokens']}"
+                        + (f", short answer replaced ({t['answer_fallback']})" if t.get("answer_fallback") else ""))
                 bad = client.post("/v1/answer", json={"question": "", "k": 3})
                 if bad.status_code != 422:
                     failures.append(f"an empty question should get 422, got {bad.status_code}")
@@ -224,6 +238,7 @@ def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], st
         "counts": report.get("counts") if report else None,
         "retrieve_p50_ms": p50(retrieve_ms),
         "answer_p50_ms": p50(answer_ms),
+        "answers_right": f"{sum(correct)}/{len(correct)}",
         "peak_rss_gib": round(mem.peak_bytes / 2**30, 2),
         "failures": failures,
     }
