@@ -97,8 +97,11 @@ def test_build_into_s3_compatible_store(tmp_path, monkeypatch):
         boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="builds")
         src = tmp_path / "docs.jsonl"
         _corpus(src, n=12)
+        # the source is an S3 object too, as in the README / cluster/aws.yaml / the RayJob (issue 9)
+        boto3.client("s3", endpoint_url=endpoint).upload_file(str(src), "builds", "sources/docs.jsonl")
         uri = "s3://builds/test/jsonl"
-        assert _run(["--source", str(src), "--format", "jsonl", "--out", uri, "--shards", "2"]) == 0
+        assert _run(["--source", "s3://builds/sources/docs.jsonl", "--format", "jsonl", "--out", uri,
+                     "--shards", "2"]) == 0
         store = ArtifactStore.open(uri)
         manifest = store.read_manifest()
         assert manifest.status == "complete" and manifest.counts.documents == 12
