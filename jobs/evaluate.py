@@ -320,7 +320,10 @@ def run_reader_local(
 ) -> dict[str, Any]:
     """LongReader over the top ``reader_k`` retrieved units of every result (in place). With
     ``checkpoint_path``, answers are appended there as they come and reused by a rerun."""
+    from functools import partial
+
     from longrag.llm.factory import build_llm
+    from longrag.longcontext import compress_units_with_mixpr
     from longrag.reader import LongReader
 
     checkpoint = ReaderCheckpoint(checkpoint_path, reader_setup(config, reader_k)) if checkpoint_path else None
@@ -328,7 +331,9 @@ def run_reader_local(
     t0 = time.perf_counter()
     llm = build_llm(config.llm) if todo else None
     load_s = time.perf_counter() - t0
-    reader = LongReader(llm, config.reader) if llm is not None else None
+    # reader.compression=mixpr squeezes units that overflow the window with MixPR (as the Serve Reader)
+    compressor = partial(compress_units_with_mixpr, cfg=config.mixpr)
+    reader = LongReader(llm, config.reader, compressor=compressor) if llm is not None else None
 
     async def run_all() -> None:
         sem = asyncio.Semaphore(max(1, concurrency))
@@ -451,7 +456,8 @@ def run_setting(
             info["reader"] = run_reader_local(results, config, args.reader_k, args.reader_concurrency,
                                               not args.no_progress, checkpoint_path=ckpt)
     ar_types = None if args.answer_recall_all_types else P.DEFAULT_ANSWER_RECALL_TYPES.get(args.dataset)
-    scored = score_results(results, ks=ks, answer_recall_types=ar_types)
+    # each dataset's own F1 rule (LongBench: plain token F1, not HotpotQA's yes/no rule)
+    scored = score_results(results, ks=ks, answer_recall_types=ar_types, f1_metric=P.qa_f1_metric(args.dataset))
     flat = P.flat_metrics(scored, summarize(scored), dataset=args.dataset, unit=unit, reader_k=reader_k)
     flat["label"] = label
     flat["links"] = links if unit == "grouped" else None
@@ -461,6 +467,7 @@ def run_setting(
     grouping = ((info.get("index") or {}).get("build_report") or {}).get("grouping") or {}
     flat["corpus_avg_unit_tokens"] = (grouping.get("tokens") or {}).get("mean")
     flat["answer_recall_types"] = list(ar_types) if ar_types else "all"
+    flat["qa_f1_rule"] = P.qa_f1_rule(args.dataset)
     info["wall_s"] = round(time.perf_counter() - t0, 2)
     return scored, flat, info
 
