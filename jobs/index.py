@@ -33,6 +33,7 @@ import ray
 
 from actors.embedding import ChunkEmbedder
 from cluster.local import start_or_join
+from jobs.cli import number
 from longrag.config import LongRAGConfig, build_settings, load_config
 from longrag.manifest import ShardEntry
 from longrag.types import Chunk, Document, Unit
@@ -435,15 +436,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--source", required=True, help="wiki XML dump (.xml/.xml.bz2), JSONL or parquet documents")
     p.add_argument("--format", choices=["wikixml", "jsonl", "parquet"], required=True)
     p.add_argument("--out", required=True, help="build directory or s3://bucket/prefix")
-    p.add_argument("--shards", type=int, help="number of index shards (index.shards)")
+    p.add_argument("--shards", type=number(int, min_value=1), help="number of index shards (index.shards)")
     p.add_argument("--unit", choices=["grouped", "document", "passage"], help="retrieval unit kind (units.kind)")
     p.add_argument("--text-mode", choices=["full", "lead"], help="whole pages or lead sections (units.text_mode)")
-    p.add_argument("--max-group-tokens", type=int, help="token budget of a grouped unit (units.max_group_tokens)")
+    p.add_argument("--max-group-tokens", type=number(int, min_value=1),
+                   help="token budget of a grouped unit (units.max_group_tokens)")
     p.add_argument("--embedding-model", help="embedding.model")
     p.add_argument("--config", help="YAML config file (LongRAGConfig)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a new local Ray)")
-    p.add_argument("--num-cpus", type=float, default=4, help="logical CPUs for a new local Ray")
+    p.add_argument("--num-cpus", type=number(float, min_value=0, min_exclusive=True), default=4,
+                   help="logical CPUs for a new local Ray")
     p.add_argument("--overwrite", action="store_true", help="replace an existing build at --out")
     p.add_argument("--resume", action="store_true",
                    help="finish an interrupted build at --out (same source and config): keep its verified shards")
