@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -35,6 +36,7 @@ from typing import Any
 import faiss
 import numpy as np
 
+from jobs.cli import int_list, number
 from longrag.capacity import (
     CapacityModel,
     clustered_vectors,
@@ -169,7 +171,7 @@ def cluster_check(args: argparse.Namespace) -> dict[str, Any]:
     from actors.sharded_index import ShardedIndex
     from cluster.local import start_or_join
 
-    sizes = [int(s) for s in args.shard_sizes.split(",")]
+    sizes = list(args.shard_sizes)
     if len(sizes) < 3:
         raise ValueError("--shard-sizes needs at least 3 sizes: the smaller ones fit the model, the largest checks it")
     with tempfile.TemporaryDirectory(prefix="bench-index-") as root:
@@ -270,34 +272,52 @@ def plan(args: argparse.Namespace, chunk_bytes: float, base_bytes: float,
 
 
 # ------------------------------------------------------------------------------------- CLI
+def _check_factories(p: argparse.ArgumentParser, flag: str, spec: str, dim: int, n: int) -> None:
+    """Refuse a factory string FAISS cannot build, before any work starts."""
+    nlist = max(16, int(4 * np.sqrt(n)))
+    for factory in split_factories(spec, nlist):
+        try:
+            faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+        except Exception as exc:  # faiss raises RuntimeError with its C++ message
+            first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            first = re.sub(r"^Error in .*? at \S+:\d+: ", "", first)  # drop the C++ location
+            p.error(f"argument {flag}: {factory!r} is not a FAISS index factory string for {dim} dimensions "
+                    f"({first}); e.g. Flat, SQ8, IVF{{nlist}},SQ8, HNSW32")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m jobs.bench_index", description=__doc__.split("\n\n")[0])
-    p.add_argument("--vectors", type=int, default=100_000)
-    p.add_argument("--dim", type=int, default=384, help="384 = MiniLM (bundled); bge-large is 1024")
-    p.add_argument("--chunks-per-unit", type=int, default=8)
-    p.add_argument("--queries", type=int, default=200)
-    p.add_argument("--k", type=int, default=10)
+    pos_int, nonneg_int = number(int, min_value=1), number(int, min_value=0)
+    pos_float = number(float, min_value=0, min_exclusive=True)
+    p.add_argument("--vectors", type=pos_int, default=100_000)
+    p.add_argument("--dim", type=pos_int, default=384, help="384 = MiniLM (bundled); bge-large is 1024")
+    p.add_argument("--chunks-per-unit", type=pos_int, default=8)
+    p.add_argument("--queries", type=pos_int, default=200)
+    p.add_argument("--k", type=pos_int, default=10)
     p.add_argument("--factories", default=DEFAULT_FACTORIES, help="FAISS factory strings; {nlist} = 4 sqrt(n)")
-    p.add_argument("--build-threads", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--build-threads", type=pos_int, default=os.cpu_count() or 1)
+    p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--skip-tradeoff", action="store_true")
     p.add_argument("--skip-cluster", action="store_true")
-    p.add_argument("--nodes", type=int, default=3)
-    p.add_argument("--shard-sizes", default="10000,20000,30000,50000",
-                   help="chunks per shard in the cluster check; the largest checks the fit of the others")
-    p.add_argument("--chunk-chars", type=int, default=1000, help="text per synthetic chunk (~250 tokens)")
+    p.add_argument("--nodes", type=pos_int, default=3)
+    p.add_argument("--shard-sizes", type=int_list(min_value=1, min_len=3), default=[10000, 20000, 30000, 50000],
+                   help="chunks per shard in the cluster check (3 or more); the largest checks the fit of the others")
+    p.add_argument("--chunk-chars", type=pos_int, default=1000, help="text per synthetic chunk (~250 tokens)")
     p.add_argument("--plan-factories", default=PLAN_FACTORIES)
-    p.add_argument("--plan-chunks", type=int, default=5_000_000)
-    p.add_argument("--plan-dim", type=int, default=1024)
-    p.add_argument("--plan-chunk-chars", type=int, default=2300, help="~512 tokens of English")
-    p.add_argument("--node-gib", type=float, default=64.0)
-    p.add_argument("--node-cpus", type=int, default=16, help="cores per node: shard actors per node at most")
-    p.add_argument("--target-ms", type=float, default=100.0,
+    p.add_argument("--plan-chunks", type=pos_int, default=5_000_000)
+    p.add_argument("--plan-dim", type=pos_int, default=1024)
+    p.add_argument("--plan-chunk-chars", type=pos_int, default=2300, help="~512 tokens of English")
+    p.add_argument("--node-gib", type=pos_float, default=64.0)
+    p.add_argument("--node-cpus", type=pos_int, default=16, help="cores per node: shard actors per node at most")
+    p.add_argument("--target-ms", type=pos_float, default=100.0,
                    help="one-thread scan budget per query and shard for exhaustive factories")
-    p.add_argument("--usable-fraction", type=float, default=0.6)
-    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--usable-fraction", type=number(float, min_value=0, max_value=1, min_exclusive=True), default=0.6)
+    p.add_argument("--replicas", type=pos_int, default=2)
     p.add_argument("--out", default="reports/bench-index")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    _check_factories(p, "--factories", args.factories, args.dim, args.vectors)
+    _check_factories(p, "--plan-factories", args.plan_factories, args.plan_dim, args.plan_chunks)
+    return args
 
 
 def _table(rows: list[dict[str, Any]], cols: list[str]) -> str:

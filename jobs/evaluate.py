@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from jobs.cli import int_list, number
 from longrag.config import LongRAGConfig, load_config
 from longrag.eval import pipeline as P
 from longrag.eval.corpus import PooledCorpus, load_corpus_file, load_dpr_passages, pool_examples
@@ -322,7 +323,10 @@ def run_reader_local(
 ) -> dict[str, Any]:
     """LongReader over the top ``reader_k`` retrieved units of every result (in place). With
     ``checkpoint_path``, answers are appended there as they come and reused by a rerun."""
+    from functools import partial
+
     from longrag.llm.factory import build_llm
+    from longrag.longcontext import compress_units_with_mixpr
     from longrag.reader import LongReader
 
     checkpoint = ReaderCheckpoint(checkpoint_path, reader_setup(config, reader_k)) if checkpoint_path else None
@@ -330,7 +334,9 @@ def run_reader_local(
     t0 = time.perf_counter()
     llm = build_llm(config.llm) if todo else None
     load_s = time.perf_counter() - t0
-    reader = LongReader(llm, config.reader) if llm is not None else None
+    # reader.compression=mixpr squeezes units that overflow the window with MixPR (as the Serve Reader)
+    compressor = partial(compress_units_with_mixpr, cfg=config.mixpr)
+    reader = LongReader(llm, config.reader, compressor=compressor) if llm is not None else None
 
     async def run_all() -> None:
         sem = asyncio.Semaphore(max(1, concurrency))
@@ -453,7 +459,8 @@ def run_setting(
             info["reader"] = run_reader_local(results, config, args.reader_k, args.reader_concurrency,
                                               not args.no_progress, checkpoint_path=ckpt)
     ar_types = None if args.answer_recall_all_types else P.DEFAULT_ANSWER_RECALL_TYPES.get(args.dataset)
-    scored = score_results(results, ks=ks, answer_recall_types=ar_types)
+    # each dataset's own F1 rule (LongBench: plain token F1, not HotpotQA's yes/no rule)
+    scored = score_results(results, ks=ks, answer_recall_types=ar_types, f1_metric=P.qa_f1_metric(args.dataset))
     flat = P.flat_metrics(scored, summarize(scored), dataset=args.dataset, unit=unit, reader_k=reader_k)
     flat["label"] = label
     flat["links"] = links if unit == "grouped" else None
@@ -463,6 +470,7 @@ def run_setting(
     grouping = ((info.get("index") or {}).get("build_report") or {}).get("grouping") or {}
     flat["corpus_avg_unit_tokens"] = (grouping.get("tokens") or {}).get("mean")
     flat["answer_recall_types"] = list(ar_types) if ar_types else "all"
+    flat["qa_f1_rule"] = P.qa_f1_rule(args.dataset)
     info["wall_s"] = round(time.perf_counter() - t0, 2)
     return scored, flat, info
 
@@ -503,6 +511,9 @@ def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
+_ks = int_list(min_value=1)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m jobs.evaluate", description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", choices=sorted(DATASET_FORMATS))
@@ -515,16 +526,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="grouped|document|passage, comma-separated to compare several")
     p.add_argument("--links", type=_csv, default=["titles"],
                    help="hyperlinks|titles|tfidf|both (grouped units only), comma-separated to compare")
-    p.add_argument("--k", dest="ks", type=lambda s: sorted({int(x) for x in _csv(s)}), default=[1, 2, 4, 8])
+    p.add_argument("--k", dest="ks", type=lambda s: sorted(set(_ks(s))), default=[1, 2, 4, 8],
+                   help="retrieval depths to score, comma-separated positive integers")
     p.add_argument("--pipeline", choices=["retrieve", "longrag"], default="retrieve")
-    p.add_argument("--reader-k", type=int, default=4, help="units given to the reader")
-    p.add_argument("--reader-concurrency", type=int, default=1, help="reader calls in flight (remote LLMs)")
-    p.add_argument("--limit", type=int, help="evaluate the first N questions")
+    p.add_argument("--reader-k", type=number(int, min_value=1), default=4, help="units given to the reader")
+    p.add_argument("--reader-concurrency", type=number(int, min_value=1), default=1,
+                   help="reader calls in flight (remote LLMs)")
+    p.add_argument("--limit", type=number(int, min_value=1), help="evaluate the first N questions")
     p.add_argument("--out", required=True, help="output directory for the report")
     p.add_argument("--index-dir", default="artifacts/eval-index", help="root of the index builds (local or s3://)")
     p.add_argument("--rebuild-index", action="store_true", help="rebuild even when a matching build exists")
     p.add_argument("--endpoint", help="running Serve app URL: retrieve/answer over HTTP instead of local actors")
-    p.add_argument("--http-timeout", type=float, default=300.0)
+    p.add_argument("--http-timeout", type=number(float, min_value=0, min_exclusive=True), default=300.0)
     p.add_argument("--encode", choices=["auto", "driver", "ray-data"], default="auto", help="query encoding")
     p.add_argument("--answer-recall-all-types", action="store_true",
                    help="answer recall over all question types (default for HotpotQA: bridge only, as in LongRAG, "
@@ -532,7 +545,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config", help="YAML config file (LongRAGConfig)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a new local Ray)")
-    p.add_argument("--num-cpus", type=float, default=4, help="logical CPUs for a new local Ray")
+    p.add_argument("--num-cpus", type=number(float, min_value=0, min_exclusive=True), default=4,
+                   help="logical CPUs for a new local Ray")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--combine", nargs="+", metavar="RUN_DIR", help="combine earlier run directories into --out")
     args = p.parse_args(argv)
@@ -611,6 +625,12 @@ def main(argv: list[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(raw)
     command = ["python", "-m", "jobs.evaluate", *raw]
+    if not args.combine:
+        try:  # a bad --config/--set value is refused before anything starts
+            load_config(args.config, list(args.set))
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if args.combine:
         paths = combine(args.combine, args.out, command)
         print(json.dumps(paths, indent=2))

@@ -33,6 +33,7 @@ import ray
 
 from actors.embedding import ChunkEmbedder
 from cluster.local import start_or_join
+from jobs.cli import number
 from longrag.config import LongRAGConfig, build_settings, load_config
 from longrag.manifest import ShardEntry
 from longrag.types import Chunk, Document, Unit
@@ -83,6 +84,23 @@ def read_corpus(source: str, fmt: str, text_mode: str) -> tuple[list[Document], 
     return docs, {**report, "n_ok": len(docs), "n_bad": len(bad), "bad": bad[:20]}
 
 
+def group_documents(docs: list[Document], config: LongRAGConfig) -> list[Unit]:
+    """Retrieval units of ``config.units.kind``, token budgets counted with the embedding model's own
+    tokenizer (its folder, or its Hugging Face cache snapshot for a hub name like bge-large)."""
+    from longrag.embedding import tokenizer_dir
+    from longrag.grouping import make_units
+    from longrag.tokens import counter_for_model_dir
+
+    return make_units(
+        docs,
+        kind=config.units.kind,
+        counter=counter_for_model_dir(tokenizer_dir(config.embedding.model)),
+        budget=config.units.max_group_tokens,
+        passage_words=config.units.passage_words,
+        symmetric=config.units.symmetric_links,
+    )
+
+
 def assign_shards(units: list[Unit], n_shards: int) -> list[int]:
     """Balance shards by tokens: largest unit first onto the lightest shard (deterministic)."""
     load = [0] * n_shards
@@ -97,10 +115,12 @@ def assign_shards(units: list[Unit], n_shards: int) -> list[int]:
 class _ChunkUnits:
     """Ray Data callable: units -> chunks that fit the embedding model's input."""
 
-    def __init__(self, tokenizer_path: str, max_tokens: int) -> None:
+    def __init__(self, model: str, max_tokens: int) -> None:
+        from longrag.embedding import tokenizer_dir
         from longrag.tokens import counter_for_model_dir
 
-        self.counter = counter_for_model_dir(tokenizer_path)
+        # resolved on the worker: the model's cache folder may sit elsewhere than on the driver
+        self.counter = counter_for_model_dir(tokenizer_dir(model))
         self.max_tokens = max_tokens
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list[Any]]:
@@ -264,10 +284,9 @@ def build_from_documents(
 
     With ``resume``, continue the unfinished build at ``out`` (see the module docstring)."""
     from longrag.embedding import resolve_embedding_model
-    from longrag.grouping import grouping_stats, make_units
+    from longrag.grouping import grouping_stats
     from longrag.manifest import Manifest, shard_plan
     from longrag.store import ArtifactStore
-    from longrag.tokens import counter_for_model_dir
 
     timings = dict(timings or {})
     read_report = read_report or {"n_ok": len(docs), "n_bad": 0}
@@ -284,18 +303,9 @@ def build_from_documents(
     max_tokens = config.chunking.max_tokens or model_max - 2
     if max_tokens > model_max - 2:
         raise ValueError(f"chunking.max_tokens={max_tokens} exceeds the model input ({model_max} tokens incl. specials)")
-    tokenizer_path = spec.path_or_name
-    counter = counter_for_model_dir(tokenizer_path)
 
     t0 = time.perf_counter()
-    units = make_units(
-        docs,
-        kind=config.units.kind,
-        counter=counter,
-        budget=config.units.max_group_tokens,
-        passage_words=config.units.passage_words,
-        symmetric=config.units.symmetric_links,
-    )
+    units = group_documents(docs, config)
     timings["group_s"] = time.perf_counter() - t0
     stats = grouping_stats(units)
     log.info("grouped %d documents into %d %s units in %.1fs", len(docs), len(units), config.units.kind, timings["group_s"])
@@ -332,7 +342,7 @@ def build_from_documents(
     t0 = time.perf_counter()
     entries = [e.model_dump() for e in kept.values()]
     if pending:
-        entries += _build_shards(out, config, units, shard_of, units_by_shard, pending, tokenizer_path, max_tokens)
+        entries += _build_shards(out, config, units, shard_of, units_by_shard, pending, max_tokens)
     entries.sort(key=lambda e: e["shard_id"])
     timings["chunk_embed_shard_s"] = time.perf_counter() - t0
     built_ids = {e["shard_id"] for e in entries}
@@ -367,7 +377,6 @@ def _build_shards(
     shard_of: list[int],
     units_by_shard: dict[int, list[Unit]],
     pending: list[int],
-    tokenizer_path: str,
     max_tokens: int,
 ) -> list[dict[str, Any]]:
     """Chunk, embed and build the ``pending`` shards with Ray Data; their manifest entries (dicts)."""
@@ -378,7 +387,7 @@ def _build_shards(
     ds = ray.data.from_items(rows, override_num_blocks=max(1, min(len(rows) // 16, 200)))
     ds = ds.map_batches(
         _ChunkUnits,
-        fn_constructor_kwargs={"tokenizer_path": tokenizer_path, "max_tokens": max_tokens},
+        fn_constructor_kwargs={"model": config.embedding.model, "max_tokens": max_tokens},
         batch_size=16,
         concurrency=1,
         num_cpus=0.25,
@@ -427,15 +436,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--source", required=True, help="wiki XML dump (.xml/.xml.bz2), JSONL or parquet documents")
     p.add_argument("--format", choices=["wikixml", "jsonl", "parquet"], required=True)
     p.add_argument("--out", required=True, help="build directory or s3://bucket/prefix")
-    p.add_argument("--shards", type=int, help="number of index shards (index.shards)")
+    p.add_argument("--shards", type=number(int, min_value=1), help="number of index shards (index.shards)")
     p.add_argument("--unit", choices=["grouped", "document", "passage"], help="retrieval unit kind (units.kind)")
     p.add_argument("--text-mode", choices=["full", "lead"], help="whole pages or lead sections (units.text_mode)")
-    p.add_argument("--max-group-tokens", type=int, help="token budget of a grouped unit (units.max_group_tokens)")
+    p.add_argument("--max-group-tokens", type=number(int, min_value=1),
+                   help="token budget of a grouped unit (units.max_group_tokens)")
     p.add_argument("--embedding-model", help="embedding.model")
     p.add_argument("--config", help="YAML config file (LongRAGConfig)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a new local Ray)")
-    p.add_argument("--num-cpus", type=float, default=4, help="logical CPUs for a new local Ray")
+    p.add_argument("--num-cpus", type=number(float, min_value=0, min_exclusive=True), default=4,
+                   help="logical CPUs for a new local Ray")
     p.add_argument("--overwrite", action="store_true", help="replace an existing build at --out")
     p.add_argument("--resume", action="store_true",
                    help="finish an interrupted build at --out (same source and config): keep its verified shards")

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from jobs.cli import number
 from longrag.config import load_config
 
 
@@ -65,13 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--document", required=True, help="UTF-8 text file ('-' = standard input)")
     ap.add_argument("--question", default=None, help="the question; omitted: the document's last sentence is the query")
     ap.add_argument("--retriever", choices=["mixpr", "sparse", "hybrid"], default="mixpr")
-    ap.add_argument("--k", type=int, default=None, help="chunks to retrieve (default mixpr.top_k)")
+    ap.add_argument("--k", type=number(int, min_value=1), default=None, help="chunks to retrieve (default mixpr.top_k)")
     ap.add_argument("--route", choices=["auto", "local", "global"], default="auto")
     ap.add_argument("--retrieve-only", action="store_true", help="stop after retrieval (no answer)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--config", default=None, help="LongRAGConfig YAML (sections llm, mixpr, embedding)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
-    ap.add_argument("--torch-threads", type=int, default=2, help="torch threads for --retriever hybrid")
+    ap.add_argument("--torch-threads", type=number(int, min_value=1), default=2, help="torch threads for --retriever hybrid")
     return ap
 
 
@@ -127,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out, ensure_ascii=False))
         return 0
     print(f"route: {out['route']}  chunks: {len(out['chunks'])}  total_ms: {out['trace'].get('total_ms')}")
+    for note in out["trace"].get("notes", []):
+        print(f"note: {note}")
     if "answer" in out:
         print(f"answer: {out['answer']}")
     for c in out["chunks"][:20]:

@@ -1,6 +1,7 @@
 """Load user corpora into :class:`Document` records, and convert documents to/from Arrow.
 
-Sources: JSONL (``.jsonl``/``.jsonl.gz``) and parquet with the fields ``doc_id`` (or ``id``),
+Sources: local files or ``s3://bucket/key`` objects (read through the artifact store's storage
+layer, :func:`longrag.store.open_source`). JSONL (``.jsonl``/``.jsonl.gz``) and parquet with the fields ``doc_id`` (or ``id``),
 ``title``, ``text`` (or ``contents``) and optional ``links`` (a list of titles); MediaWiki XML
 exports go through :mod:`longrag.wikitext`. DPR/Pyserini-style ``contents`` (``"Title"\\ntext``,
 sometimes unquoted) give up their first line as the title when the record has no title field.
@@ -11,6 +12,7 @@ is counted in a :class:`ReadReport` with its line (or row) number and the reason
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -20,7 +22,6 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from longrag.data import open_text
 from longrag.types import Document
 
 Format = Literal["wikixml", "jsonl", "parquet"]
@@ -145,15 +146,15 @@ class _Collector:
 
 
 def read_jsonl(path: str | Path, max_examples: int = 20) -> tuple[list[Document], ReadReport]:
-    """Read a JSONL document file (optionally gzipped). Blank lines are skipped (and counted in
-    ``stats['blank_lines']``); every other line is a document or a counted bad record."""
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"document file not found: {p}")
-    report = ReadReport(source=str(p), fmt="jsonl", max_examples=max_examples)
+    """Read a JSONL document file (optionally gzipped), local or ``s3://``. Blank lines are skipped
+    (and counted in ``stats['blank_lines']``); every other line is a document or a counted bad record."""
+    from longrag.store import open_source  # the storage layer reads local files and s3:// objects
+
+    source = _source_str(path)
+    report = ReadReport(source=source, fmt="jsonl", max_examples=max_examples)
     col = _Collector(report)
     blank = 0
-    with open_text(p, errors="replace") as fh:
+    with open_source(source) as raw, io.TextIOWrapper(raw, encoding="utf-8", errors="replace") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 blank += 1
@@ -169,33 +170,43 @@ def read_jsonl(path: str | Path, max_examples: int = 20) -> tuple[list[Document]
 
 
 def read_parquet(path: str | Path, max_examples: int = 20, batch_size: int = 4096) -> tuple[list[Document], ReadReport]:
-    """Read a parquet document file batch by batch; ``line`` in the report is the 1-based row."""
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"document file not found: {p}")
-    report = ReadReport(source=str(p), fmt="parquet", max_examples=max_examples)
-    pf = pq.ParquetFile(p)
-    names = set(pf.schema_arrow.names)
-    if not ({"doc_id", "id"} & names) or not ({"text", "contents"} & names):
-        raise ValueError(
-            f"{p}: parquet documents need a doc_id (or id) and a text (or contents) column; found {sorted(names)}"
-        )
-    wanted = [c for c in ("doc_id", "id", "title", "text", "contents", "links") if c in names]
-    col = _Collector(report)
-    row = 0
-    for batch in pf.iter_batches(batch_size=batch_size, columns=wanted):
-        for rec in batch.to_pylist():
-            row += 1
-            col.add(row, {k: v for k, v in rec.items() if v is not None})
+    """Read a parquet document file (local or ``s3://``) batch by batch; ``line`` in the report is
+    the 1-based row."""
+    from longrag.store import open_source
+
+    source = _source_str(path)
+    report = ReadReport(source=source, fmt="parquet", max_examples=max_examples)
+    with open_source(source, seekable=True, decompress=False) as fh:
+        pf = pq.ParquetFile(fh)
+        names = set(pf.schema_arrow.names)
+        if not ({"doc_id", "id"} & names) or not ({"text", "contents"} & names):
+            raise ValueError(
+                f"{source}: parquet documents need a doc_id (or id) and a text (or contents) column; "
+                f"found {sorted(names)}"
+            )
+        wanted = [c for c in ("doc_id", "id", "title", "text", "contents", "links") if c in names]
+        col = _Collector(report)
+        row = 0
+        for batch in pf.iter_batches(batch_size=batch_size, columns=wanted):
+            for rec in batch.to_pylist():
+                row += 1
+                col.add(row, {k: v for k, v in rec.items() if v is not None})
     return col.docs, report
+
+
+def _source_str(path: str | Path) -> str:
+    """A source as a string: URIs (``s3://bucket/key``) must not go through ``Path``, which would
+    fold their ``//``."""
+    return path if isinstance(path, str) else str(path)
 
 
 def read_documents(
     path: str | Path, fmt: Format | None = None, text_mode: Literal["full", "lead"] = "full"
 ) -> tuple[list[Document], ReadReport]:
     """Read documents from ``path`` in ``fmt`` (None: guessed from the file name). ``text_mode``
-    applies to wiki exports only; ``"lead"`` on JSONL/parquet is an error (they carry no sections)."""
-    p = Path(path)
+    applies to wiki exports only; ``"lead"`` on JSONL/parquet is an error (they carry no sections).
+    ``path`` is a local file or an ``s3://bucket/key`` object (read through :mod:`longrag.store`)."""
+    p = _source_str(path)
     if fmt is None:
         fmt = guess_format(p)
     if fmt not in FORMATS:

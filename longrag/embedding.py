@@ -72,6 +72,35 @@ def resolve_embedding_model(name: str) -> ModelSpec:
     return ModelSpec(key, key, None, None, None)
 
 
+def tokenizer_dir(model: str | ModelSpec) -> str:
+    """Local folder holding the ``tokenizer.json`` of an embedding model, without loading the model:
+    the model's own folder (the bundled MiniLM, a local path) or, for a hub name such as
+    ``bge-large-en-v1.5``, its snapshot in the Hugging Face cache (never downloaded here).
+
+    Token counting (grouping budgets, chunk limits) goes through this, so it uses the model's own
+    tokenizer whatever name the config gives."""
+    spec = model if isinstance(model, ModelSpec) else resolve_embedding_model(model)
+    local = Path(spec.path_or_name).expanduser()
+    if local.is_dir():
+        from longrag.tokens import find_tokenizer_file
+
+        return str(find_tokenizer_file(local).parent)  # sentence-transformers layouts: a sub-folder
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        folder = Path(snapshot_download(spec.path_or_name, local_files_only=True))
+    except LocalEntryNotFoundError as err:
+        raise FileNotFoundError(
+            f"embedding model {spec.name!r} is neither a local folder nor in the Hugging Face cache; "
+            f"download it once (huggingface-cli download {spec.path_or_name}) or set embedding.model "
+            "to a local folder"
+        ) from err
+    if not (folder / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"no tokenizer.json for {spec.name} in {folder}")
+    return str(folder)
+
+
 def resolve_device(device: str) -> str:
     """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; anything else is passed through."""
     if device == "auto":
@@ -130,21 +159,13 @@ class Embedder:
 
     @property
     def tokenizer_path(self) -> str:
-        """Folder holding the model's ``tokenizer.json`` (so token counts use the same tokenizer).
+        """Folder holding the model's ``tokenizer.json`` (see :func:`tokenizer_dir`).
 
         Note: a ``tokenizer.json`` may carry its own padding/truncation settings (the bundled MiniLM
         one pads and truncates to 128); call ``no_padding()``/``no_truncation()`` after loading it
         with ``tokenizers.Tokenizer.from_file`` before counting tokens.
         """
-        local = Path(self.spec.path_or_name)
-        if (local / "tokenizer.json").is_file():
-            return str(local)
-        from huggingface_hub import snapshot_download
-
-        folder = Path(snapshot_download(self.spec.path_or_name, local_files_only=True))
-        if not (folder / "tokenizer.json").is_file():
-            raise FileNotFoundError(f"no tokenizer.json for {self.spec.name} in {folder}")
-        return str(folder)
+        return tokenizer_dir(self.spec)
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens per text without special tokens (no truncation)."""

@@ -199,6 +199,10 @@ class LongContextPipeline:
             n_chunks=res.n_chunks, n_distinct=res.n_distinct, n_edges=res.n_edges, iterations=res.iterations,
             alpha=None if np.isnan(res.alpha) else res.alpha, n_retrieved=len(res.chunks),
         )  # fmt: skip
+        if res.query_edges is not None:
+            trace["query_edges"] = res.query_edges
+        if res.notes:
+            trace["notes"] = list(res.notes)
         chunks = [{"position": c.position, "text": c.text, "score": c.score} for c in res.chunks]
         answer: str | None = None
         if read:

@@ -2,8 +2,11 @@
 
 A sentence ends at ``.``, ``!``, ``?`` or an ellipsis (with any closing quotes or brackets) that is
 followed by whitespace and then a character that is not lower case, unless the word before the
-period is an abbreviation (``Dr.``, ``e.g.``, ``U.S.``, a single initial such as ``L.``). Line
-breaks are boundaries too (every newline by default, only blank lines with ``line_breaks=False``).
+period is an abbreviation (``Dr.``, ``e.g.``, ``U.S.``, a single initial such as ``L.``) or a list
+number at the start of a line (``12. Item``). Sentence punctuation followed by a line break always
+ends the sentence, whatever comes next: a line ``x = y.`` is a sentence even when the next line
+starts with a lower-case letter. Line breaks are boundaries too (every newline by default, only
+blank lines with ``line_breaks=False``).
 
 One regular expression finds the candidate boundaries and a few cheap checks filter them, so it
 runs at several million characters per second in pure Python (see the module's tests and the
@@ -53,8 +56,7 @@ def sentence_spans(text: str, line_breaks: bool = True) -> list[tuple[int, int]]
                 continue
         else:  # sentence punctuation followed by whitespace
             gs, ge = m.span(1)
-            n_nl = gap.count("\n")
-            if not (n_nl >= 2 or (n_nl and line_breaks)) and ge < n:
+            if "\n" not in gap and ge < n:  # punctuation before a line break always ends a sentence
                 if text[ge].islower():
                     continue
                 p = m.start()
@@ -77,7 +79,8 @@ def split_sentences(text: str, line_breaks: bool = True) -> list[str]:
 
 
 def _is_abbreviation(text: str, p: int, abbrevs: frozenset[str]) -> bool:
-    """Whether the word that ends at the period ``text[p]`` is an abbreviation or an initial."""
+    """Whether the word that ends at the period ``text[p]`` is an abbreviation, an initial, or the
+    number of a numbered list item at the start of a line (``3. Item``)."""
     lo = p - 32 if p > 32 else 0
     i = max(text.rfind(" ", lo, p), text.rfind("\n", lo, p), text.rfind("\t", lo, p)) + 1
     if i == 0 and lo > 0:  # a 32+ character "word": not an abbreviation
@@ -85,11 +88,21 @@ def _is_abbreviation(text: str, p: int, abbrevs: frozenset[str]) -> bool:
     word = text[i:p].lstrip(_OPENERS)
     if not word:
         return False
+    if word.isascii() and word.isdigit() and _at_line_start(text, i):
+        return True  # "12. Item": a list marker, not a sentence end
     if len(word) == 1:
         return word.isalpha()  # an initial: "Evan L. Morris"
     if "." in word:  # "U.S", "e.g", "Ph.D", "D.C"
         return True
     return word.lower() in abbrevs
+
+
+def _at_line_start(text: str, i: int) -> bool:
+    """Whether only spaces or tabs stand between the previous newline (or the text start) and ``i``."""
+    j = i - 1
+    while j >= 0 and text[j] in " \t":
+        j -= 1
+    return j < 0 or text[j] == "\n"
 
 
 def _add(text: str, s: int, e: int, spans: list[tuple[int, int]]) -> None:

@@ -16,13 +16,16 @@ once, checks its sha256 against the manifest, and parses it from memory.
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import hashlib
 import io
 import os
 import tempfile
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Generic, Iterator, Literal, TypeVar
+from typing import IO, Any, Callable, Generic, Iterator, Literal, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -109,6 +112,12 @@ class Storage(ABC):
     def download_file(self, key: str, local_path: str | Path) -> None:
         Path(local_path).write_bytes(self.read_bytes(key))
 
+    def open_read(self, key: str, *, seekable: bool = False) -> IO[bytes]:
+        """A binary file object reading ``key`` from its start; the caller closes it. Streamed where
+        the storage can, unless ``seekable`` is asked for (parquet readers seek). Raises
+        FileNotFoundError naming the key when it does not exist."""
+        return io.BytesIO(self.read_bytes(key))
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
 
@@ -150,6 +159,12 @@ class LocalStorage(Storage):
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
+
+    def open_read(self, key: str, *, seekable: bool = False) -> IO[bytes]:
+        path = self._path(key)
+        if not path.is_file():
+            raise FileNotFoundError(f"{key} not found in {self.uri}")
+        return open(path, "rb")
 
     def list(self, prefix: str = "") -> list[str]:
         if not self.root.is_dir():
@@ -227,6 +242,50 @@ class S3Storage(Storage):
             raise FileNotFoundError(f"{key} not found in {self.uri}")
         self.client.download_file(self.bucket, self._key(key), str(local_path))
 
+    def open_read(self, key: str, *, seekable: bool = False) -> IO[bytes]:
+        """The object's body as a stream (a multi-GB dump is never held in memory); with ``seekable``
+        it is first copied into an anonymous temporary file."""
+        if seekable:
+            if not self.exists(key):
+                raise FileNotFoundError(f"{key} not found in {self.uri}")
+            fh = tempfile.TemporaryFile()
+            try:
+                self.client.download_fileobj(self.bucket, self._key(key), fh)
+                fh.seek(0)
+            except BaseException:
+                fh.close()
+                raise
+            return fh
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+        except self.client.exceptions.ClientError as err:
+            if self._is_missing(err):
+                raise FileNotFoundError(f"{key} not found in {self.uri}") from err
+            raise
+        return io.BufferedReader(_StreamReader(body), buffer_size=1 << 20)
+
+
+class _StreamReader(io.RawIOBase):
+    """A read-only, forward-only raw file over a ``read(n)`` stream (an S3 object body), so
+    ``io``/``bz2``/``gzip`` and XML parsers can wrap it like a local file."""
+
+    def __init__(self, body: Any) -> None:
+        self._body = body
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._body.read(len(buffer))
+        n = len(data)
+        buffer[:n] = data
+        return n
+
+    def close(self) -> None:
+        if not self.closed:
+            self._body.close()
+        super().close()
+
 
 def open_storage(uri: str | Path, *, endpoint_url: str | None = None) -> Storage:
     """``s3://bucket/prefix`` -> :class:`S3Storage`; a path or ``file://`` URI -> :class:`LocalStorage`."""
@@ -240,6 +299,53 @@ def open_storage(uri: str | Path, *, endpoint_url: str | None = None) -> Storage
     elif "://" in text:
         raise ValueError(f"unsupported store URI {text!r}: use a local path or s3://bucket/prefix")
     return LocalStorage(text)
+
+
+# ---------------------------------------------------------------------------------------- sources
+def source_location(source: str | Path, *, endpoint_url: str | None = None) -> tuple[Storage, str]:
+    """``(storage of the file's folder, the file's key)`` for one input file: a local path, a
+    ``file://`` URI or ``s3://bucket/path/file`` (endpoint as in :func:`open_storage`)."""
+    text = str(source)
+    if text.startswith("s3://"):
+        bucket, _, key = text[len("s3://") :].partition("/")
+        folder, _, name = key.rstrip("/").rpartition("/")
+        if not bucket or not name:
+            raise ValueError(f"{text!r} names no object: use s3://bucket/path/file")
+        return open_storage(f"s3://{bucket}/{folder}", endpoint_url=endpoint_url), name
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    elif "://" in text:
+        raise ValueError(f"unsupported source {text!r}: use a local path or s3://bucket/path/file")
+    path = Path(text).expanduser()
+    return LocalStorage(path.parent), path.name
+
+
+@contextmanager
+def open_source(
+    source: str | Path, *, seekable: bool = False, decompress: bool = True, endpoint_url: str | None = None
+) -> Iterator[IO[bytes]]:
+    """Open one input file (local or ``s3://``) for binary reading through the storage layer.
+
+    ``.bz2`` and ``.gz`` files are decompressed on the fly unless ``decompress`` is False; S3
+    objects are streamed (``seekable=True`` copies them to a temporary file first). A missing file
+    raises FileNotFoundError naming ``source``."""
+    storage, key = source_location(source, endpoint_url=endpoint_url)
+    try:
+        raw = storage.open_read(key, seekable=seekable)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"source not found: {source}") from err
+    try:
+        name = key.lower()
+        if decompress and name.endswith(".bz2"):
+            with bz2.open(raw, "rb") as fh:
+                yield fh
+        elif decompress and name.endswith(".gz"):
+            with gzip.open(raw, "rb") as fh:
+                yield fh
+        else:
+            yield raw
+    finally:
+        raw.close()
 
 
 # ---------------------------------------------------------------------------------------- store

@@ -17,8 +17,6 @@ The work is split so a cluster can spread the expensive part:
 
 from __future__ import annotations
 
-import bz2
-import gzip
 import html
 import logging
 import re
@@ -203,20 +201,6 @@ def _child(el: ET.Element, name: str) -> ET.Element | None:
     return None
 
 
-def _open(path: str | Path | IO[bytes]) -> tuple[IO[bytes], bool]:
-    if hasattr(path, "read"):
-        return path, False  # type: ignore[return-value]
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"wiki export not found: {p}")
-    name = p.name.lower()
-    if name.endswith(".bz2"):
-        return bz2.open(p, "rb"), True
-    if name.endswith(".gz"):
-        return gzip.open(p, "rb"), True
-    return open(p, "rb"), True
-
-
 def _page_from_element(page: ET.Element) -> RawPage:
     title_el, ns_el, id_el = _child(page, "title"), _child(page, "ns"), _child(page, "id")
     title = (title_el.text or "") if title_el is not None else ""
@@ -243,9 +227,21 @@ def iter_pages(path: str | Path | IO[bytes], namespaces: Iterable[int] = (0,)) -
     """Stream the pages of a MediaWiki XML export whose namespace is in ``namespaces`` (default:
     main-namespace articles and redirects). Works for any export schema version.
 
+    ``path`` is a binary file object, a local file or an ``s3://bucket/key`` object (``.bz2``/``.gz``
+    decompressed on the fly, S3 bodies streamed; see :func:`longrag.store.open_source`).
     Raises ValueError when the XML is malformed (after yielding the pages before the error)."""
     keep = {int(n) for n in namespaces}
-    fh, owned = _open(path)
+    if hasattr(path, "read"):
+        yield from _iter_pages(path, keep, getattr(path, "name", path))  # type: ignore[arg-type]
+        return
+    from longrag.store import open_source  # the storage layer reads local files and s3:// objects
+
+    source = path if isinstance(path, str) else str(path)
+    with open_source(source) as fh:
+        yield from _iter_pages(fh, keep, source)
+
+
+def _iter_pages(fh: IO[bytes], keep: set[int], name: Any) -> Iterator[RawPage]:
     try:
         root: ET.Element | None = None
         for event, el in ET.iterparse(fh, events=("start", "end")):
@@ -262,10 +258,7 @@ def iter_pages(path: str | Path | IO[bytes], namespaces: Iterable[int] = (0,)) -
             if raw.ns in keep:
                 yield raw
     except ET.ParseError as e:
-        raise ValueError(f"{getattr(path, 'name', path)}: malformed MediaWiki XML: {e}") from e
-    finally:
-        if owned:
-            fh.close()
+        raise ValueError(f"{name}: malformed MediaWiki XML: {e}") from e
 
 
 # ---------------------------------------------------------------------------------------------
@@ -534,7 +527,7 @@ def read_wikixml(
     (links landing on another document of this export), parse_s and median_words."""
     if text_mode not in TEXT_MODES:
         raise ValueError(f"text_mode must be one of {TEXT_MODES}, got {text_mode!r}")
-    report = ReadReport(source=str(path), fmt="wikixml")
+    report = ReadReport(source=path if isinstance(path, str) else str(path), fmt="wikixml")
     t0 = time.perf_counter()
     docs: list[Document] = []
     redirects: dict[str, str] = {}

@@ -14,8 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from functools import partial
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from longrag.eval import metrics as M
 from longrag.eval.datasets import QAExample
 from longrag.eval.report import CURVE_KEYS, QA_KEYS
 
@@ -25,6 +27,25 @@ FINGERPRINT_VERSION = 1
 # questions only, as comparison questions have yes/no or entity answers that are trivially in or
 # absent from the text).
 DEFAULT_ANSWER_RECALL_TYPES: dict[str, tuple[str, ...] | None] = {"hotpotqa": ("bridge",)}
+
+# The answer-F1 rule of each dataset's own evaluation: LongBench's English QA F1 (plain token F1,
+# no yes/no rule; LongBench, Bai et al., 2023, metric ``qa_f1_score``); every other set here is
+# scored with the SQuAD/HotpotQA F1, where a yes/no/noanswer mismatch scores 0.
+QA_F1_RULES: dict[str, str] = {"longbench": "longbench_qa_f1"}
+DEFAULT_QA_F1_RULE = "hotpot_f1"
+
+
+def qa_f1_rule(dataset: str) -> str:
+    """Name of the answer-F1 rule ``dataset`` is scored with (recorded in ``metrics.json``)."""
+    return QA_F1_RULES.get(dataset, DEFAULT_QA_F1_RULE)
+
+
+def qa_f1_metric(dataset: str) -> Callable[[str, Sequence[str]], float]:
+    """``f1(prediction, answers)`` of ``dataset``'s own evaluation (see :data:`QA_F1_RULES`)."""
+    rule = qa_f1_rule(dataset)
+    if rule == "longbench_qa_f1":
+        return M.longbench_qa_f1
+    return partial(M.f1, hotpot_special=True)
 
 
 # --------------------------------------------------------------------------------------------- fingerprint
@@ -173,6 +194,8 @@ def attach_reader(result: dict[str, Any], reader: Mapping[str, Any]) -> dict[str
         result["reader_units_used"] = len(reader["units_used"])
     if reader.get("truncated") is not None:
         result["reader_truncated"] = bool(reader["truncated"])
+    if reader.get("compressed") is not None:
+        result["reader_compressed"] = bool(reader["compressed"])
     stages = reader.get("stages_ms") or {}
     if "total" in stages:
         result["reader_s"] = float(stages["total"]) / 1000.0

@@ -58,8 +58,13 @@ def score_results(
     counter: Callable[[str], int] | None = None,
     hotpot_special: bool = True,
     answer_recall_types: Iterable[str] | None = None,
+    f1_metric: Callable[[str, Sequence[str]], float] | None = None,
 ) -> list[dict[str, Any]]:
     """Copies of the results with missing metric fields computed.
+
+    ``f1`` is ``f1_metric(prediction, answers)`` when given (e.g. :func:`metrics.longbench_qa_f1`
+    for LongBench, see :func:`longrag.eval.pipeline.qa_f1_metric`), else the SQuAD/HotpotQA F1 with
+    HotpotQA's yes/no rule when ``hotpot_special``.
 
     QA scores need ``prediction`` and ``answers``; answer recall needs ``retrieved[i]["text"]``
     and ``answers``; gold recall needs ``retrieved[i]["titles"]`` and non-empty ``gold_titles``;
@@ -79,7 +84,10 @@ def score_results(
         if pred is not None and answers:
             r.setdefault("em", M.exact_match(pred, answers))
             r.setdefault("refined_em", M.refined_exact_match(pred, answers))
-            r.setdefault("f1", M.f1(pred, answers, hotpot_special=hotpot_special))
+            if f1_metric is not None:
+                r.setdefault("f1", float(f1_metric(pred, answers)))
+            else:
+                r.setdefault("f1", M.f1(pred, answers, hotpot_special=hotpot_special))
         retrieved = r.get("retrieved")
         if retrieved is not None:
             texts = [u.get("text") for u in retrieved]

@@ -1,7 +1,9 @@
 """Sentence chunking as in the MixPR paper (Section 4, "Chunking method").
 
 1. The text is split into sentences (``longrag.sentences``; a single newline does not end a
-   sentence here, a blank line does).
+   sentence by itself, a blank line does, and so does sentence punctuation before a newline: a
+   document of facts written one per line as ``x = y.`` gets one sentence per line even where a
+   line starts with a lower-case letter).
 2. A sentence of more than ``max_words`` words is split along its newlines.
 3. A piece that still has more than ``max_words`` words is cut at word boundaries into
    ``ceil(words / max_words)`` pieces whose word counts differ by at most one.
@@ -139,23 +141,23 @@ def chunk_text(text: str, max_words: int = 32) -> Chunks:
     return Chunks(texts=texts, starts=starts, ends=ends, n_words=counts)
 
 
-_BLANK_LINE = re.compile(r"\n\s*\n")
+# A newline between two ordinary characters: not after sentence punctuation (alone or followed by
+# one closing quote or bracket) or whitespace, and not before whitespace or a digit (a possible
+# "12." list number). The newline is matched first and the characters before it checked by
+# look-behinds, so the regex engine scans for newlines instead of trying them at every position.
+_P, _C = r".!?\u2026", r"'\"\u2019\u201d\u00bb)\]"
+_PLAIN_NEWLINE = re.compile(rf"\n(?:(?<=[^{_P}{_C}\s]\n)|(?<=[^{_P}{_C}\s][{_C}]\n))(?=[^\s0-9])")
 
 
 def _join_single_newlines(text: str) -> str:
-    """``text`` with every newline that is not part of a blank line replaced by a space (same
-    length). With ``line_breaks=False`` such newlines are plain whitespace to the sentence splitter,
-    which then no longer visits each of them (HashHop-like text has one per line)."""
+    """``text`` with the newlines that cannot change a sentence boundary replaced by a space (same
+    length), so the splitter (``line_breaks=False``) no longer visits each of them (HashHop-like
+    text has one per line). Every newline that may matter is kept: after sentence punctuation, in a
+    blank line, before a list number (``12. Item``). The test looks at a character or two, so some
+    harmless newlines are kept too: the splitter reads a single newline as plain whitespace."""
     if "\n" not in text:
         return text
-    pieces: list[str] = []
-    last = 0
-    for m in _BLANK_LINE.finditer(text):
-        pieces.append(text[last : m.start()].replace("\n", " "))
-        pieces.append(m.group())
-        last = m.end()
-    pieces.append(text[last:].replace("\n", " "))
-    return "".join(pieces)
+    return _PLAIN_NEWLINE.sub(" ", text)
 
 
 def _codepoints(text: str) -> np.ndarray:

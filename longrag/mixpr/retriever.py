@@ -27,7 +27,10 @@ from longrag.mixpr.pagerank import personalized_pagerank
 from longrag.mixpr.router import Route, route_query, router_text
 from longrag.mixpr.tfidf import TfidfEmbedding, embed_tfidf
 
-__all__ = ["RetrievedChunk", "MixPRResult", "PreparedDocument", "prepare_document", "top_k_in_order", "MixPRRetriever"]
+__all__ = [
+    "RetrievedChunk", "MixPRResult", "PreparedDocument", "prepare_document", "query_edge_count", "top_k_in_order",
+    "MixPRRetriever",
+]  # fmt: skip
 
 
 @dataclass
@@ -47,7 +50,11 @@ class RetrievedChunk:
 
 @dataclass
 class MixPRResult:
-    """Chunks (document order) plus the trace: route, alpha, sizes, iterations, per-stage seconds."""
+    """Chunks (document order) plus the trace: route, alpha, sizes, iterations, per-stage seconds.
+
+    ``query_edges`` is the number of graph edges from the query chunk(s) to other chunks (None for
+    the baselines, which build no graph); ``notes`` say in words what the numbers imply, e.g. that
+    the query chunk has no edge, so PageRank had nothing to spread along."""
 
     chunks: list[RetrievedChunk]
     route: Route
@@ -58,6 +65,8 @@ class MixPRResult:
     iterations: int
     converged: bool
     timings: dict[str, float] = field(default_factory=dict)
+    query_edges: int | None = None
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -137,6 +146,16 @@ def top_k_in_order(scores: np.ndarray, k: int, n_candidates: int) -> np.ndarray:
     return np.sort(np.concatenate([better, tied]))
 
 
+def query_edge_count(S: Any, prep: PreparedDocument) -> int:
+    """Edges of the distinct-chunk graph ``S`` from the query chunks' rows to other chunks (self loops
+    and edges among the query chunks themselves left out)."""
+    if prep.query.size == 0:
+        return 0
+    q = np.unique(prep.embedding.classes[prep.query])
+    rows = S[q].tocoo()
+    return int(np.count_nonzero(~np.isin(rows.col, q) & (rows.data != 0)))
+
+
 def _to_chunks(prep: PreparedDocument, positions: np.ndarray, scores: np.ndarray) -> list[RetrievedChunk]:
     ch = prep.chunks
     return [
@@ -207,9 +226,20 @@ class MixPRRetriever:
         t3 = time.perf_counter()
         timings.update(graph=t1 - t0, pagerank=t2 - t1, topk=t3 - t2)
         timings["total"] = sum(timings[k] for k in ("chunk", "embed", "graph", "pagerank", "topk"))
+        q_edges = query_edge_count(S, prep)
+        notes = []
+        if route == "local" and prep.query.size and prep.n_doc and q_edges == 0:
+            seeded = cfg.question_seeds > 0 and cfg.question_seed_weight > 0
+            notes.append(
+                f"the query chunk has no edge: no chunk reaches similarity {cfg.threshold} with it, so "
+                "personalized PageRank cannot spread from the query"
+                + (" (only the question seeds carry it)" if seeded else " and the ranking carries no query signal")
+                + "; check how the document was chunked (e.g. several facts in one chunk) or lower mixpr.threshold"
+            )
         return MixPRResult(
             chunks=out, route=route, alpha=alpha, n_chunks=prep.n_doc, n_distinct=int(emb.matrix.shape[0]),
-            n_edges=stats.n_edges, iterations=iters, converged=conv, timings=timings,
+            n_edges=stats.n_edges, iterations=iters, converged=conv, timings=timings, query_edges=q_edges,
+            notes=notes,
         )  # fmt: skip
 
     # -- public API

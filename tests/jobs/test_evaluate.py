@@ -416,3 +416,104 @@ def test_endpoint_mode_against_a_canned_http_server(tmp_path):
         assert p["answer_recall"]["2"] >= p["answer_recall"]["1"]
         assert p["units_used"] == ["u-x"] and p["prompt_tokens"] == 300
     assert "index" not in metrics["run"]
+
+
+# --------------------------------------------------------------------------------------------- issue 9
+
+
+def _canned_server(handle):
+    """A local HTTP server whose POST handler is ``handle(path, body) -> response dict``."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            data = json.dumps(handle(self.path, body)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_longbench_runs_are_scored_with_longbench_f1(tmp_path):
+    """Issue 9: a LongBench run was scored with HotpotQA's F1 rule (a yes/no gold against a longer
+    prediction scores 0 there); LongBench's own QA F1 is plain token F1: "no, the film was not
+    released" against "no" is 2 * (1/5 * 1) / (1/5 + 1) = 1/3."""
+    from jobs.evaluate import main
+
+    data = tmp_path / "longbench.jsonl"
+    records = [
+        {"_id": "a", "input": "Was the film released?", "context": "The film was shelved in 1990. " * 20,
+         "answers": ["no"], "dataset": "hotpotqa", "length": 120, "language": "en"},
+        {"_id": "b", "input": "Who directed it?", "context": "Jane Roe directed the film. " * 20,
+         "answers": ["Jane Roe"], "dataset": "hotpotqa", "length": 100, "language": "en"},
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    replies = {"Was the film released?": "no, the film was not released", "Who directed it?": "Jane Roe"}
+
+    def handle(path, body):
+        unit = {"unit_id": "u0", "titles": ["context"], "doc_ids": ["lb0"], "score": 1.0, "n_tokens": 100}
+        if path == "/v1/retrieve":
+            return {"units": [unit], "coverage": {"degraded": False}, "trace": {}}
+        return {"answer": replies[body["question"]], "long_answer": "", "evidence": [], "trace": {}}
+
+    server = _canned_server(handle)
+    try:
+        out = tmp_path / "lb"
+        argv = ["--dataset", "longbench", "--data", str(data), "--k", "1", "--pipeline", "longrag", "--reader-k", "1",
+                "--endpoint", f"http://127.0.0.1:{server.server_address[1]}", "--out", str(out), "--no-progress"]
+        assert main(argv) == 0
+    finally:
+        server.shutdown()
+    metrics, preds = _read(out)
+    f1 = {p["qid"]: p["f1"] for p in preds}
+    assert f1 == {"a": pytest.approx(1 / 3), "b": 1.0}
+    assert metrics["qa"]["f1"] == pytest.approx((1 / 3 + 1.0) / 2)
+    assert metrics["qa_f1_rule"] == "longbench_qa_f1"
+
+
+def test_local_reader_compresses_overflowing_units_with_mixpr(monkeypatch):
+    """Issue 9: ``jobs.evaluate`` built its LongReader without a compressor, so
+    ``reader.compression=mixpr`` raised as soon as the retrieved units overflowed the window. Now the
+    units are squeezed by MixPR: the answer sentence from the third unit (which truncation drops)
+    reaches the model, and the prompt fits the window."""
+    import longrag.llm.factory as factory
+    from jobs.evaluate import run_reader_local
+    from longrag.config import load_config
+    from tests.fakes import ScriptedLLM
+
+    topics = ["rivers", "mountains", "harbours"]
+    units = []
+    for u, topic in enumerate(topics):
+        sents = [f"Survey note {i} of region {u} records weather and {topic} near village {i}." for i in range(60)]
+        if u == 2:
+            sents.insert(30, "The secret launch code of Project Falcon is 7342.")
+        text = " ".join(sents)
+        units.append({"unit_id": f"u{u}", "doc_ids": [f"d{u}"], "titles": [f"Region {u}"], "text": text,
+                      "n_tokens": len(text.split())})
+    question = "What is the secret launch code of Project Falcon?"
+
+    def run(compression: str):
+        llm = ScriptedLLM(["The code is 7342.", "7342"], context_window=1800)
+        monkeypatch.setattr(factory, "build_llm", lambda cfg: llm)
+        config = load_config(None, [f"reader.compression={compression}"])
+        results = [{"qid": "q", "question": question, "answers": ["7342"], "retrieved": [dict(u) for u in units]}]
+        run_reader_local(results, config, reader_k=3, concurrency=1, progress=False)
+        prompt = "\n".join(m["content"] for m in llm.calls[0]["messages"])
+        return results[0], prompt, llm
+
+    truncated, prompt, _ = run("truncate")
+    assert truncated["reader_truncated"] and "Project Falcon is 7342" not in prompt
+    compressed, prompt, llm = run("mixpr")
+    assert compressed["reader_compressed"] is True and compressed["prediction"] == "7342"
+    assert "The secret launch code of Project Falcon is 7342." in prompt
+    assert llm.calls[0]["max_tokens"] + llm.count_message_tokens(llm.calls[0]["messages"]) <= llm.context_window

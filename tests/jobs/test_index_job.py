@@ -97,8 +97,11 @@ def test_build_into_s3_compatible_store(tmp_path, monkeypatch):
         boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="builds")
         src = tmp_path / "docs.jsonl"
         _corpus(src, n=12)
+        # the source is an S3 object too, as in the README / cluster/aws.yaml / the RayJob (issue 9)
+        boto3.client("s3", endpoint_url=endpoint).upload_file(str(src), "builds", "sources/docs.jsonl")
         uri = "s3://builds/test/jsonl"
-        assert _run(["--source", str(src), "--format", "jsonl", "--out", uri, "--shards", "2"]) == 0
+        assert _run(["--source", "s3://builds/sources/docs.jsonl", "--format", "jsonl", "--out", uri,
+                     "--shards", "2"]) == 0
         store = ArtifactStore.open(uri)
         manifest = store.read_manifest()
         assert manifest.status == "complete" and manifest.counts.documents == 12
@@ -163,3 +166,25 @@ def test_resume_keeps_verified_shards_and_rebuilds_the_rest(tmp_path, capsys):
         assert (shard_dir[s] / "units.parquet").read_bytes() == units_before[s]
         index, units = load_shard(store, s)  # every file verifies again
         assert index.ntotal == manifest.shard(s).n_chunks == original.shard(s).n_chunks
+
+
+def test_bge_large_tokenizer_is_found_for_grouping_and_chunking(tmp_path, monkeypatch):
+    """Issue 9: the documented production embedder (``--set embedding.model=bge-large-en-v1.5``)
+    failed in ``counter_for_model_dir`` with "no tokenizer": the job passed the hub name as a
+    folder. Grouping (driver) and chunking (Ray Data worker) now count with the tokenizer in the
+    model's hub cache snapshot (a stand-in cache here: bge-large is not installed)."""
+    from longrag.config import load_config
+    from longrag.types import Document
+    from tests.hub_cache import fake_hub_cache
+
+    fake_hub_cache(tmp_path / "hub", "BAAI/bge-large-en-v1.5", monkeypatch)
+    config = load_config(None, ["embedding.model=bge-large-en-v1.5", "units.max_group_tokens=40"])
+    docs = [Document(f"d{i}", f"Topic {i}", f"Topic {i} is a subject about item {i}.", [f"Topic {i + 1}"])
+            for i in range(6)]
+    units = index_job.group_documents(docs, config)
+    assert sum(len(u.doc_ids) for u in units) == 6 and all(0 < u.n_tokens <= 40 for u in units)
+    chunker = index_job._ChunkUnits("bge-large-en-v1.5", 8)
+    batch = {"unit_id": [u.unit_id for u in units], "titles": [u.titles for u in units],
+             "text": [u.text for u in units], "shard": [0] * len(units)}
+    out = chunker(batch)
+    assert out["chunk_id"] and max(out["n_tokens"]) <= 8

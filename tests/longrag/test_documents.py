@@ -173,3 +173,32 @@ def test_report_to_dict() -> None:
     r.add_bad(4, "bad two")
     d = r.to_dict()
     assert d["n_bad"] == 2 and d["bad"] == [{"line": 3, "reason": "bad one", "record": None}]
+
+
+def test_sources_are_read_from_s3_like_local_files(tmp_path: Path) -> None:
+    """Issue 9: ``--source s3://...`` failed (the readers tested ``Path.exists()``); JSONL, gzipped
+    JSONL and parquet objects are now read through the storage layer, same documents as locally."""
+    import boto3
+
+    from tests.s3server import moto_s3
+
+    docs = [Document("1", "Alpha", "alpha text é", ["Beta"]), Document("2", "Beta", "beta text", [])]
+    lines = [json.dumps(d.to_row()) for d in docs] + ["{not json"]
+    local = {"docs.jsonl": tmp_path / "docs.jsonl", "docs.jsonl.gz": tmp_path / "docs.jsonl.gz",
+             "docs.parquet": tmp_path / "docs.parquet"}
+    _write_jsonl(local["docs.jsonl"], lines)
+    with gzip.open(local["docs.jsonl.gz"], "wt", encoding="utf-8") as fh:
+        fh.write("\n".join(lines) + "\n")
+    pq.write_table(documents_to_table(docs), local["docs.parquet"])
+    with moto_s3("corpora") as endpoint:
+        client = boto3.client("s3", endpoint_url=endpoint)
+        for name, path in local.items():
+            client.upload_file(str(path), "corpora", f"user/{name}")
+        for name, path in local.items():
+            uri = f"s3://corpora/user/{name}"
+            got, rep = read_documents(uri)
+            want, _ = read_documents(path)
+            assert got == want == docs
+            assert rep.source == uri and rep.n_bad == (0 if name.endswith("parquet") else 1)
+        with pytest.raises(FileNotFoundError, match="s3://corpora/user/missing.jsonl"):
+            read_documents("s3://corpora/user/missing.jsonl")

@@ -115,3 +115,21 @@ def test_config_options() -> None:
     # all-MiniLM-L6-v2 ends in its own Normalize module, so even normalize=False gives unit vectors.
     np.testing.assert_allclose(raw, reference_minilm(TEXTS[:2], max_len=16), atol=2e-5)
     np.testing.assert_allclose(emb.encode_queries(["who"]), emb.encode_passages(["query: who"]), atol=1e-6)
+
+
+def test_tokenizer_of_a_hub_model_resolves_in_the_hub_cache(tmp_path, monkeypatch) -> None:
+    """Issue 9: ``--set embedding.model=bge-large-en-v1.5`` failed with "no tokenizer": the hub name
+    was taken for a folder. The tokenizer is found in the model's Hugging Face cache snapshot,
+    without loading the model; a model in no cache gets an error saying how to fetch it."""
+    from longrag.embedding import tokenizer_dir
+    from longrag.tokens import counter_for_model_dir
+    from tests.hub_cache import fake_hub_cache
+
+    snapshot = fake_hub_cache(tmp_path / "hub", "BAAI/bge-large-en-v1.5", monkeypatch)
+    for name in ("bge-large-en-v1.5", "BAAI/bge-large-en-v1.5", resolve_embedding_model("bge-large-en-v1.5")):
+        assert Path(tokenizer_dir(name)) == snapshot
+    counter = counter_for_model_dir(tokenizer_dir("bge-large-en-v1.5"))
+    assert counter.count("Paris is the capital of France.") == 7
+    assert Path(tokenizer_dir("all-MiniLM-L6-v2")) == Path(resolve_embedding_model("all-MiniLM-L6-v2").path_or_name)
+    with pytest.raises(FileNotFoundError, match="huggingface-cli download intfloat/e5-large-v2"):
+        tokenizer_dir("intfloat/e5-large-v2")

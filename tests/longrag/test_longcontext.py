@@ -215,7 +215,16 @@ def test_fast_chunker_equals_reference_on_random_and_real_text():
             assert a.texts == b.texts, t
             assert np.array_equal(a.starts, b.starts) and np.array_equal(a.ends, b.ends)
             assert np.array_equal(a.n_words, b.n_words)
-    for s in (generate_hashhop(8000, 4, 0), generate_babilong("qa2", 8000, 0)):
+    # issue 9: punctuation before line breaks, lower-case line starts, list numbers, quoted ends
+    atoms = _ATOMS + ["a = b.", "\nc = d.", "\n12. ", "3.", "\n7", " 1", "x'", "'.\n", ".)\n", "\n\tz", "q.\n\n"]
+    for _ in range(120):
+        t = "".join(rng.choice(atoms) for _ in range(rng.randint(0, 300)))
+        for mw in (1, 3, 32):
+            a, b = chunk_text(t, mw), chunk_text_reference(t, mw)
+            assert a.texts == b.texts, t
+            assert np.array_equal(a.starts, b.starts) and np.array_equal(a.n_words, b.n_words)
+    formats = [generate_hashhop(8000, 4, 0, fmt=f) for f in ("periods", "numbered", "prose", "bullets")]
+    for s in (generate_hashhop(8000, 4, 0), generate_babilong("qa2", 8000, 0), *formats):
         for mw in (8, 32):
             a, b = chunk_text(s.document, mw), chunk_text_reference(s.document, mw)
             assert a.texts == b.texts and np.array_equal(a.starts, b.starts)

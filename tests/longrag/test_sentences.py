@@ -116,3 +116,21 @@ def test_speed_about_a_million_tokens(passages):
 def test_rejects_non_str():
     with pytest.raises(ValueError, match="str"):
         sentence_spans(b"bytes")
+
+
+def test_punctuation_before_a_line_break_ends_the_sentence():
+    """Issue 9: ``x = y.`` facts one per line were merged wherever the next line started in lower
+    case. Sentence punctuation before a newline now ends the sentence in both modes; inside a line
+    the lower-case and abbreviation rules are unchanged."""
+    text = "abc = def.\nghi = jkl.\nMno = pqr!\nstu = 'vwx'.\nwrapped line\ncontinues here."
+    want = ["abc = def.", "ghi = jkl.", "Mno = pqr!", "stu = 'vwx'.", "wrapped line\ncontinues here."]
+    assert split_sentences(text, line_breaks=False) == want
+    assert split_sentences("Dr. Smith came. then left.", line_breaks=False) == ["Dr. Smith came. then left."]
+
+
+def test_numbered_list_markers_do_not_end_a_sentence():
+    text = "1. First item here\n2. Second item.\n10. Tenth item\nIn 1990. The year after"
+    assert split_sentences(text) == ["1. First item here", "2. Second item.", "10. Tenth item", "In 1990.",
+                                     "The year after"]
+    assert split_sentences("Intro:\n12. Item twelve. Next one", line_breaks=False) == [
+        "Intro:\n12. Item twelve.", "Next one"]

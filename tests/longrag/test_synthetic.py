@@ -43,6 +43,43 @@ def test_hashhop_chain_and_needles(hops):
     assert generate_hashhop(4000, hops, seed=2).document != s.document
 
 
+_FACT = {
+    "lines": r"(?P<a>[A-Za-z]{16}) = (?P<b>'?[A-Za-z]{16}'?)",
+    "periods": r"(?P<a>[A-Za-z]{16}) = (?P<b>'?[A-Za-z]{16}'?)\.",
+    "lowercase": r"(?P<a>[a-z]{16}) = (?P<b>'?[a-z]{16}'?)\.",
+    "bullets": r"- (?P<a>[A-Za-z]{16}) = (?P<b>'?[A-Za-z]{16}'?)",
+    "numbered": r"\d+\. (?P<a>[A-Za-z]{16}) = (?P<b>'?[A-Za-z]{16}'?)\.",
+    "prose": r"The value of (?P<a>[A-Za-z]{16}) is (?P<b>'?[A-Za-z]{16}'?)\.",
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(_FACT))
+def test_hashhop_formats_write_the_same_kind_of_chain(fmt):
+    """Issue 9: the HashHop facts in each document format of the MixPR format benchmark: the needles
+    are whole facts in that layout, they chain from the asked head to the answer, and the length
+    target holds."""
+    from longrag.synthetic.hashhop import HASHHOP_FORMATS
+
+    assert set(HASHHOP_FORMATS) == set(_FACT)
+    s = generate_hashhop(4000, 4, seed=3, fmt=fmt)
+    assert abs(s.n_tokens - 4000) / 4000 < 0.1 and s.meta["format"] == fmt
+    pairs = {}
+    for fact in re.split(r"\n\n|\n| (?=The value)", s.document):
+        m = re.fullmatch(_FACT[fmt], fact)
+        assert m, (fmt, fact)
+        pairs[m.group("a")] = m.group("b").strip("'")
+    h = s.meta["heads"][0]
+    for text in s.needle_texts:
+        m = re.fullmatch(_FACT[fmt], text)
+        assert m and m.group("a") == h, (fmt, text)
+        h = pairs[h]
+    assert h == s.answers[0]
+    if fmt == "prose":
+        assert "\n\n" in s.document and "\n" not in s.document.replace("\n\n", "")
+    with pytest.raises(ValueError, match="unknown HashHop format 'poem'"):
+        generate_hashhop(4000, 4, fmt="poem")
+
+
 def test_parse_babi_supporting_facts():
     text = "1 Mary moved to the bathroom.\n2 John went to the hallway.\n3 Where is Mary? \tbathroom\t1\n" \
            "4 Daniel went back to the hallway.\n5 Where is Daniel? \thallway\t4\n1 Sandra left.\n2 Where is Sandra?\tgarden\t1\n"

@@ -1,0 +1,98 @@
+"""Validated argparse types shared by the job CLIs.
+
+A bad option value must end in argparse's usage error (exit status 2) with a message that names the
+bad value and what is valid, never in a traceback from deep inside a job. Each factory returns a
+``type=`` callable that raises :class:`argparse.ArgumentTypeError` (argparse then prints
+``argument --flag: <message>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable, Iterable
+
+__all__ = ["choice_list", "int_list", "number"]
+
+
+def _split(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def number(kind: type = int, *, min_value: float | None = None, max_value: float | None = None,
+           min_exclusive: bool = False) -> Callable[[str], int | float]:
+    """An int (or float) within ``[min_value, max_value]`` (``min_exclusive``: strictly above it)."""
+
+    def describe() -> str:
+        what = "an integer" if kind is int else "a number"
+        if min_value is not None and max_value is not None:
+            lo = "(" if min_exclusive else "["
+            return f"{what} in {lo}{min_value:g}, {max_value:g}]"
+        if min_value is not None:
+            return f"{what} {'>' if min_exclusive else '>='} {min_value:g}"
+        return what
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {describe()}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {describe()}")
+        too_low = min_value is not None and (value <= min_value if min_exclusive else value < min_value)
+        if too_low or (max_value is not None and value > max_value):
+            raise argparse.ArgumentTypeError(f"{text!r} is out of range: expected {describe()}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in some messages
+    return parse
+
+
+def int_list(*, min_value: int = 1, max_value: int | None = None, min_len: int = 1) -> Callable[[str], list[int]]:
+    """Comma-separated integers in ``[min_value, max_value]``, at least ``min_len`` of them."""
+    bounds = f">= {min_value}" if max_value is None else f"in [{min_value}, {max_value}]"
+
+    def parse(text: str) -> list[int]:
+        items = _split(text)
+        bad = [x for x in items
+               if not _is_int(x) or int(x) < min_value or (max_value is not None and int(x) > max_value)]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"{bad[0]!r} is not an integer {bounds} (expected comma-separated integers, e.g. {min_value},{min_value + 1})"
+            )
+        if len(items) < min_len:
+            raise argparse.ArgumentTypeError(f"expected at least {min_len} comma-separated integers, got {text!r}")
+        return [int(x) for x in items]
+
+    parse.__name__ = "int_list"
+    return parse
+
+
+def choice_list(choices: Iterable[str], *, accept: Callable[[str], bool] | None = None,
+                describe: str | None = None) -> Callable[[str], list[str]]:
+    """Comma-separated names, each one of ``choices`` (or accepted by ``accept``); the error lists
+    the valid names (``describe`` when given)."""
+    valid = list(choices)
+
+    def parse(text: str) -> list[str]:
+        items = _split(text)
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of: {describe or ', '.join(valid)}")
+        bad = [x for x in items if x not in valid and not (accept is not None and accept(x))]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"invalid choice{'s' if len(bad) > 1 else ''} {', '.join(repr(b) for b in bad)} "
+                f"(choose from {describe or ', '.join(valid)})"
+            )
+        return items
+
+    parse.__name__ = "choice_list"
+    return parse
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,44 @@
+"""A local S3-compatible server (moto) for tests that read or write ``s3://`` URIs."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def moto_s3(*buckets: str) -> Iterator[str]:
+    """Run a moto S3 server on a free local port with ``buckets`` created; yields its endpoint URL
+    and sets ``LONGRAG_S3_ENDPOINT_URL`` (and dummy credentials) while it runs, so
+    :func:`longrag.store.open_storage` reaches it. Skips the test when moto is not installed."""
+    server_mod = pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    port = free_port()
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    mp = pytest.MonkeyPatch()
+    try:
+        for var, value in {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "LONGRAG_S3_ENDPOINT_URL": endpoint,
+        }.items():
+            mp.setenv(var, value)
+        client = boto3.client("s3", endpoint_url=endpoint)
+        for bucket in buckets:
+            client.create_bucket(Bucket=bucket)
+        yield endpoint
+    finally:
+        mp.undo()
+        server.stop()
