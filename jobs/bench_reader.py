@@ -4,7 +4,8 @@
     python -m jobs.bench_reader --dataset musique --limit 30 --settings full@2048,mixpr@2048,full@4096
 
 Retrieval runs in process (pooled paragraphs of the evaluated questions -> title-linked grouped units
--> MaxP over the bundled encoder); every setting then reads each question's top ``--k`` units with
+-> MaxP over the bundled encoder); the candidates are a question's top units up to twice the largest
+budget's tokens (``--candidate-tokens``); every setting then reads them with
 the configured LLM (default: the bundled Qwen2.5-Coder-0.5B-Instruct through llama.cpp). Writes
 ``OUT/<dataset>.json``, ``OUT/<dataset>.md``, ``OUT/reader_bench.png`` and ends with a JSON line.
 A rerun of the same command resumes from ``OUT/<dataset>.rows.jsonl``.
@@ -20,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from jobs.cli import number
 from longrag.config import load_config
 from longrag.data import HOTPOTQA_SAMPLE, MUSIQUE_SAMPLE, data_path
 from longrag.eval import reader_bench as rb
@@ -34,8 +36,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m jobs.bench_reader", description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", choices=sorted(DATASETS), required=True)
     p.add_argument("--data", help="QA file (default: the sample under data/)")
-    p.add_argument("--limit", type=int, default=30, help="questions (the first N of the file)")
-    p.add_argument("--k", type=int, default=8, help="candidate units per question")
+    p.add_argument("--limit", type=number(int, min_value=1), default=30, help="questions (the first N of the file)")
+    p.add_argument("--k", type=number(int, min_value=1), default=4, help="candidate units per question (at least)")
+    p.add_argument("--candidate-tokens", type=number(int, min_value=0), help="take more units until they hold this many tokens "
+                   "(default: twice the largest budget, so that every budget must choose)")
     p.add_argument("--settings", default=DEFAULT_SETTINGS, help="MODE@TOKENS[/fsN],... (MODE: full | mixpr)")
     p.add_argument("--out", default=str(ROOT / "reports" / "bench-reader"))
     p.add_argument("--config")
@@ -45,8 +49,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.settings = rb.parse_settings(args.settings)
     except ValueError as exc:
         p.error(str(exc))
-    if args.limit < 1 or args.k < 1:
-        p.error("--limit and --k must be >= 1")
     return args
 
 
@@ -64,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     loaded = load_qa(data, args.dataset)
     examples = loaded.examples[: args.limit]
     t0 = time.perf_counter()
-    cands = rb.retrieve_candidates(examples, args.k, embedding=config.embedding)
+    min_tokens = args.candidate_tokens if args.candidate_tokens is not None else 2 * top_budget
+    cands = rb.retrieve_candidates(examples, args.k, min_tokens=min_tokens, embedding=config.embedding)
     logging.info("retrieval: %s", cands.stats)
     llm = build_llm(config.llm)
     rows = asyncio.run(rb.run_settings(llm, examples, cands, args.settings, base=config.reader, mixpr=config.mixpr,

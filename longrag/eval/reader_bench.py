@@ -40,6 +40,7 @@ from longrag.types import Unit
 log = logging.getLogger(__name__)
 
 Mode = Literal["full", "mixpr"]
+MAX_CANDIDATES = 64
 
 
 @dataclass(frozen=True)
@@ -92,13 +93,16 @@ def retrieve_candidates(
     examples: Sequence[QAExample],
     k: int,
     *,
+    min_tokens: int = 0,
     embedding: EmbeddingConfig | None = None,
     units: UnitConfig | None = None,
     links: str = "title_mentions",
     progress: Callable[[str], None] = log.info,
 ) -> Candidates:
-    """Pool the examples' paragraphs, group them into long units, and find each question's top-``k``
-    units with exact MaxP over the bundled encoder (one process, no Ray)."""
+    """Pool the examples' paragraphs, group them into long units, and find each question's top
+    units with exact MaxP over the bundled encoder (one process, no Ray): at least ``k``, and more
+    (up to ``MAX_CANDIDATES``) until they hold ``min_tokens`` tokens, so that every budget under test
+    has more candidates than it can take whole."""
     from longrag.chunking import chunk_units
     from longrag.embedding import Embedder
     from longrag.grouping import make_units_from_config
@@ -119,10 +123,19 @@ def retrieve_candidates(
     vectors = embedder.encode_passages([c.text for c in chunks])
     index = MaxPIndex.build(vectors, [c.chunk_id for c in chunks], [c.unit_id for c in chunks])
     queries = embedder.encode_queries([ex.question for ex in examples])
-    hits = index.search(queries, k)
+    hits = index.search(queries, max(k, MAX_CANDIDATES) if min_tokens else k)
     by_id = {u.unit_id: u for u in unit_list}
-    out = {ex.qid: [by_id[h.unit_id] for h in row] for ex, row in zip(examples, hits)}
+    out: dict[str, list[Unit]] = {}
+    for ex, row in zip(examples, hits):
+        ranked = [by_id[h.unit_id] for h in row]
+        n = k
+        while n < len(ranked) and sum(u.n_tokens for u in ranked[:n]) < min_tokens:
+            n += 1
+        out[ex.qid] = ranked[:n]
     stats = {"documents": len(docs), "units": len(unit_list), "chunks": len(chunks), "k": k,
+             "min_tokens": min_tokens,
+             "mean_candidates": round(float(np.mean([len(v) for v in out.values()])), 1),
+             "mean_candidate_tokens": round(float(np.mean([sum(u.n_tokens for u in v) for v in out.values()]))),
              "links": links, "embed_s": round(time.perf_counter() - t1, 1),
              "total_s": round(time.perf_counter() - t0, 1)}
     return Candidates(out, stats)
