@@ -69,8 +69,9 @@ class ReaderResult:
     context_tokens: int = 0
     raw_short_answer: str = ""
     compressed: bool = False
-    #: Why the short-answer turn's reply was replaced by a span of the long answer ("empty",
-    #: "question echo", "few-shot example"), or None when the reply was used.
+    #: Why the short-answer turn's reply was replaced: by a span of the long answer ("empty",
+    #: "question echo", "few-shot example"), or by yes/no for a yes/no question ("yes/no question");
+    #: None when the reply was used as it was.
     answer_fallback: str | None = None
     #: Prompt tokens the backend took from its prefix cache (the second turn repeats the first).
     cached_prompt_tokens: int = 0
@@ -263,6 +264,34 @@ def short_answer_problem(answer: str, question: str, evidence: str, examples: Se
     return None
 
 
+_YES_NO_QUESTION = re.compile(
+    r"^\s*(?:is|are|was|were|am|do|does|did|can|could|has|have|had|will|would|should|shall|may|might|must)\b",
+    re.IGNORECASE,
+)
+_LEADING_YES_NO = re.compile(r"^\W*(yes|no)\b", re.IGNORECASE)
+_NEGATION = re.compile(r"\b(?:no|not|never|neither|nor|none|different|n't)\b|n't\b", re.IGNORECASE)
+
+
+def is_yes_no_question(question: str) -> bool:
+    """A question answered by yes or no: it opens with an auxiliary verb ("Are both ...", "Was X
+    ...") and offers no alternatives ("Is X or Y older?" asks for one of them)."""
+    return bool(_YES_NO_QUESTION.match(question)) and not re.search(r"\bor\b", question, re.IGNORECASE)
+
+
+def yes_no_answer(question: str, short: str, long_answer: str) -> str | None:
+    """"yes"/"no" for a yes/no question: the reply's or the long answer's leading yes/no, else the
+    long answer's polarity (a negation -> "no", an affirmation -> "yes"). None for other questions."""
+    if not is_yes_no_question(question):
+        return None
+    for text in (short, long_answer):
+        m = _LEADING_YES_NO.match(text)
+        if m:
+            return m.group(1).lower()
+    if not long_answer.strip():
+        return None
+    return "no" if _NEGATION.search(long_answer) else "yes"
+
+
 def first_sentence(text: str, max_words: int = 30) -> str:
     """The first sentence of ``text`` (for a fallback answer), at most ``max_words`` words."""
     text = " ".join(text.split())
@@ -363,6 +392,9 @@ class LongReader:
         if fallback is not None:
             # The long answer's first sentence, cut to its answer span.
             answer = reduce_to_span(clean_short_answer(first_sentence(long_answer)), question)
+        yes_no = yes_no_answer(question, second.text, long_answer)
+        if yes_no is not None and answer.lower() != yes_no:
+            answer, fallback = yes_no, fallback or "yes/no question"
         return ReaderResult(
             answer=answer,
             long_answer=long_answer,

@@ -18,6 +18,7 @@ from longrag.reader import (
     reduce_to_span,
     short_answer_problem,
     trim_to_tokens,
+    yes_no_answer,
 )
 from longrag.types import Unit
 from tests.fakes import ScriptedLLM
@@ -389,3 +390,30 @@ def test_max_context_tokens_caps_the_budget():
     units = [make_unit(f"u{i}", 30) for i in range(4)]
     fitted = capped.fit("q?", units)
     assert fitted.unit_ids == ["u0"] and fitted.tokens <= 50 and fitted.truncated
+
+
+@pytest.mark.parametrize(
+    "question, short, long_answer, expected",
+    [
+        ("Are Christopher Nolan and Sathish Kalathil both film directors?", "Christopher Nolan and Sathish",
+         "Christopher Nolan and Sathish Kalathil are both film directors.", "yes"),
+        ("Are Watertown and Alexandria airports in the same state?", "Yes, both are airports in the same state",
+         "Yes, both are in the same state.", "yes"),
+        ("Were both bands from England?", "The Beatles", "No. Only the Beatles were English.", "no"),
+        ("Is Lake Tahoe in Nevada and California?", "", "Lake Tahoe is not only in Nevada.", "no"),
+        ("Did they have different nationalities?", "", "They didn't share one: they had different nationalities.",
+         "no"),
+        # choices and open questions are not yes/no questions
+        ("Is the Nile or the Amazon longer?", "the Nile", "The Nile is longer.", None),
+        ("Who directed Jaws?", "Steven Spielberg", "Jaws was directed by Steven Spielberg.", None),
+    ],
+)
+def test_yes_no_answer(question, short, long_answer, expected):
+    assert yes_no_answer(question, short, long_answer) == expected
+
+
+def test_reader_answers_yes_no_questions_with_yes_or_no():
+    llm = ScriptedLLM(["Yes, both were film directors.", "Christopher Nolan and Sathish Kalathil"])
+    res = run(LongReader(llm).read("Are Christopher Nolan and Sathish Kalathil both film directors?",
+                                   [make_unit("a", 10)]))
+    assert res.answer == "yes" and res.answer_fallback == "yes/no question"
