@@ -47,21 +47,24 @@ class LongContextRequest(BaseModel):
     )
     retrieve_only: bool = Field(False, description="Skip the reader: return the chunks without an answer.")
 
-    @field_validator("document")
+    # "before" validators run ahead of the type check, so a lone surrogate gets a clear message.
+    @field_validator("document", mode="before")
     @classmethod
-    def _document(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("document is empty (no non-whitespace text)")
-        return check_encodable(v, "document")
+    def _document(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            check_encodable(v, "document")
+            if not v.strip():
+                raise ValueError("document is empty (no non-whitespace text)")
+        return v
 
-    @field_validator("question")
+    @field_validator("question", mode="before")
     @classmethod
-    def _question(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        if not v.strip():
-            raise ValueError("question is empty (no non-whitespace character); omit it to use the document's end")
-        return check_encodable(v, "question")
+    def _question(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            check_encodable(v, "question")
+            if not v.strip():
+                raise ValueError("question is empty (no non-whitespace character); omit it to use the document's end")
+        return v
 
 
 def replica_device(device: str) -> str:

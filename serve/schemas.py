@@ -48,12 +48,14 @@ class RetrieveRequest(_Strict):
         "default serve.default_k."
     )
 
-    @field_validator("question")
+    @field_validator("question", mode="before")
     @classmethod
-    def _text(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("question is empty (no non-whitespace character)")
-        return check_encodable(v, "question")
+    def _text(cls, v: Any) -> Any:
+        if isinstance(v, str):  # before the type check, so a lone surrogate gets this message
+            check_encodable(v, "question")
+            if v and not v.strip():
+                raise ValueError("question is empty (no non-whitespace character)")
+        return v
 
 
 class AnswerRequest(RetrieveRequest):
