@@ -34,8 +34,10 @@ index: setup
 	$(BIN)/python -m jobs.index --source data/sample/enwiki-sample-106-articles.xml.bz2 --format wikixml \
 		--out artifacts/sample --unit grouped --text-mode lead --shards 2
 
+# Like `serve run serve/configs/cpu.yaml`, but exits 1 naming the missing resources (or the failed
+# deployment) instead of waiting forever when the app cannot start.
 serve: setup
-	$(BIN)/serve run serve/configs/cpu.yaml
+	$(BIN)/python -m serve.run serve/configs/cpu.yaml
 
 bench-mixpr: setup
 	$(BIN)/python -m jobs.bench_mixpr

@@ -56,11 +56,19 @@ class ShardedSearchResult:
     shard_ms: dict[int, float]
 
 
+class IndexNotReady(RuntimeError):
+    """Shard actors that did not load in time, with what they ask of the cluster and what it has."""
+
+
 class ShardUnavailable(RuntimeError):
     def __init__(self, shard: int, errors: list[str]) -> None:
         super().__init__(f"no replica of shard {shard} answered: {'; '.join(errors)}")
         self.shard = shard
         self.errors = errors
+
+
+def shard_actor_name(prefix: str, shard_id: int, replica: int) -> str:
+    return f"{prefix}-s{shard_id}-r{replica}"
 
 
 _ERROR_LINE = re.compile(r"^\s*(?:\S+\.)?(\w+(?:Error|Exception|Unavailable)): (.+)$")
@@ -84,11 +92,14 @@ async def _await_ref(ref: ray.ObjectRef, timeout_s: float) -> Any:
 class ShardedIndex:
     """Client over ``replicas[shard][replica]`` actor handles."""
 
-    def __init__(self, replicas: list[list[Any]], *, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, replicas: list[list[Any]], *, timeout_s: float = 10.0, actor_resources: dict[str, float] | None = None
+    ) -> None:
         if not replicas or any(not r for r in replicas):
             raise ValueError("every shard needs at least one replica actor")
         self.replicas = replicas
         self.timeout_s = timeout_s
+        self.actor_resources = actor_resources  # what each shard actor asks of Ray (for diagnostics)
         self._next = [0] * len(replicas)
 
     # ------------------------------------------------------------------ launch
@@ -101,6 +112,7 @@ class ShardedIndex:
         num_cpus: float = 0.25,
         timeout_s: float = 10.0,
         name_prefix: str | None = None,
+        namespace: str | None = None,
         detached: bool = False,
         verify: bool = True,
         search_params: str = "",
@@ -108,9 +120,10 @@ class ShardedIndex:
     ) -> "ShardedIndex":
         """Start (or, with ``name_prefix``, find) ``replicas`` actors for every shard of a build.
 
-        Named actors (``name_prefix``) are shared: several Serve replicas of the retriever reach
-        the same shard actors instead of each loading its own copy. Replicas of a shard are spread
-        over nodes (SPREAD), so one node failure leaves the other replicas."""
+        Named actors (``name_prefix``, in ``namespace`` or the caller's) are shared: whoever
+        launches with the same prefix gets the same actors (``get_if_exists``) instead of loading
+        its own copy (see :mod:`actors.index_tier`). Replicas of a shard are spread over nodes
+        (SPREAD), so one node failure leaves the other replicas."""
         manifest = ArtifactStore.open(store_uri).read_manifest()
         handles: list[list[Any]] = []
         for shard in manifest.shards:
@@ -118,21 +131,72 @@ class ShardedIndex:
             for r in range(replicas):
                 opts: dict[str, Any] = {"num_cpus": num_cpus, "scheduling_strategy": "SPREAD"}
                 if name_prefix:
-                    opts.update(name=f"{name_prefix}-s{shard.shard_id}-r{r}", get_if_exists=True)
+                    opts.update(name=shard_actor_name(name_prefix, shard.shard_id, r), get_if_exists=True)
+                    if namespace:
+                        opts["namespace"] = namespace
                 if detached:
                     opts["lifetime"] = "detached"
                 row.append(IndexShard.options(**opts).remote(store_uri, shard.shard_id, verify, threads, search_params))
             handles.append(row)
-        return cls(handles, timeout_s=timeout_s)
+        return cls(handles, timeout_s=timeout_s, actor_resources={"CPU": float(num_cpus)})
 
     @property
     def n_shards(self) -> int:
         return len(self.replicas)
 
-    def wait_ready(self, timeout_s: float = 300.0) -> list[dict[str, Any]]:
-        """Block until every replica has loaded its shard; returns their ``info()``."""
+    def wait_ready(self, timeout_s: float = 300.0, warn_every_s: float = 30.0) -> list[dict[str, Any]]:
+        """Block until every replica has loaded its shard; returns their ``info()``.
+
+        A replica that failed to load raises its error. Replicas still pending are logged every
+        ``warn_every_s`` and, after ``timeout_s``, raise :class:`IndexNotReady` naming them, the
+        resources each asks for and the cluster's total and free resources (an actor that cannot
+        be scheduled waits silently in Ray otherwise)."""
+        where = [(s, r) for s, row in enumerate(self.replicas) for r in range(len(row))]
         refs = [a.info.remote() for row in self.replicas for a in row]
-        return ray.get(refs, timeout=timeout_s)
+        index_of = {ref: i for i, ref in enumerate(refs)}
+        results: dict[int, dict[str, Any]] = {}
+        pending = list(refs)
+        t0 = time.monotonic()
+        while pending:
+            left = timeout_s - (time.monotonic() - t0)
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=max(0.0, min(warn_every_s, left)))
+            for ref in ready:
+                results[index_of[ref]] = ray.get(ref)  # raises when the shard failed to load
+            if not pending:
+                break
+            message = self._not_ready_message([where[index_of[ref]] for ref in pending], time.monotonic() - t0)
+            if time.monotonic() - t0 >= timeout_s:
+                raise IndexNotReady(message)
+            log.warning(message)
+        return [results[i] for i in range(len(refs))]
+
+    def _not_ready_message(self, pending: list[tuple[int, int]], waited_s: float) -> str:
+        names = ", ".join(f"shard {s} replica {r}" for s, r in pending[:8]) + (" ..." if len(pending) > 8 else "")
+        total = {k: v for k, v in ray.cluster_resources().items() if not k.startswith("node:")}
+        free = {k: round(v, 3) for k, v in ray.available_resources().items() if not k.startswith("node:")}
+        ask = self.actor_resources or "unknown"
+        return (
+            f"{len(pending)} of {sum(len(row) for row in self.replicas)} IndexShard actors not ready after "
+            f"{waited_s:.0f}s ({names}). Each asks for {ask}; the cluster has {total} in total and {free} free. "
+            "An actor waits to be scheduled while no node has its ask free: lower index.shard_num_cpus or "
+            "index.replicas, give Ray more CPUs (ray start --num-cpus), or add nodes."
+        )
+
+    async def liveness(self, timeout_s: float = 5.0) -> list[list[bool]]:
+        """``[shard][replica]``: whether each replica actor answers a ping within ``timeout_s``."""
+
+        async def alive(actor: Any) -> bool:
+            try:
+                return bool(await _await_ref(actor.ping.remote(), timeout_s))
+            except Exception:  # dead, restarting, still loading, or too slow: not live now
+                return False
+
+        flags = await asyncio.gather(*(alive(a) for row in self.replicas for a in row))
+        out, i = [], 0
+        for row in self.replicas:
+            out.append(list(flags[i:i + len(row)]))
+            i += len(row)
+        return out
 
     def kill(self) -> None:
         for row in self.replicas:

@@ -87,11 +87,15 @@ def start_or_join(
     namespace: str = "longrag",
     object_store_memory: int | None = 512 * 1024**2,
     env_vars: dict[str, str] | None = None,
+    include_dashboard: bool = False,
+    dashboard_port: int | None = None,
 ) -> ClusterHandle:
     """Connect this driver to a Ray cluster, starting a local one when no address is known.
 
     ``num_cpus``/``num_gpus``/``resources`` are per node for local clusters (logical GPUs let
     GPU-shaped actors schedule on a CPU machine: the code picks its real device itself).
+    ``include_dashboard`` (single node) starts the dashboard, which the state API
+    (``ray.util.state``) and job submission need, on ``dashboard_port`` (Ray's default 8265).
     """
     forwarded = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
     runtime_env = {"env_vars": {**WORKER_ENV, **forwarded, **(env_vars or {})}}
@@ -113,7 +117,8 @@ def start_or_join(
             num_gpus=num_gpus,
             resources=resources,
             namespace=namespace,
-            include_dashboard=False,
+            include_dashboard=include_dashboard,
+            **({"dashboard_port": dashboard_port} if include_dashboard and dashboard_port else {}),
             object_store_memory=object_store_memory,
             runtime_env=runtime_env,
             log_to_driver=True,

@@ -1,8 +1,10 @@
 """Ray Serve deployments: thin shells around core objects.
 
-* ``QueryEncoder`` owns an ``Embedder`` and batches concurrent questions (``@serve.batch``);
-* ``Retriever`` owns a ``ShardedIndex`` (its own ``IndexShard`` actors, R replicas per shard), so
-  scaling retriever replicas scales whole copies of the index tier;
+* ``QueryEncoder`` owns an ``Embedder`` and batches concurrent questions (``@serve.batch``); a
+  question that fails to encode fails alone, not the batch it shared;
+* ``Retriever`` holds a ``ShardedIndex`` over the app's shared index tier (one set of named
+  ``IndexShard`` actors per build, R replicas per shard, see :mod:`actors.index_tier`): scaling
+  Retriever replicas scales the scatter/gather front, not the copies of the index;
 * ``LLMServer`` owns an in-process LLM (llama.cpp on CPU); on GPU clusters the reader talks to a
   vLLM deployment of ``ray.serve.llm`` (or any OpenAI-compatible URL) instead;
 * ``Reader`` owns the two-turn ``LongReader`` and talks to the LLM through ``RemoteLLM``.
@@ -20,13 +22,19 @@ import numpy as np
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from actors.sharded_index import ShardedIndex
+from actors.index_tier import SharedIndexTier
 from longrag.config import EmbeddingConfig, IndexConfig, LLMConfig, ReaderConfig
 from longrag.llm.base import LLM, ChatResult
 from longrag.types import Unit, UnitHit
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=64)
+class BadQuestion(ValueError):
+    """A question the encoder cannot take (it fails alone; the Ingress maps it to 422)."""
+
+
+# CPU asks are fractions so the whole app (plus its shard actors) fits a 2-core machine; they are
+# reservations for scheduling, the real threads are set per deployment (torch/FAISS/llama.cpp).
+@serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=64)
 class QueryEncoder:
     def __init__(self, embedding: dict[str, Any], torch_threads: int = 1) -> None:
         import torch
@@ -37,28 +45,73 @@ class QueryEncoder:
         torch.set_num_threads(torch_threads)
         self.embedder = Embedder(EmbeddingConfig.model_validate(embedding))
 
+    async def encode(self, question: str) -> np.ndarray:
+        """One question -> its vector; raises :class:`BadQuestion` for this question only."""
+        result = await self.encode_batch(question)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
-    async def encode(self, questions: list[str]) -> list[np.ndarray]:
-        vectors = await asyncio.to_thread(self.embedder.encode_queries, questions)
-        return list(vectors)
+    async def encode_batch(self, questions: list[str]) -> list[np.ndarray | Exception]:
+        """Concurrent questions encoded together. Serve hands each caller its own list item, so a
+        bad item is returned as an exception object (re-raised by :meth:`encode` for its caller
+        alone) instead of failing every question that shared the batch."""
+        return await asyncio.to_thread(self._encode_isolated, questions)
+
+    def _encode_isolated(self, questions: list[str]) -> list[np.ndarray | Exception]:
+        out: list[np.ndarray | Exception | None] = [None] * len(questions)
+        good = []
+        for i, q in enumerate(questions):
+            problem = _question_problem(q)
+            if problem:
+                out[i] = BadQuestion(problem)
+            else:
+                good.append(i)
+        if good:
+            try:
+                vectors = self.embedder.encode_queries([questions[i] for i in good])
+                for i, v in zip(good, vectors):
+                    out[i] = v
+            except Exception:  # something in the batch broke the encoder: find it, one question at a time
+                for i in good:
+                    try:
+                        out[i] = self.embedder.encode_queries([questions[i]])[0]
+                    except Exception as exc:
+                        out[i] = BadQuestion(f"the question could not be encoded: {type(exc).__name__}: {exc}")
+        return out  # type: ignore[return-value]
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=64)
+def _question_problem(q: Any) -> str | None:
+    if not isinstance(q, str):
+        return f"a question must be a string, got {type(q).__name__}"
+    try:
+        q.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"the question is not valid Unicode text (a lone surrogate at character {exc.start})"
+    return None
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=64)
 class Retriever:
-    def __init__(self, index_uri: str, index: dict[str, Any]) -> None:
+    """Scatter/gather over the app's shared index tier. Healthy while every shard has at least one
+    live replica actor; ``describe`` reports the redundancy left ("1 of 2 replicas")."""
+
+    def __init__(self, index_uri: str, index: dict[str, Any], ready_timeout_s: float = 300.0) -> None:
         cfg = IndexConfig.model_validate(index)
         from longrag.store import ArtifactStore
 
         self.manifest = ArtifactStore.open(index_uri).read_manifest()
-        self.index = ShardedIndex.launch(
-            index_uri,
-            replicas=cfg.replicas,
-            num_cpus=cfg.shard_num_cpus,
+        ctx = serve.get_replica_context()
+        self.tier = SharedIndexTier(
+            index_uri, self.manifest.build_id, app_name=ctx.app_name, holder=str(ctx.replica_id),
+            launch={"replicas": cfg.replicas, "num_cpus": cfg.shard_num_cpus, "search_params": cfg.search_params,
+                    "threads": cfg.shard_threads},
             timeout_s=cfg.search_timeout_s,
-            search_params=cfg.search_params,
-            threads=cfg.shard_threads,
         )
-        self.index.wait_ready()
+        self.index = self.tier.acquire()
+        self.index.wait_ready(timeout_s=ready_timeout_s)
+        self.live: list[list[bool]] = [[True] * len(row) for row in self.index.replicas]
 
     async def retrieve(self, vector: np.ndarray, k: int) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -75,17 +128,27 @@ class Retriever:
                       "shard_ms": res.shard_ms},
         }
 
-    def describe(self) -> dict[str, Any]:
+    async def describe(self) -> dict[str, Any]:
         m = self.manifest
+        self.live = await self.index.liveness()
         return {"build_id": m.build_id, "shards": len(m.shards), "units": m.counts.units,
-                "chunks": m.counts.chunks, "embedding_model": m.embedding.model}
+                "chunks": m.counts.chunks, "embedding_model": m.embedding.model,
+                "index": [{"shard": s, "live": sum(row), "replicas": len(row)} for s, row in enumerate(self.live)]}
 
     async def check_health(self) -> None:
-        """Serve marks the replica unhealthy (and replaces it) when every shard is unreachable."""
-        refs = [row[0].ping.remote() for row in self.index.replicas]
-        done, _ = await asyncio.wait([asyncio.wrap_future(r.future()) for r in refs], timeout=5)
-        if not any(d.exception() is None for d in done):
-            raise RuntimeError("no index shard answered a ping")
+        """Unhealthy (Serve replaces the replica) only when some shard has no live replica: every
+        replica of every shard is pinged, so a dead replica 0 next to a live replica 1 is fine."""
+        if not await self.tier.renew():  # the lease is gone (see actors.index_tier): hold a new one
+            self.index = await asyncio.to_thread(self.tier.acquire)
+        self.live = await self.index.liveness()
+        dead = [s for s, row in enumerate(self.live) if not any(row)]
+        if dead:
+            raise RuntimeError(f"no replica of shard(s) {dead} answered a ping "
+                               f"({', '.join(f'shard {s}: {sum(r)} of {len(r)}' for s, r in enumerate(self.live))})")
+
+    async def __del__(self) -> None:
+        """Serve's graceful shutdown: release this replica's hold on the shared index tier."""
+        await self.tier.release()
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=8)
@@ -160,7 +223,7 @@ def local_token_counter(config: LLMConfig) -> Callable[[str], int]:
     return estimate_tokens
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=32)
+@serve.deployment(ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=32)
 class Reader:
     def __init__(self, llm_handle: DeploymentHandle, llm: dict[str, Any], reader: dict[str, Any],
                  mixpr: dict[str, Any] | None = None) -> None:

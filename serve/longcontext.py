@@ -14,36 +14,67 @@ import asyncio
 import os
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from longrag.config import EmbeddingConfig, LLMConfig
 from longrag.mixpr import MixPRConfig
+from serve.schemas import NOT_BLANK, check_encodable
 
-__all__ = ["LongContextRequest", "LongContextChunk", "LongContextResponse", "LongContextReader"]
+__all__ = [
+    "LongContextRequest", "LongContextChunk", "LongContextResponse", "LongContextReader", "longcontext_embedding",
+]
 
 
 class LongContextRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    document: str = Field(..., description="The whole document (UTF-8 text), up to mixpr.max_document_bytes bytes.")
+    document: str = Field(
+        ..., min_length=1, json_schema_extra={"pattern": NOT_BLANK},
+        description="The whole document (valid Unicode text), up to mixpr.max_document_bytes bytes of UTF-8 "
+        "(larger: 413).",
+    )
     question: str | None = Field(
-        None, description="The question; omitted: the document's last sentence(s) are the query (paper 003)."
+        None, min_length=1, json_schema_extra={"pattern": NOT_BLANK},
+        description="The question (at most serve.max_question_chars characters); omitted: the document's last "
+        "sentence(s) are the query (Mixture-of-PageRanks, Alonso and Millidge, 2024, Section 4).",
     )
     retriever: Literal["mixpr", "sparse", "hybrid"] = Field("mixpr", description="MixPR, RAG-Sparse or RAG-Hybrid.")
-    k: int | None = Field(None, ge=1, le=10000, description="Chunks to retrieve; default mixpr.top_k.")
+    k: StrictInt | None = Field(None, ge=1, le=10000, description="Chunks to retrieve (1..10000); default mixpr.top_k.")
     route: Literal["auto", "local", "global"] = Field(
         "auto", description="MixPR only: auto = the LLM router decides; local = personalized PageRank; global = PageRank."
     )
     retrieve_only: bool = Field(False, description="Skip the reader: return the chunks without an answer.")
 
-    @field_validator("document")
+    # "before" validators run ahead of the type check, so a lone surrogate gets a clear message.
+    @field_validator("document", mode="before")
     @classmethod
-    def _not_empty(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("document is empty (no non-whitespace text)")
+    def _document(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            check_encodable(v, "document")
+            if not v.strip():
+                raise ValueError("document is empty (no non-whitespace text)")
         return v
+
+    @field_validator("question", mode="before")
+    @classmethod
+    def _question(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            check_encodable(v, "question")
+            if not v.strip():
+                raise ValueError("question is empty (no non-whitespace character); omit it to use the document's end")
+        return v
+
+
+def replica_device(device: str) -> str:
+    """``auto`` -> ``cuda`` only when Ray assigned this worker a GPU (``num_gpus`` in the
+    deployment's ``ray_actor_options``), else ``cpu``; an explicit device is kept."""
+    if device != "auto":
+        return device
+    import ray
+
+    return "cuda" if ray.is_initialized() and ray.get_gpu_ids() else "cpu"
 
 
 class LongContextChunk(BaseModel):
@@ -59,7 +90,16 @@ class LongContextResponse(BaseModel):
     trace: dict[str, Any]
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=4)
+def longcontext_embedding(embedding: EmbeddingConfig) -> EmbeddingConfig:
+    """The encoder config of the long-context reader (``retriever=hybrid``): the app's model, but
+    the device of the reader's own replica. ``embedding.device`` is set for the ``QueryEncoder``
+    (``cuda`` in ``gpu.yaml``, where that deployment asks for a GPU); the ``LongContextReader``
+    usually has none, so it gets ``auto``, which :meth:`LongContextReader._load_encoder` resolves
+    from the GPUs Ray gave its replica."""
+    return embedding.model_copy(update={"device": "auto"})
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=4)
 class LongContextReader:
     def __init__(
         self, llm_handle: DeploymentHandle, llm: dict[str, Any], mixpr: dict[str, Any],
@@ -86,7 +126,7 @@ class LongContextReader:
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         torch.set_num_threads(self.torch_threads)
-        return Embedder(self.embedding)
+        return Embedder(self.embedding.model_copy(update={"device": replica_device(self.embedding.device)}))
 
     async def run(self, request: dict[str, Any]) -> dict[str, Any]:
         """``request``: a :class:`LongContextRequest` as a dict -> a :class:`LongContextResponse`

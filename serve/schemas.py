@@ -1,19 +1,61 @@
-"""HTTP request/response models (they are the OpenAPI schema at /docs and /openapi.json)."""
+"""HTTP request/response models (they are the OpenAPI schema at /docs and /openapi.json).
+
+Requests are strict: unknown fields are refused, ``k`` must be a JSON integer (``"5"`` is not
+coerced), and text must be valid Unicode (a lone surrogate such as ``"\\ud800"`` cannot be encoded
+and is refused here, at the edge, before it reaches a tokenizer). The numeric limits below are the
+limits of the config (``serve.max_question_chars``, ``serve.max_k``) are stated by the Ingress in
+the OpenAPI schema it serves (:func:`state_limits`) and enforced by it with the same 422.
+
+Every error response has one shape, :class:`ErrorResponse`:
+``{"error": {"code": ..., "message": ..., "detail": ...}}``.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+
+NOT_BLANK = r"\S"  # JSON Schema pattern: at least one non-whitespace character
+
+
+def check_encodable(value: str, field: str) -> str:
+    """Refuse text that cannot be encoded as UTF-8 (lone surrogates from ``\\ud800``-style JSON escapes)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = value[exc.start]
+        raise ValueError(
+            f"{field} is not valid Unicode text: a lone surrogate \\u{ord(bad):04x} at character {exc.start}"
+        ) from None
+    return value
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class RetrieveRequest(_Strict):
-    question: str = Field(..., description="The question; non-empty, at most serve.max_question_chars characters.")
-    k: int | None = Field(None, description="Number of units to return (1..serve.max_k); default serve.default_k.")
+    question: str = Field(
+        ...,
+        min_length=1,
+        json_schema_extra={"pattern": NOT_BLANK},
+        description="The question: valid Unicode with at least one non-whitespace character, at most "
+        "serve.max_question_chars characters (leading/trailing whitespace is stripped).",
+    )
+    k: StrictInt | None = Field(
+        None, ge=1, description="Number of units to return (a JSON integer, 1..serve.max_k); "
+        "default serve.default_k."
+    )
+
+    @field_validator("question", mode="before")
+    @classmethod
+    def _text(cls, v: Any) -> Any:
+        if isinstance(v, str):  # before the type check, so a lone surrogate gets this message
+            check_encodable(v, "question")
+            if v and not v.strip():
+                raise ValueError("question is empty (no non-whitespace character)")
+        return v
 
 
 class AnswerRequest(RetrieveRequest):
@@ -22,6 +64,20 @@ class AnswerRequest(RetrieveRequest):
         description="When the units exceed the reader's window: trim (truncate) or select sentences with "
         "question-seeded MixPR (mixpr). Default: reader.compression.",
     )
+
+
+class ErrorBody(BaseModel):
+    code: str = Field(description="Stable machine-readable code: invalid_request, not_found, method_not_allowed, "
+                      "payload_too_large, unavailable, internal_error, or http_<status>.")
+    message: str = Field(description="One human-readable sentence.")
+    detail: Any = Field(None, description="Per-problem messages (a list for invalid_request), or context "
+                        "such as the coverage of a failed retrieval.")
+
+
+class ErrorResponse(BaseModel):
+    """The one shape of every 4xx/5xx response the application produces."""
+
+    error: ErrorBody
 
 
 class Coverage(BaseModel):
@@ -68,11 +124,80 @@ class AnswerResponse(BaseModel):
     trace: dict[str, Any]
 
 
+class ShardRedundancy(BaseModel):
+    shard: int
+    live: int = Field(description="Replica actors of this shard that answered a ping.")
+    replicas: int = Field(description="Replica actors configured (index.replicas).")
+
+
+class DeploymentHealth(BaseModel):
+    status: str = Field(description="Serve's deployment status (HEALTHY, UPDATING, UPSCALING, UNHEALTHY, ...).")
+    running_replicas: int
+    message: str = Field("", description="Serve's explanation, e.g. the resources a replica waits for.")
+    missing_resources: dict[str, float] | None = Field(
+        None, description="What a pending replica asks for beyond the cluster's free resources (None: nothing missing)."
+    )
+
+
 class Health(BaseModel):
-    status: str
-    build_id: str
-    shards: int
-    units: int
-    chunks: int
-    embedding_model: str
-    llm: str
+    status: Literal["ok", "degraded", "unavailable"] = Field(
+        description="ok: every deployment healthy and every shard fully replicated; degraded: requests are "
+        "served but something is missing (a replica, a pending deployment); unavailable (HTTP 503): a "
+        "deployment has no running replica or a shard has no live replica."
+    )
+    build_id: str | None = None
+    shards: int | None = None
+    units: int | None = None
+    chunks: int | None = None
+    embedding_model: str | None = None
+    llm: str | None = None
+    index: list[ShardRedundancy] = Field(default_factory=list, description="Live replicas per shard.")
+    redundancy: str = Field("", description='e.g. "shard 0: 1 of 2 replicas; shard 1: 2 of 2 replicas".')
+    deployments: dict[str, DeploymentHealth] = Field(
+        default_factory=dict, description="Every deployment of the app that is not HEALTHY (with Serve's message)."
+    )
+    problems: list[str] = Field(default_factory=list, description="One line per problem found.")
+    limits: dict[str, int] = Field(default_factory=dict, description="max_question_chars, max_k, default_k.")
+
+
+# The limits of the app running in this process (set by its Ingress, read when the schema is served).
+# Module-level functions, not a shared global: Serve ships the Ingress class by value.
+_SERVED_LIMITS: dict[str, int] = {}
+
+
+def set_served_limits(**limits: int) -> None:
+    _SERVED_LIMITS.update(limits)
+
+
+def served_limits() -> dict[str, int]:
+    return dict(_SERVED_LIMITS)
+
+
+def state_limits(schema: dict[str, Any], *, max_question_chars: int, max_k: int, max_document_bytes: int) -> dict[str, Any]:
+    """Write the limits a running app enforces into its OpenAPI schema (in place; returned).
+
+    The models carry the structural rules (types, non-empty, ``k >= 1``); the numeric upper limits
+    come from the app's config, so they are stated here, where the served schema is built."""
+    components = schema.get("components", {}).get("schemas", {})
+    for name in ("RetrieveRequest", "AnswerRequest", "LongContextRequest"):
+        props = components.get(name, {}).get("properties", {})
+        question = props.get("question")
+        if question is not None:
+            pattern = question.pop("pattern", None) if "anyOf" in question else None
+            for option in question.get("anyOf", [question]):  # LongContextRequest.question is optional
+                if option.get("type") == "string":
+                    option["maxLength"] = max_question_chars
+                    if pattern:
+                        option["pattern"] = pattern
+        k = props.get("k")
+        if k is not None and name != "LongContextRequest":
+            for option in k.get("anyOf", [k]):
+                if option.get("type") == "integer":
+                    option["maximum"] = max_k
+        document = props.get("document")
+        if document is not None:
+            # JSON Schema cannot bound bytes; UTF-8 has at least one byte per character, so this
+            # maxLength is a bound every accepted document meets. Over the byte limit: 413.
+            document["maxLength"] = max_document_bytes
+            document["x-max-bytes"] = max_document_bytes
+    return schema

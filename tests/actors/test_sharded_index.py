@@ -110,13 +110,23 @@ def test_replica_killed_mid_run_fails_over(cluster, tmp_path):
     client.wait_ready()
     queries = _queries(seed=4)
     reference = _brute_force(queries, chunks, vectors, 6)
+    failovers, expected = [], []
     for i in range(8):
         if i == 3:  # kill one replica of shard 0 for good, in the middle of the run
-            ray.kill(client.replicas[0][0], no_restart=True)
+            dead = client.replicas[0][0]
+            ray.kill(dead, no_restart=True)
+            with pytest.raises(ray.exceptions.RayActorError):  # the kill is asynchronous: wait for it
+                for _ in range(600):
+                    ray.get(dead.ping.remote(), timeout=30)
+                    time.sleep(0.05)
         res = client.search_sync(queries, 6)
         assert res.coverage.answered == N_SHARDS, res.coverage
         _assert_same(res.hits, reference)
-    assert client.search_sync(queries, 6).coverage.failovers >= 0
+        failovers.append(res.coverage.failovers)
+        # Calls rotate over a shard's replicas (call i starts at replica i % 2): after the kill,
+        # every call that starts at the dead replica 0 of shard 0 fails over exactly once.
+        expected.append(1 if i > 3 and i % 2 == 0 else 0)
+    assert failovers == expected == [0, 0, 0, 0, 1, 0, 1, 0]
     client.kill()
 
 

@@ -1,49 +1,111 @@
-"""The Serve application over HTTP: 200s with evidence and trace, 4xx for bad requests, and one
-question answered end to end by the real bundled models (MiniLM + SmolLM2 via llama.cpp)."""
+"""The Serve application over HTTP, deployed from ``serve/configs/cpu.yaml`` the way ``make serve``
+deploys it, on a Ray with 2 logical CPUs (the 2-core machine the README promises): 200s with
+evidence and trace, 4xx for bad requests in one JSON error shape, one question answered end to
+end by the real bundled models (MiniLM + SmolLM2 via llama.cpp), a shared index tier, health
+that survives a dead replica, and an unschedulable deployment reported instead of waited on.
+
+The tests run in file order; the last ones kill shard replicas, redeploy and delete the app."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import time
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import ray
+import yaml
 from ray import serve
+from ray.util.state import list_actors
 
+from actors.index_shard import IndexShardImpl
 from cluster.local import start_or_join
-from serve.app import AppArgs, app_builder
+from serve.run import deploy, wait_running
+from serve.run import main as run_main
 
-PORT = 8123
+SHARD_CLASS = IndexShardImpl.__name__  # the class name Ray records for IndexShard actors
+PORT = 8323
+DASHBOARD_PORT = 8324  # the state API (list_actors) needs the dashboard
+APP = "longrag"
+CPU_YAML = Path(__file__).resolve().parents[2] / "serve" / "configs" / "cpu.yaml"
+GOOD = ["Who wrote the novel Animal Farm?", "What is the capital of Angola?", "Who composed An American in Paris?",
+        "Which spaceflight first landed humans on the Moon?", "Which country is Aruba part of?"]
+
+
+def _config(index_uri: str, reader_cpus: float | None = None) -> dict[str, Any]:
+    """cpu.yaml with the test's build and port, 2 fixed Retriever replicas (health checked every 2 s)."""
+    config = yaml.safe_load(CPU_YAML.read_text())
+    config["http_options"]["port"] = PORT
+    (app,) = config["applications"]
+    app["args"]["index"] = index_uri
+    app["args"]["overrides"] = [*app["args"].get("overrides", []), "mixpr.max_document_bytes=200000"]
+    for dep in app["deployments"]:
+        if dep["name"] == "Retriever":
+            dep.pop("autoscaling_config", None)
+            dep.update(num_replicas=2, health_check_period_s=2, health_check_timeout_s=10)
+        if dep["name"] == "Reader" and reader_cpus is not None:
+            dep["ray_actor_options"] = {"num_cpus": reader_cpus}
+    return config
+
+
+def _actors(class_name: str) -> list[Any]:
+    return list_actors(filters=[("class_name", "=", class_name), ("state", "=", "ALIVE")], limit=1000)
 
 
 @pytest.fixture(scope="module")
 def client(sample_index):
-    handle = start_or_join(None, num_cpus=4)
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-    serve.run(app_builder(AppArgs(index=sample_index["uri"],
-                                  overrides=["index.replicas=2", "mixpr.max_document_bytes=200000"])),
-              name="longrag", route_prefix="/", blocking=False)
-    with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=180) as c:
-        deadline = time.time() + 240
-        while True:
-            try:
-                if c.get("/healthz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                raise TimeoutError("Serve app not healthy")
-            time.sleep(1)
-        yield c
-    serve.shutdown()
-    handle.shutdown()
+    old = os.environ.get("RAY_SERVE_SLOW_STARTUP_WARNING_S")
+    os.environ["RAY_SERVE_SLOW_STARTUP_WARNING_S"] = "10"  # Serve reports unschedulable replicas sooner
+    handle = start_or_join(None, num_cpus=2, include_dashboard=True, dashboard_port=DASHBOARD_PORT)
+    try:
+        deploy(_config(sample_index["uri"]))
+        reason = wait_running([APP], schedule_timeout_s=0, ready_timeout_s=420)
+        assert reason is None, reason
+        with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=180) as c:
+            deadline = time.time() + 120
+            while c.get("/healthz").status_code != 200:
+                assert time.time() < deadline, c.get("/healthz").text
+                time.sleep(1)
+            yield c
+    finally:
+        serve.shutdown()
+        handle.shutdown()
+        if old is None:
+            os.environ.pop("RAY_SERVE_SLOW_STARTUP_WARNING_S", None)
+        else:
+            os.environ["RAY_SERVE_SLOW_STARTUP_WARNING_S"] = old
 
 
-def test_healthz_describes_the_build(client, sample_index):
+def _error(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    """Every error has one JSON shape: {"error": {"code", "message", "detail"}}."""
+    assert r.status_code == status, (r.status_code, r.text)
+    assert r.headers["content-type"].startswith("application/json"), r.text
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "detail"}, body
+    assert body["error"]["code"] == code and body["error"]["message"], body
+    return body["error"]
+
+
+def test_healthz_describes_the_build_and_its_redundancy(client, sample_index):
     body = client.get("/healthz").json()
-    assert body["status"] == "ok"
+    assert body["status"] == "ok", body
     assert body["build_id"] == sample_index["report"]["build_id"]
     assert body["shards"] == 2 and body["units"] == sample_index["report"]["counts"]["units"]
     assert body["chunks"] == sample_index["report"]["counts"]["chunks"]
+    assert body["index"] == [{"shard": 0, "live": 2, "replicas": 2}, {"shard": 1, "live": 2, "replicas": 2}]
+    assert body["redundancy"] == "shard 0: 2 of 2 replicas; shard 1: 2 of 2 replicas"
+    assert body["deployments"] == {} and body["problems"] == []
+    assert body["limits"] == {"max_question_chars": 2000, "max_k": 100, "default_k": 4}
+
+
+def test_cpu_config_runs_within_two_cpus(client):
+    """The whole app and its index tier were scheduled on 2 logical CPUs (the fixture got RUNNING)."""
+    assert ray.cluster_resources()["CPU"] == 2
+    st = serve.status().applications[APP]
+    assert str(getattr(st.status, "value", st.status)) == "RUNNING"
 
 
 def test_retrieve_returns_ranked_units_with_best_chunks(client):
@@ -78,27 +140,102 @@ def test_answer_end_to_end_with_the_real_bundled_llm(client):
 @pytest.mark.parametrize(
     "payload, fragment",
     [
-        ({"question": "", "k": 3}, "empty"),
+        ({"question": "", "k": 3}, "question"),
         ({"question": "   ", "k": 3}, "empty"),
-        ({"question": "x" * 5000, "k": 3}, "limit"),
-        ({"question": "Who?", "k": 0}, "k must be"),
-        ({"question": "Who?", "k": 10_000}, "k must be"),
+        ({"question": "x" * 5000, "k": 3}, "limit is 2000"),
+        ({"question": "Who?", "k": 0}, "k:"),
+        ({"question": "Who?", "k": 10_000}, "k must be between 1 and 100"),
         ({"k": 3}, "question"),
-        ({"question": "Who?", "k": "many"}, "k"),
+        ({"question": "Who?", "k": "many"}, "k:"),
+        ({"question": "Who?", "k": "5"}, "k: Input should be a valid integer"),  # strict: no coercion
+        ({"question": "Who?", "k": 5.0}, "k:"),
+        ({"question": "Who?", "k": True}, "k:"),
+        ({"question": 42}, "question:"),
         ({"question": "Who?", "colour": "blue"}, "colour"),
     ],
 )
-def test_bad_requests_get_422_with_a_message(client, payload, fragment):
+def test_bad_requests_get_422_in_the_one_error_shape(client, payload, fragment):
     for path in ("/v1/retrieve", "/v1/answer"):
-        r = client.post(path, json=payload)
-        assert r.status_code == 422, (path, r.status_code, r.text)
-        assert fragment in r.text
+        err = _error(client.post(path, json=payload), 422, "invalid_request")
+        assert fragment in err["message"], (path, err)
+        assert isinstance(err["detail"], list) and err["detail"], err
 
 
-def test_malformed_json_and_wrong_method(client):
-    r = client.post("/v1/answer", content=b"{not json", headers={"content-type": "application/json"})
-    assert r.status_code == 422 and "JSON" in r.text
-    assert client.get("/v1/answer").status_code == 405
+def _raw(client, path: str, body: str) -> httpx.Response:
+    return client.post(path, content=body.encode("ascii"), headers={"content-type": "application/json"})
+
+
+def test_lone_surrogate_is_refused_at_the_edge(client):
+    """``"\\ud800"`` is valid JSON but not encodable text: 422 on every endpoint, not a 500."""
+    for path in ("/v1/retrieve", "/v1/answer"):
+        err = _error(_raw(client, path, '{"question": "Who wrote \\ud800 Animal Farm?", "k": 2}'), 422,
+                     "invalid_request")
+        assert "question is not valid Unicode text: a lone surrogate \\ud800 at character 10" in err["message"], err
+    err = _error(_raw(client, "/v1/longcontext", '{"document": "Some text. More.", "question": "why \\ud800",'
+                                                  ' "retriever": "sparse", "k": 2}'), 422, "invalid_request")
+    assert "question is not valid Unicode text" in err["message"], err
+    err = _error(_raw(client, "/v1/longcontext", '{"document": "Bad \\udfff text. More.", "retriever": "mixpr",'
+                                                  ' "k": 2}'), 422, "invalid_request")
+    assert "document is not valid Unicode text" in err["message"], err
+
+
+def test_one_bad_question_does_not_fail_the_good_ones_sent_with_it(client):
+    """A bad and several good questions at once over HTTP: the bad one alone is refused."""
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{PORT}", timeout=180) as ac:
+            bad = ac.post("/v1/retrieve", content=b'{"question": "\\ud800", "k": 2}',
+                          headers={"content-type": "application/json"})
+            good = [ac.post("/v1/retrieve", json={"question": q, "k": 2}) for q in GOOD * 2]
+            return await asyncio.gather(bad, *good)
+
+    for _ in range(3):
+        bad, *good = asyncio.run(burst())
+        _error(bad, 422, "invalid_request")
+        assert [r.status_code for r in good] == [200] * len(good), [r.text for r in good if r.status_code != 200]
+
+
+def test_query_encoder_batch_isolates_a_bad_item(client):
+    """Past the edge: the QueryEncoder's @serve.batch gets a bad and many good questions in one
+    batch; the bad one fails alone with a clear error, every good one gets its vector."""
+    from serve.deployments import BadQuestion
+
+    handle = serve.get_deployment_handle("QueryEncoder", app_name=APP)
+    questions = GOOD * 3
+    questions.insert(4, "Who wrote \ud800?")
+    responses = [handle.encode.remote(q) for q in questions]
+    for i, resp in enumerate(responses):
+        if i == 4:
+            with pytest.raises(BadQuestion, match="surrogate"):
+                resp.result(timeout_s=120)
+        else:
+            assert len(resp.result(timeout_s=120)) == 384
+
+
+def test_openapi_states_the_limits_and_the_error_shape(client):
+    schema = client.get("/openapi.json").json()
+    req = schema["components"]["schemas"]["RetrieveRequest"]
+    assert req["additionalProperties"] is False and req["required"] == ["question"]
+    q = req["properties"]["question"]
+    assert (q["type"], q["minLength"], q["maxLength"], q["pattern"]) == ("string", 1, 2000, r"\S")
+    (k_int,) = [o for o in req["properties"]["k"]["anyOf"] if o.get("type") == "integer"]
+    assert (k_int["minimum"], k_int["maximum"]) == (1, 100)
+    lc = schema["components"]["schemas"]["LongContextRequest"]["properties"]
+    assert lc["document"]["x-max-bytes"] == 200000
+    for path in ("/v1/retrieve", "/v1/answer", "/v1/longcontext"):
+        responses = schema["paths"][path]["post"]["responses"]
+        for status in ("422", "500", "503"):
+            ref = responses[status]["content"]["application/json"]["schema"]["$ref"]
+            assert ref.endswith("/ErrorResponse"), (path, status, ref)
+    assert "503" in schema["paths"]["/healthz"]["get"]["responses"]
+
+
+def test_malformed_json_wrong_method_and_unknown_path_share_the_shape(client):
+    err = _error(client.post("/v1/answer", content=b"{not json", headers={"content-type": "application/json"}),
+                 422, "invalid_request")
+    assert "JSON" in err["message"]
+    _error(client.get("/v1/answer"), 405, "method_not_allowed")
+    _error(client.get("/v1/nothing-here"), 404, "not_found")
     assert client.get("/openapi.json").status_code == 200
 
 
@@ -121,6 +258,14 @@ def test_longcontext_retrieves_in_document_order(client):
     assert body["trace"]["n_chunks"] > 10
 
 
+def test_longcontext_hybrid_runs_on_the_readers_own_device(client):
+    sample = _hashhop(tokens=600)
+    r = client.post("/v1/longcontext", json={"document": sample.document, "question": sample.question,
+                                              "retriever": "hybrid", "k": 5, "retrieve_only": True})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["chunks"]) == 5
+
+
 def test_longcontext_answers_with_the_real_llm(client):
     sample = _hashhop(tokens=600)
     r = client.post("/v1/longcontext", json={"document": sample.document, "question": sample.question,
@@ -131,9 +276,71 @@ def test_longcontext_answers_with_the_real_llm(client):
 
 
 def test_longcontext_rejects_oversized_and_bad_requests(client):
-    r = client.post("/v1/longcontext", json={"document": "word " * 60_000, "retriever": "mixpr", "k": 5})
-    assert r.status_code == 413 and "limit" in r.text
-    r = client.post("/v1/longcontext", json={"document": "   ", "retriever": "mixpr", "k": 5})
-    assert r.status_code == 422
-    r = client.post("/v1/longcontext", json={"document": "A text.", "retriever": "bm25", "k": 5})
-    assert r.status_code == 422
+    err = _error(client.post("/v1/longcontext", json={"document": "word " * 60_000, "retriever": "mixpr", "k": 5}),
+                 413, "payload_too_large")
+    assert "limit" in err["message"]
+    _error(client.post("/v1/longcontext", json={"document": "   ", "retriever": "mixpr", "k": 5}), 422,
+           "invalid_request")
+    _error(client.post("/v1/longcontext", json={"document": "A text.", "retriever": "bm25", "k": 5}), 422,
+           "invalid_request")
+    _error(client.post("/v1/longcontext", json={"document": "A text.", "k": "5"}), 422, "invalid_request")
+
+
+# ---------------------------------------------------------------- the index tier and its health
+def test_retriever_replicas_share_one_index_tier(client):
+    """2 Retriever replicas x index.replicas=2: exactly 2 IndexShard actors per shard, named after the build."""
+    retrievers = serve.status().applications[APP].deployments["Retriever"]
+    assert {str(getattr(k, "value", k)): v for k, v in retrievers.replica_states.items()}.get("RUNNING") == 2
+    shards = _actors(SHARD_CLASS)
+    assert len(shards) == 4, [(a.name, a.ray_namespace) for a in shards]
+    assert {a.ray_namespace for a in shards} == {f"longrag-index-{APP}"}
+    names = sorted(a.name for a in shards)
+    build_id = client.get("/healthz").json()["build_id"]
+    assert all(n.startswith(build_id) for n in names), names
+    assert [n.rsplit("-", 2)[-2:] for n in names] == [["s0", "r0"], ["s0", "r1"], ["s1", "r0"], ["s1", "r1"]]
+
+
+def test_retriever_stays_healthy_when_replica_0_of_every_shard_dies(client):
+    """Health asks every replica of every shard: with replica 0 of each shard dead, replica 1
+    serves, Serve keeps the same Retriever replicas, and /healthz says "1 of 2"."""
+    before = sorted(a.actor_id for a in _actors(f"ServeReplica:{APP}:Retriever"))
+    assert len(before) == 2
+    for a in _actors(SHARD_CLASS):
+        if a.name.endswith("-r0"):
+            ray.kill(ray.get_actor(a.name, namespace=a.ray_namespace), no_restart=True)
+    time.sleep(16)  # 8 health-check periods; Serve replaces a replica after 3 failed checks
+    after = sorted(a.actor_id for a in _actors(f"ServeReplica:{APP}:Retriever"))
+    assert after == before
+    status = serve.status().applications[APP].deployments["Retriever"]
+    assert str(getattr(status.status, "value", status.status)) == "HEALTHY", status
+    body = client.get("/healthz").json()
+    assert body["status"] == "degraded", body
+    assert body["redundancy"] == "shard 0: 1 of 2 replicas; shard 1: 1 of 2 replicas"
+    r = client.post("/v1/retrieve", json={"question": "Who wrote the novel Animal Farm?", "k": 2})
+    assert r.status_code == 200 and r.json()["coverage"]["answered"] == 2, r.text
+
+
+def test_unschedulable_deployment_shows_in_healthz_and_fails_the_deploy(client, sample_index, tmp_path, capsys):
+    """A Reader asking for 3 CPUs on a 2-CPU Ray: `python -m serve.run` (make serve) exits 1 naming
+    the missing resources instead of waiting forever, and /healthz lists the Reader with them."""
+    config = tmp_path / "cpu-reader-3cpus.yaml"
+    config.write_text(yaml.safe_dump(_config(sample_index["uri"], reader_cpus=3)))
+    assert run_main([str(config), "--non-blocking", "--ready-timeout-s", "180"]) == 1
+    err = capsys.readouterr().err
+    assert "FAILED" in err and "deployment 'Reader' lacks {'CPU': 3.0}" in err, err
+    r = client.get("/healthz")
+    health = r.json() if r.status_code == 200 else _error(r, 503, "unavailable")["detail"]
+    assert health["status"] != "ok"
+    reader = health["deployments"]["Reader"]
+    assert reader["missing_resources"] == {"CPU": 3.0} and "Resources required" in reader["message"], health
+    assert any(p.startswith("Reader:") and "lacks" in p for p in health["problems"]), health
+
+
+def test_deleting_the_app_removes_its_index_tier(client):
+    """The shared tier's lifetime: the last Retriever replica to stop releases it."""
+    assert _actors(SHARD_CLASS)
+    serve.delete(APP)
+    deadline = time.time() + 60
+    while _actors(SHARD_CLASS):
+        assert time.time() < deadline, [a.name for a in _actors(SHARD_CLASS)]
+        time.sleep(1)

@@ -1,0 +1,97 @@
+"""The Serve configs hold together without a cluster: autoscaling targets within what a replica
+accepts, the CPU config within a 2-core machine, and no deployment told to use a GPU it lacks."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from longrag.config import LongRAGConfig
+from serve.app import Ingress
+from serve.deployments import LLMServer, QueryEncoder, Reader, Retriever
+from serve.longcontext import LongContextReader, longcontext_embedding, replica_device
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "serve" / "configs"
+DEPLOYMENTS = {d.name: d for d in (Ingress, QueryEncoder, Retriever, Reader, LLMServer, LongContextReader)}
+
+
+def _longrag_app(config_file: str) -> dict[str, Any]:
+    config = yaml.safe_load((CONFIGS / config_file).read_text())
+    (app,) = [a for a in config["applications"] if a["import_path"] == "serve.app:app_builder"]
+    return app
+
+
+def _effective(app: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per deployment: the options Serve runs it with (the config's over the decorator's)."""
+    overrides = {d["name"]: d for d in app.get("deployments", [])}
+    unknown = set(overrides) - set(DEPLOYMENTS)
+    assert not unknown, f"config names deployments the app does not have: {unknown}"
+    out = {}
+    for name, dep in DEPLOYMENTS.items():
+        o = overrides.get(name, {})
+        actor = {**(dep.ray_actor_options or {}), **o.get("ray_actor_options", {})}
+        auto = o.get("autoscaling_config")
+        replicas = auto["max_replicas"] if auto else o.get("num_replicas", 1)
+        out[name] = {
+            "max_ongoing_requests": o.get("max_ongoing_requests", dep.max_ongoing_requests),
+            "target": (auto or {}).get("target_ongoing_requests"),
+            "max_replicas": replicas,
+            "num_cpus": float(actor.get("num_cpus", 1)),
+            "num_gpus": float(actor.get("num_gpus", 0)),
+        }
+    return out
+
+
+@pytest.mark.parametrize("config_file", ["cpu.yaml", "gpu.yaml"])
+def test_autoscaling_targets_are_within_max_ongoing_requests(config_file):
+    """A target above max_ongoing_requests can never be reached: Serve would never scale up."""
+    for name, opts in _effective(_longrag_app(config_file)).items():
+        if opts["target"] is not None:
+            assert opts["target"] <= opts["max_ongoing_requests"], (config_file, name, opts)
+
+
+def test_cpu_config_fits_a_two_core_machine():
+    """`make serve` on a 2-core machine: every deployment at its most replicas plus the shared
+    index tier (shards x index.replicas actors, once, not once per Retriever replica)."""
+    app = _longrag_app("cpu.yaml")
+    cfg = LongRAGConfig().with_overrides(app["args"].get("overrides", []))
+    shards = int(re.search(r"--shards (\d+)", (ROOT / "Makefile").read_text()).group(1))  # `make index`
+    deployments = _effective(app)
+    total = sum(o["num_cpus"] * o["max_replicas"] for o in deployments.values())
+    total += shards * cfg.index.replicas * cfg.index.shard_num_cpus
+    assert total <= 2.0 + 1e-9, f"cpu.yaml asks for {total:.2f} CPUs at most: {deployments}"
+    assert deployments["LLMServer"]["num_cpus"] >= 1  # llama.cpp runs a thread of its own
+
+
+def test_gpu_config_gives_cuda_only_to_deployments_with_a_gpu():
+    app = _longrag_app("gpu.yaml")
+    cfg = LongRAGConfig().with_overrides(app["args"]["overrides"])
+    deployments = _effective(app)
+    assert cfg.embedding.device == "cuda" and deployments["QueryEncoder"]["num_gpus"] > 0
+    # The long-context reader's hybrid encoder: its device follows its own replica's GPUs.
+    assert deployments["LongContextReader"]["num_gpus"] == 0
+    device = replica_device(longcontext_embedding(cfg.embedding).device)
+    assert device == "cpu"
+
+
+def test_gpu_config_longcontext_encoder_loads_without_a_gpu():
+    """What the LongContextReader of gpu.yaml loads for retriever=hybrid, on a GPU-less replica."""
+    import numpy as np
+    import torch
+
+    from longrag.embedding import Embedder
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without a GPU")
+    app = _longrag_app("gpu.yaml")
+    overrides = [o for o in app["args"]["overrides"] if o.startswith("embedding.")]
+    cfg = LongRAGConfig().with_overrides([*overrides, "embedding.model=all-MiniLM-L6-v2"])  # bundled stand-in
+    emb = longcontext_embedding(cfg.embedding)
+    embedder = Embedder(emb.model_copy(update={"device": replica_device(emb.device)}))
+    vectors = embedder.encode_queries(["Who wrote Animal Farm?"])
+    assert vectors.shape == (1, embedder.dim) and np.isfinite(vectors).all()
