@@ -283,6 +283,8 @@ class Ingress:
         trace["context_truncated"] = read["truncated"]
         trace["context_compressed"] = read["compressed"]
         trace["context_tokens"] = read["context_tokens"]
+        trace["cached_prompt_tokens"] = read["cached_prompt_tokens"]
+        trace["answer_fallback"] = read["answer_fallback"]
         used = set(read["units_used"])
         evidence = [
             {"unit_id": h["unit_id"], "titles": found["units"].get(h["unit_id"], {}).get("titles", []),

@@ -132,6 +132,9 @@ def test_answer_end_to_end_with_the_real_bundled_llm(client):
     assert any("Animal Farm" in ev["titles"] for ev in body["evidence"])
     trace = body["trace"]
     assert trace["prompt_tokens"] > 0 and trace["completion_tokens"] > 0
+    # the second turn takes the first turn's prompt (the units) from llama.cpp's cache
+    assert trace["cached_prompt_tokens"] >= trace["context_tokens"] > 0
+    assert "answer_fallback" in trace
     for stage in ("encode_ms", "retrieve_ms", "read_ms", "total_ms"):
         assert trace[stage] > 0
     assert body["coverage"]["degraded"] is False
