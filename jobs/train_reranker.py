@@ -31,6 +31,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, default=d.max_steps, help="optimiser steps (bounds the time)")
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--learning-rate", type=float, default=d.learning_rate)
+    p.add_argument("--head-learning-rate", type=float, default=d.head_learning_rate, help="of the new classifier head")
+    p.add_argument("--negatives-per-positive", type=int, default=d.negatives_per_positive,
+                   help="sampled negative paragraphs per supporting one (0: all)")
     p.add_argument("--max-length", type=int, default=d.max_length, help="tokens per (question, paragraph) pair")
     p.add_argument("--eval-k", default=",".join(map(str, d.eval_k)), help="comma list of k for held-out recall@k")
     p.add_argument("--seed", type=int, default=d.seed)
@@ -52,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
             max_steps=args.max_steps,
             batch_size=args.batch_size,
             learning_rate=args.learning_rate,
+            head_learning_rate=args.head_learning_rate,
+            negatives_per_positive=args.negatives_per_positive or None,
             max_length=args.max_length,
             eval_k=tuple(int(k) for k in args.eval_k.split(",") if k.strip()),
             seed=args.seed,

@@ -12,6 +12,7 @@ from longrag.dual.train_reranker import (
     make_pairs,
     next_version_dir,
     recall_at_k,
+    sample_negatives,
     split_by_question,
     train_reranker,
 )
@@ -41,6 +42,18 @@ def test_pairs_and_split_by_question_from_bundled_data():
     assert sup == set(ex.gold_titles) and len(sup) >= 1
 
 
+def test_sample_negatives_keeps_positives_and_caps_negatives_per_question():
+    from longrag.dual.train_reranker import RerankPair
+
+    pairs = [RerankPair(q, "Q", f"{q}{i}", 1.0 if i < npos else 0.0) for q, npos in (("a", 1), ("b", 2)) for i in range(8)]
+    got = sample_negatives(pairs, 2, seed=0)
+    for q, npos in (("a", 1), ("b", 2)):
+        mine = [p for p in got if p.qid == q]
+        assert sum(p.label > 0 for p in mine) == npos and sum(p.label == 0 for p in mine) == 2 * npos
+    assert got == [p for p in pairs if p in got]  # original order kept
+    assert sample_negatives(pairs, 2, seed=0) == got and sample_negatives(pairs, None) == pairs
+
+
 def test_bad_config_names_valid_values():
     with pytest.raises(ValueError, match="valid: \\['hotpotqa', 'musique'\\]"):
         TrainerConfig(sources=("squad",)).check()
@@ -64,7 +77,11 @@ def test_train_on_tiny_set_writes_loadable_versioned_folder(tmp_path):
     assert saved["counts"]["steps"] == 3 and saved["counts"]["examples_seen"] == 12
     assert saved["counts"]["train_questions"] + saved["counts"]["heldout_questions"] == 12
     assert set(saved["heldout"]["dense_before"]) == {"recall@2"} == set(saved["heldout"]["reranker_after"])
-    assert 0.0 <= saved["heldout"]["reranker_after"]["recall@2"] <= 1.0
+    after, before = saved["heldout"]["reranker_after"]["recall@2"], saved["heldout"]["dense_before"]["recall@2"]
+    assert 0.0 <= after <= 1.0
+    assert saved["heldout"]["better_than_dense"] == {"recall@2": after > before}
+    assert any(n.startswith("WARNING") for n in saved["notes"]) == (after <= before)
+    assert saved["counts"]["train_pairs"] <= saved["counts"]["train_pairs_available"]
     assert saved["data"]["sources"]["musique"]["file"].startswith("data/musique/")
     assert saved["loss"]["first"] > 0
     # the folder is a cross-encoder the retriever can load, and it scores pairs
