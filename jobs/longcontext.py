@@ -1,9 +1,19 @@
 """Answer a question over one long document from the command line with Mixture-of-PageRanks retrieval
-(Alonso and Millidge, 2024, "Mixture-of-PageRanks: Replacing Long-Context with Real-Time, Sparse GraphRAG").
+(Alonso and Millidge, 2024, "Mixture-of-PageRanks: Replacing Long-Context with Real-Time, Sparse GraphRAG"),
+or with a strategy of dual-perspective LongRAG (Zhao et al., 2024, "LongRAG: A Dual-Perspective
+Retrieval-Augmented Generation Paradigm for Long-Context Question Answering", Section 5.3).
 
     python -m jobs.longcontext --document book.txt --question "Who wrote the letter?" --json
     python -m jobs.longcontext --document doc.txt --question "..." --retriever sparse --k 50 --route local \\
         --retrieve-only --json
+    python -m jobs.longcontext --document doc.txt --question "..." --strategy E&F --json \\
+        --set dual.reranker=artifacts/rerankers/minilm-reranker-v1
+
+With ``--strategy`` (R&B, R&L, Ext, Fil or E&F) the document is split at blank lines into paragraphs,
+chunked into sentences (``dual.chunk_words``), retrieved densely with the bundled encoder and reranked by
+``dual.reranker`` (none: the trace says "dense only") to ``--k`` (default ``dual.rerank_k``), then read by
+the dual pipeline; the JSON is ``{strategy, chunks: [{position, paragraph_id, text, score}], answer?,
+trace}`` with every stage's tokens and latency. ``--retriever`` and ``--route`` are MixPR options.
 
 Prints ONE JSON object ``{route, chunks: [{position, text, score}], answer?, trace}`` with ``--json``
 (``answer`` is left out with ``--retrieve-only``), else a short human-readable report. No Ray:
@@ -23,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.cli import number
-from longrag.config import load_config
+from longrag.config import DUAL_STRATEGIES, load_config
 
 
 class InputError(Exception):
@@ -65,9 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--document", required=True, help="UTF-8 text file ('-' = standard input)")
     ap.add_argument("--question", default=None, help="the question; omitted: the document's last sentence is the query")
-    ap.add_argument("--retriever", choices=["mixpr", "sparse", "hybrid"], default="mixpr")
+    ap.add_argument("--retriever", choices=["mixpr", "sparse", "hybrid"], default=None, help="default mixpr")
     ap.add_argument("--k", type=number(int, min_value=1), default=None, help="chunks to retrieve (default mixpr.top_k)")
-    ap.add_argument("--route", choices=["auto", "local", "global"], default="auto")
+    ap.add_argument("--route", choices=["auto", "local", "global"], default=None, help="default auto")
+    ap.add_argument(
+        "--strategy", choices=list(DUAL_STRATEGIES), default=None,
+        help="run dual-perspective LongRAG with this strategy instead of MixPR",
+    )  # fmt: skip
     ap.add_argument("--retrieve-only", action="store_true", help="stop after retrieval (no answer)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--config", default=None, help="LongRAGConfig YAML (sections llm, mixpr, embedding)")
@@ -93,6 +107,12 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         raise InputError(f"bad configuration: {e}") from None
     if args.k is not None and args.k < 1:
         raise InputError(f"--k must be >= 1, got {args.k}")
+    if args.strategy is not None:
+        if args.retriever is not None or args.route is not None:
+            raise InputError("--retriever and --route are MixPR options; --strategy runs the dual pipeline")
+        return await _run_dual(args, cfg)
+    args.retriever = args.retriever or "mixpr"
+    args.route = args.route or "auto"
     document = read_document(args.document, cfg.mixpr.max_document_bytes)
     from longrag.longcontext import LongContextPipeline  # after the input checks: they stay fast
 
@@ -114,6 +134,50 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     return result.to_dict()
 
 
+async def _run_dual(args: argparse.Namespace, cfg: Any) -> dict[str, Any]:
+    """``--strategy``: dual-perspective LongRAG over the document's paragraphs."""
+    if not args.question or not args.question.strip():
+        raise InputError("--strategy needs --question")
+    document = read_document(args.document, cfg.mixpr.max_document_bytes)
+    from longrag.dual.pipeline import DualPipeline, index_document
+    from longrag.dual.rerank import CrossEncoderScorer
+
+    if args.k is not None:
+        cfg.dual.rerank_k = args.k
+    try:
+        scorer = CrossEncoderScorer(cfg.dual.reranker) if cfg.dual.reranker else None
+    except FileNotFoundError as e:
+        raise InputError(str(e)) from None
+    index = index_document(document, _build_encoder(cfg, args.torch_threads), scorer, cfg.dual)
+    retrieval = index.retriever.retrieve(args.question)
+    out: dict[str, Any] = {
+        "strategy": args.strategy,
+        "chunks": [
+            {"position": c.chunk.chunk_id, "paragraph_id": c.chunk.paragraph_id, "text": c.chunk.text,
+             "score": c.score}  # fmt: skip
+            for c in retrieval.chunks
+        ],
+    }
+    if args.retrieve_only:
+        out["trace"] = {"retrieval": retrieval.trace.to_dict(), "n_paragraphs": len(index.paragraphs)}
+        return out
+    from longrag.llm.factory import build_llm
+
+    llm = build_llm(cfg.llm)
+    try:
+        res = await DualPipeline(llm, cfg.dual).run(args.question, retrieval, index.paragraphs, args.strategy)
+    finally:
+        await llm.aclose()
+    d = res.to_dict()
+    out["answer"] = d["answer"]
+    out["kept_chunk_ids"] = d["kept_chunk_ids"]
+    out["global_information"] = d["global_information"]
+    out["cot"] = d["cot"]
+    out["judgements"] = d["judgements"]
+    out["trace"] = d["trace"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -127,9 +191,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(out, ensure_ascii=False))
         return 0
-    print(f"route: {out['route']}  chunks: {len(out['chunks'])}  total_ms: {out['trace'].get('total_ms')}")
-    for note in out["trace"].get("notes", []):
-        print(f"note: {note}")
+    if "strategy" in out:
+        print(f"strategy: {out['strategy']}  chunks: {len(out['chunks'])}  total_ms: {out['trace'].get('total_ms')}")
+        for st in out["trace"].get("stages", []):
+            print(f"  {st['stage']}: {st['calls']} calls, {st['prompt_tokens']} prompt + {st['completion_tokens']} "
+                  f"completion tokens, {st['wall_ms']:.0f} ms")  # fmt: skip
+        if "generator_input_tokens" in out["trace"]:
+            print(f"  generator input tokens: {out['trace']['generator_input_tokens']}")
+    else:
+        print(f"route: {out['route']}  chunks: {len(out['chunks'])}  total_ms: {out['trace'].get('total_ms')}")
+        for note in out["trace"].get("notes", []):
+            print(f"note: {note}")
     if "answer" in out:
         print(f"answer: {out['answer']}")
     for c in out["chunks"][:20]:

@@ -130,6 +130,40 @@ class ServeConfig(_Section):
     port: int = 8000
 
 
+DualStrategy = Literal["R&B", "R&L", "Ext", "Fil", "E&F"]
+DUAL_STRATEGIES: tuple[str, ...] = ("R&B", "R&L", "Ext", "Fil", "E&F")
+"""The strategies of the dual-perspective pipeline ("LongRAG: A Dual-Perspective Retrieval-Augmented
+Generation Paradigm for Long-Context Question Answering", Zhao et al., 2024, Section 5.3): RAG-Base,
+RAG-Long, Extractor, Filter, Extractor & Filter."""
+
+
+class DualConfig(_Section):
+    """Dual-perspective LongRAG (Zhao et al., 2024, Sections 4.1-4.4): sentence chunks, dense
+    candidates reranked by a cross-encoder, then extractor / filter / generator. The paper's
+    chunk-size x top-k settings are ``chunk_words`` x ``rerank_k``: 200x7 (default), 200x12, 500x3, 500x5."""
+
+    chunk_words: int = Field(200, gt=0, description="Word budget of a chunk (sentences are never split).")
+    overlap_sentences: int = Field(1, ge=0, description="Sentences a chunk repeats from the end of the previous one.")
+    min_tail_words: int | None = Field(
+        None, ge=1, description="A paragraph's last chunk with fewer new words is merged into the one before "
+        "(None: a quarter of chunk_words).",
+    )
+    dense_candidates: int = Field(100, gt=0, description="Chunks the dense encoder hands to the reranker.")
+    rerank_k: int = Field(7, gt=0, description="Chunks kept after reranking (the paper's top-k).")
+    reranker: str | None = Field(
+        None, description="A sentence-transformers cross-encoder folder (e.g. from python -m jobs.train_reranker); "
+        "None ranks by the dense scores only, and the trace says 'dense only'.",
+    )
+    strategy: DualStrategy = Field("E&F", description="R&B, R&L, Ext, Fil or E&F (Section 5.3).")
+    extractor_max_tokens: int = Field(192, gt=0, description="Tokens the extractor may write (global information).")
+    cot_max_tokens: int = Field(192, gt=0, description="Tokens of the filter's chain-of-thought guidance.")
+    judge_max_tokens: int = Field(24, gt=0, description="Tokens of one per-chunk filter judgement (JSON).")
+    generator_max_tokens: int = Field(32, gt=0, description="Tokens of the generator's answer.")
+    context_reserve_tokens: int = Field(
+        64, ge=0, description="Tokens kept free in the window besides a stage's instructions and output.",
+    )
+
+
 class LongRAGConfig(_Section):
     embedding: EmbeddingConfig = Field(default_factory=EmbeddingConfig)
     units: UnitConfig = Field(default_factory=UnitConfig)
@@ -139,6 +173,7 @@ class LongRAGConfig(_Section):
     reader: ReaderConfig = Field(default_factory=ReaderConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
     mixpr: MixPRConfig = Field(default_factory=MixPRConfig)
+    dual: DualConfig = Field(default_factory=DualConfig)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "LongRAGConfig":

@@ -68,6 +68,9 @@ class LLM(abc.ABC):
     #: False for base models without a chat template: callers then build plain prompts and use
     #: :meth:`complete` (the long reader does this by itself).
     is_chat_model: bool = True
+    #: True where :meth:`chat_json` constrains decoding to the JSON schema (llama.cpp grammar,
+    #: OpenAI ``response_format``); False: the default asks in the prompt only.
+    supports_json_schema: bool = False
 
     @abc.abstractmethod
     async def chat(
@@ -91,6 +94,19 @@ class LLM(abc.ABC):
         stop: list[str] | None = None,
     ) -> ChatResult:
         """Continue a plain text prompt (no chat template): for base models."""
+
+    async def chat_json(
+        self,
+        messages: list[dict],
+        *,
+        schema: dict[str, Any],
+        max_tokens: int,
+        temperature: float | None = None,
+    ) -> ChatResult:
+        """A chat whose reply should be one JSON object matching ``schema``. Backends that can
+        constrain decoding override this and set ``supports_json_schema``; this default is a plain
+        :meth:`chat`, so callers parse the reply defensively either way."""
+        return await self.chat(messages, max_tokens=max_tokens, temperature=temperature)
 
     @abc.abstractmethod
     def count_tokens(self, text: str) -> int:

@@ -179,8 +179,11 @@ class LlamaCppLLM(LLM):
         max_tokens: int,
         temperature: float | None = None,
         stop: list[str] | None = None,
+        response_format: dict | None = None,
     ) -> ChatResult:
-        """Blocking chat (what :meth:`chat` runs in a thread)."""
+        """Blocking chat (what :meth:`chat` runs in a thread). ``response_format``
+        ``{"type": "json_object", "schema": {...}}`` constrains decoding with a grammar built from the
+        schema (llama-cpp-python's own conversion)."""
         check_messages(messages)
         check_max_tokens(max_tokens)
         if not self.is_chat_model:
@@ -194,6 +197,7 @@ class LlamaCppLLM(LLM):
                 temperature=temp,
                 stop=stop or None,
                 seed=self.seed,
+                response_format=response_format,
             ),
             "chat",
         )
@@ -236,6 +240,27 @@ class LlamaCppLLM(LLM):
     ) -> ChatResult:
         return await asyncio.to_thread(
             self.chat_sync, messages, max_tokens=max_tokens, temperature=temperature, stop=stop
+        )
+
+    supports_json_schema = True
+
+    async def chat_json(
+        self,
+        messages: list[dict],
+        *,
+        schema: dict[str, Any],
+        max_tokens: int,
+        temperature: float | None = None,
+    ) -> ChatResult:
+        """Chat constrained to one JSON object matching ``schema`` (a llama.cpp grammar)."""
+        if not isinstance(schema, dict):
+            raise ValueError(f"schema must be a JSON schema dict, got {type(schema).__name__}")
+        return await asyncio.to_thread(
+            self.chat_sync,
+            messages,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            response_format={"type": "json_object", "schema": schema},
         )
 
     async def complete(

@@ -213,6 +213,33 @@ class OpenAIHTTPLLM(LLM):
         text = (choice.get("message") or {}).get("content")
         return self._result(body, text, t0, self.count_message_tokens(messages))
 
+    supports_json_schema = True
+
+    async def chat_json(
+        self,
+        messages: list[dict],
+        *,
+        schema: dict[str, Any],
+        max_tokens: int,
+        temperature: float | None = None,
+    ) -> ChatResult:
+        """Chat with ``response_format`` ``json_schema`` (OpenAI structured outputs; vLLM's guided
+        decoding serves the same field)."""
+        check_messages(messages)
+        if not isinstance(schema, dict):
+            raise ValueError(f"schema must be a JSON schema dict, got {type(schema).__name__}")
+        payload = self._payload(max_tokens, temperature, None)
+        payload["messages"] = [{"role": m["role"], "content": m["content"]} for m in messages]
+        payload["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": str(schema.get("title") or "reply"), "schema": schema, "strict": True},
+        }
+        t0 = time.perf_counter()
+        body = await self._post("/chat/completions", payload)
+        choice = self._first_choice(body, self.base_url + "/chat/completions")
+        text = (choice.get("message") or {}).get("content")
+        return self._result(body, text, t0, self.count_message_tokens(messages))
+
     async def complete(
         self,
         prompt: str,

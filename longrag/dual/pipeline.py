@@ -1,0 +1,453 @@
+"""Extractor, CoT-guided filter and generator of dual-perspective LongRAG, and its five strategies.
+
+"LongRAG: A Dual-Perspective Retrieval-Augmented Generation Paradigm for Long-Context Question
+Answering" (Zhao et al., 2024):
+
+- Extractor (Section 4.2): the retrieved chunks are mapped back to their source paragraphs (several
+  chunks of one paragraph keep only the best-scored one), and the LLM writes the *global information*
+  the question needs from those paragraphs.
+- CoT-guided filter (Section 4.3): one chain-of-thought call over the question and all chunks, then
+  one True/False judgement per chunk guided by that CoT (JSON ``{"status": bool}``, constrained where
+  the backend supports it), run concurrently. If no chunk is kept, all are kept and the trace says so.
+- Generator (Section 4.4): answers from the global information plus the kept chunks.
+- Strategies (Section 5.3): R&B (chunks), R&L (the chunks' source paragraphs), Ext (global
+  information + chunks), Fil (kept chunks), E&F (global information + kept chunks).
+
+Every stage is traced with its calls, tokens and latency; the result also records the generator's
+input tokens (the paper's Figure 3). The prompts are written for this project, after the roles of the
+paper's Table 23 prompts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Sequence
+
+from longrag.config import DUAL_STRATEGIES, DualConfig
+from longrag.dual.chunking import DualChunk, SourceParagraph, chunk_paragraphs, split_document
+from longrag.dual.rerank import DenseEncoder, DualRetriever, PairScorer, Retrieval, RetrievedChunk
+from longrag.llm.base import LLM, ChatResult
+
+__all__ = [
+    "STRATEGIES",
+    "JUDGEMENT_SCHEMA",
+    "ChunkIndex",
+    "StageTrace",
+    "Judgement",
+    "DualResult",
+    "DualPipeline",
+    "check_strategy",
+    "map_to_paragraphs",
+    "parse_judgement",
+    "index_paragraphs",
+    "index_document",
+]
+
+STRATEGIES: tuple[str, ...] = DUAL_STRATEGIES
+USES_EXTRACTOR = frozenset({"Ext", "E&F"})
+USES_FILTER = frozenset({"Fil", "E&F"})
+
+JUDGEMENT_SCHEMA: dict[str, Any] = {
+    "title": "judgement",
+    "type": "object",
+    "properties": {"status": {"type": "boolean"}},
+    "required": ["status"],
+    "additionalProperties": False,
+}
+
+SYSTEM = "You are a careful assistant that answers questions from the documents you are given."
+EXTRACTOR_PROMPT = (
+    "Background:\n{content}\n\n"
+    "Read the background above. Write down the information from it that someone would need to cite to "
+    "answer the question below: the relevant facts and how they connect. Do not answer the question itself.\n"
+    "Question: {question}"
+)
+COT_PROMPT = (
+    "Passages:\n{content}\n\n"
+    "Using the passages above, reason step by step about how the following question can be answered: "
+    "which facts are needed and how they lead to the answer.\n"
+    "Question: {question}"
+)
+JUDGE_PROMPT = (
+    "Passage:\n{content}\n\n"
+    "Question: {question}\n"
+    "Reasoning about the question: {cot}\n\n"
+    "Following that reasoning, decide whether the passage must be cited to answer the question. "
+    'Reply with JSON only: {{"status": true}} if it must be cited, {{"status": false}} if not.'
+)
+GENERATOR_PROMPT = (
+    "{content}\n\n"
+    "Answer the question from the information above. Give only the answer, with no other words.\n"
+    "Question: {question}\nAnswer:"
+)
+GLOBAL_HEADER = "Global information:\n"
+DETAILS_HEADER = "Passages:\n"
+_SEP = "\n\n"
+
+
+def check_strategy(strategy: Any) -> str:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
+    return strategy
+
+
+# -------------------------------------------------------------------------------------------- records
+
+
+@dataclass
+class ChunkIndex:
+    """Chunks of a corpus with their source paragraphs and a retriever over them."""
+
+    paragraphs: dict[str, SourceParagraph]
+    chunks: list[DualChunk]
+    retriever: DualRetriever
+
+
+@dataclass
+class StageTrace:
+    """One stage: LLM calls, summed tokens and call latency, the stage's wall time, notes."""
+
+    stage: str
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    llm_ms: float = 0.0
+    wall_ms: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, r: ChatResult) -> None:
+        self.calls += 1
+        self.prompt_tokens += r.prompt_tokens
+        self.completion_tokens += r.completion_tokens
+        self.llm_ms += r.latency_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Judgement:
+    """The filter's verdict on one chunk: ``keep`` None = the reply could not be parsed."""
+
+    chunk_id: int
+    keep: bool | None
+    reply: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class DualResult:
+    question: str
+    strategy: str
+    answer: str
+    retrieved: list[RetrievedChunk]
+    kept_chunk_ids: list[int]
+    paragraph_ids: list[str]
+    global_information: str | None
+    cot: str | None
+    judgements: list[Judgement]
+    generator_input_tokens: int
+    retrieval: dict[str, Any] | None
+    stages: list[StageTrace]
+    notes: list[str]
+    total_ms: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "question": self.question,
+            "strategy": self.strategy,
+            "answer": self.answer,
+            "retrieved": [c.to_dict() for c in self.retrieved],
+            "kept_chunk_ids": self.kept_chunk_ids,
+            "paragraph_ids": self.paragraph_ids,
+            "global_information": self.global_information,
+            "cot": self.cot,
+            "judgements": [j.to_dict() for j in self.judgements],
+            "trace": {
+                "retrieval": self.retrieval,
+                "stages": [s.to_dict() for s in self.stages],
+                "generator_input_tokens": self.generator_input_tokens,
+                "notes": self.notes,
+                "total_ms": self.total_ms,
+            },
+        }
+
+
+# -------------------------------------------------------------------------------------------- pure parts
+
+
+def map_to_paragraphs(
+    chunks: Sequence[RetrievedChunk], paragraphs: Mapping[str, SourceParagraph]
+) -> list[tuple[SourceParagraph, RetrievedChunk]]:
+    """Each distinct source paragraph of ``chunks`` once, with its best-scored chunk, best first
+    (Section 4.2's mapping: k chunks -> k' <= k paragraphs). Unknown paragraph ids raise."""
+    best: dict[str, RetrievedChunk] = {}
+    for c in chunks:
+        pid = c.chunk.paragraph_id
+        if pid not in paragraphs:
+            raise KeyError(f"chunk {c.chunk.chunk_id} maps to unknown paragraph {pid!r}")
+        if pid not in best or c.score > best[pid].score:
+            best[pid] = c
+    order = sorted(best, key=lambda pid: -best[pid].score)
+    return [(paragraphs[pid], best[pid]) for pid in order]
+
+
+_JSON_OBJECT = re.compile(r"\{[^{}]*\}")
+_BOOL_WORD = re.compile(r"\b(true|false|yes|no)\b", re.IGNORECASE)
+
+
+def parse_judgement(text: str) -> bool | None:
+    """``{"status": true|false}`` (also "True"/"yes" strings, extra text around the object) -> bool;
+    a bare true/false/yes/no word is accepted as a fallback; anything else -> None."""
+    for m in _JSON_OBJECT.finditer(text or ""):
+        try:
+            obj = json.loads(m.group(0))
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict) and "status" in obj:
+            v = obj["status"]
+            if isinstance(v, bool):
+                return v
+            if isinstance(v, str) and v.strip().lower() in ("true", "false", "yes", "no"):
+                return v.strip().lower() in ("true", "yes")
+            return None
+    m = _BOOL_WORD.search(text or "")
+    if m:
+        return m.group(1).lower() in ("true", "yes")
+    return None
+
+
+def index_paragraphs(
+    paragraphs: Sequence[SourceParagraph], encoder: DenseEncoder, scorer: PairScorer | None, cfg: DualConfig
+) -> ChunkIndex:
+    """Chunk ``paragraphs`` with ``cfg`` and build a :class:`DualRetriever` over them."""
+    chunks = chunk_paragraphs(paragraphs, cfg.chunk_words, cfg.overlap_sentences, cfg.min_tail_words)
+    retriever = DualRetriever(chunks, encoder, scorer, dense_candidates=cfg.dense_candidates, k=cfg.rerank_k)
+    return ChunkIndex({p.id: p for p in paragraphs}, chunks, retriever)
+
+
+def index_document(
+    document: str, encoder: DenseEncoder, scorer: PairScorer | None, cfg: DualConfig, doc_id: str = "doc"
+) -> ChunkIndex:
+    """One long document (the LongBench setting): blank-line paragraphs, then :func:`index_paragraphs`."""
+    return index_paragraphs(split_document(document, doc_id), encoder, scorer, cfg)
+
+
+# -------------------------------------------------------------------------------------------- pipeline
+
+
+class DualPipeline:
+    """Runs a strategy over retrieved chunks with one LLM (the stages may be separate deployments
+    later: each stage is its own method over plain inputs)."""
+
+    def __init__(self, llm: LLM, config: DualConfig | None = None):
+        self.llm = llm
+        self.config = config or DualConfig()
+
+    # -- LLM plumbing ---------------------------------------------------------------------------
+
+    def _messages(self, user: str) -> list[dict]:
+        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+    async def _ask(self, user: str, max_tokens: int, schema: dict | None = None) -> ChatResult:
+        if not self.llm.is_chat_model:
+            return await self.llm.complete(SYSTEM + "\n\n" + user + "\n", max_tokens=max_tokens)
+        if schema is not None:
+            return await self.llm.chat_json(self._messages(user), schema=schema, max_tokens=max_tokens)
+        return await self.llm.chat(self._messages(user), max_tokens=max_tokens)
+
+    def _fit(self, template: str, texts: list[str], max_tokens: int, notes: list[str], what: str, **fmt: str) -> str:
+        """Join ``texts`` into ``template``'s ``{content}``, dropping trailing texts (and cutting the
+        last one at a word boundary) so the prompt fits the window; says so in ``notes``."""
+        llm, reserve = self.llm, self.config.context_reserve_tokens
+        fixed = llm.count_message_tokens(self._messages(template.format(content="", **fmt)))
+        budget = llm.context_window - max_tokens - reserve - fixed
+        kept: list[str] = []
+        used = 0
+        for i, t in enumerate(texts):
+            cost = llm.count_tokens(t + _SEP)
+            if used + cost <= budget:
+                kept.append(t)
+                used += cost
+                continue
+            room = budget - used
+            if room > 32:
+                words = t.split()
+                n = max(1, int(len(words) * room / max(cost, 1)) - 2)
+                while n > 1 and llm.count_tokens(" ".join(words[:n]) + _SEP) > room:
+                    n = int(n * 0.9)
+                kept.append(" ".join(words[:n]))
+            notes.append(f"{what}: {len(texts) - i} of {len(texts)} texts cut or dropped to fit the context window")
+            break
+        if not kept:
+            raise ValueError(f"{what}: the window of {llm.context_window} tokens leaves no room for any context")
+        return template.format(content=_SEP.join(kept), **fmt)
+
+    # -- stages -----------------------------------------------------------------------------------
+
+    async def extract(
+        self, question: str, chunks: Sequence[RetrievedChunk], paragraphs: Mapping[str, SourceParagraph]
+    ) -> tuple[str, list[str], StageTrace]:
+        """Section 4.2: chunks -> source paragraphs -> global information."""
+        t0 = time.perf_counter()
+        st = StageTrace("extractor")
+        mapped = map_to_paragraphs(chunks, paragraphs)
+        st.notes.append(f"{len(chunks)} chunks -> {len(mapped)} source paragraphs")
+        texts = [_titled(p) for p, _ in mapped]
+        max_t = self.config.extractor_max_tokens
+        prompt = self._fit(EXTRACTOR_PROMPT, texts, max_t, st.notes, "extractor", question=question)
+        r = await self._ask(prompt, max_t)
+        st.add(r)
+        st.wall_ms = _ms(t0)
+        return r.text.strip(), [p.id for p, _ in mapped], st
+
+    async def filter(
+        self, question: str, chunks: Sequence[RetrievedChunk]
+    ) -> tuple[list[RetrievedChunk], str, list[Judgement], StageTrace]:
+        """Section 4.3: one CoT call over all chunks, then concurrent per-chunk judgements. Chunks
+        whose judgement cannot be parsed are kept (never drop evidence on a garbled reply); if no
+        chunk is kept, all are, and the trace says so."""
+        t0 = time.perf_counter()
+        st = StageTrace("filter")
+        cfg = self.config
+        cot_prompt = self._fit(COT_PROMPT, [c.chunk.text for c in chunks], cfg.cot_max_tokens, st.notes, "filter CoT",
+                               question=question)  # fmt: skip
+        cot_r = await self._ask(cot_prompt, cfg.cot_max_tokens)
+        st.add(cot_r)
+        cot = cot_r.text.strip()
+        schema = JUDGEMENT_SCHEMA
+        prompts = [
+            self._fit(JUDGE_PROMPT, [c.chunk.text], cfg.judge_max_tokens, st.notes, f"filter judgement {c.chunk.chunk_id}",
+                      question=question, cot=cot)  # fmt: skip
+            for c in chunks
+        ]
+        replies = await asyncio.gather(*(self._ask(p, cfg.judge_max_tokens, schema) for p in prompts))
+        judgements = []
+        for c, r in zip(chunks, replies):
+            st.add(r)
+            judgements.append(Judgement(c.chunk.chunk_id, parse_judgement(r.text), r.text))
+        st.notes.append(
+            "judgements constrained to JSON by the backend"
+            if self.llm.supports_json_schema and self.llm.is_chat_model
+            else "judgements not constrained (backend has no JSON schema support): parsed leniently"
+        )
+        unparsed = [j.chunk_id for j in judgements if j.keep is None]
+        if unparsed:
+            st.notes.append(f"{len(unparsed)} judgement(s) unparseable, chunks kept: {unparsed}")
+        kept = [c for c, j in zip(chunks, judgements) if j.keep is not False]
+        if not kept:
+            kept = list(chunks)
+            st.notes.append(f"filter kept no chunk: keeping all {len(chunks)}")
+        st.wall_ms = _ms(t0)
+        return kept, cot, judgements, st
+
+    async def generate(
+        self, question: str, details: Sequence[str], global_information: str | None = None
+    ) -> tuple[str, int, StageTrace]:
+        """Section 4.4: answer from global information (if any) + detail texts; returns the answer,
+        the generator's input tokens and the trace."""
+        t0 = time.perf_counter()
+        st = StageTrace("generator")
+        texts = list(details)
+        if global_information:
+            texts = [GLOBAL_HEADER + global_information, DETAILS_HEADER + (texts[0] if texts else "")] + texts[1:]
+        max_t = self.config.generator_max_tokens
+        prompt = self._fit(GENERATOR_PROMPT, texts, max_t, st.notes, "generator", question=question)
+        r = await self._ask(prompt, max_t)
+        st.add(r)
+        st.wall_ms = _ms(t0)
+        return _clean_answer(r.text), r.prompt_tokens, st
+
+    # -- strategies -------------------------------------------------------------------------------
+
+    async def run(
+        self,
+        question: str,
+        retrieval: Retrieval,
+        paragraphs: Mapping[str, SourceParagraph],
+        strategy: str | None = None,
+    ) -> DualResult:
+        """Run ``strategy`` (default ``config.strategy``) over retrieved chunks."""
+        t0 = time.perf_counter()
+        strategy = check_strategy(strategy or self.config.strategy)
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError("question must be a non-empty str")
+        chunks = list(retrieval.chunks)
+        if not chunks:
+            raise ValueError("no retrieved chunks to answer from")
+        stages: list[StageTrace] = []
+        notes = list(retrieval.trace.notes)
+        info = cot = None
+        judgements: list[Judgement] = []
+        paragraph_ids: list[str] = []
+        kept = chunks
+
+        async def _extract():
+            return await self.extract(question, chunks, paragraphs)
+
+        async def _filter():
+            return await self.filter(question, chunks)
+
+        if strategy == "E&F":  # the two perspectives are independent: run them side by side
+            (info, paragraph_ids, st_e), (kept, cot, judgements, st_f) = await asyncio.gather(_extract(), _filter())
+            stages += [st_e, st_f]
+        elif strategy == "Ext":
+            info, paragraph_ids, st_e = await _extract()
+            stages.append(st_e)
+        elif strategy == "Fil":
+            kept, cot, judgements, st_f = await _filter()
+            stages.append(st_f)
+
+        if strategy == "R&L":
+            mapped = map_to_paragraphs(chunks, paragraphs)
+            paragraph_ids = [p.id for p, _ in mapped]
+            details = [_titled(p) for p, _ in mapped]
+            notes.append(f"R&L: {len(chunks)} chunks -> {len(mapped)} source paragraphs as long context")
+        else:
+            details = [c.chunk.text for c in kept]
+        answer, gen_in, st_g = await self.generate(question, details, info)
+        stages.append(st_g)
+        return DualResult(
+            question=question,
+            strategy=strategy,
+            answer=answer,
+            retrieved=chunks,
+            kept_chunk_ids=[c.chunk.chunk_id for c in kept],
+            paragraph_ids=paragraph_ids,
+            global_information=info,
+            cot=cot,
+            judgements=judgements,
+            generator_input_tokens=gen_in,
+            retrieval=retrieval.trace.to_dict(),
+            stages=stages,
+            notes=notes,
+            total_ms=_ms(t0),
+        )
+
+    async def answer(self, question: str, index: ChunkIndex, strategy: str | None = None) -> DualResult:
+        """Retrieve from ``index`` and run ``strategy``."""
+        strategy = check_strategy(strategy or self.config.strategy)
+        retrieval = index.retriever.retrieve(question)
+        return await self.run(question, retrieval, index.paragraphs, strategy)
+
+
+def _titled(p: SourceParagraph) -> str:
+    return f"{p.title}\n{p.text}" if p.title else p.text
+
+
+def _clean_answer(text: str) -> str:
+    t = text.strip()
+    for prefix in ("Answer:", "answer:", "A:"):
+        if t.startswith(prefix):
+            t = t[len(prefix) :].strip()
+    return t.splitlines()[0].strip() if t else t
+
+
+def _ms(t0: float) -> float:
+    return round((time.perf_counter() - t0) * 1000.0, 2)

@@ -1,0 +1,205 @@
+"""Hybrid retrieval over dual chunks: dense candidates, then a cross-encoder rerank to k (or "dense only").
+
+"LongRAG: A Dual-Perspective Retrieval-Augmented Generation Paradigm for Long-Context Question
+Answering" (Zhao et al., 2024), Section 4.1: a dual encoder recalls candidates quickly at a coarse
+level, a cross-encoder scores question-chunk pairs at a fine level. The cross-encoder is any
+:class:`PairScorer`; :class:`CrossEncoderScorer` loads a sentence-transformers CrossEncoder folder
+(e.g. one written by ``python -m jobs.train_reranker``). Without a scorer the candidates keep their
+dense order and the trace says ``"dense only"``: never silently.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol, Sequence
+
+import numpy as np
+
+from longrag.dual.chunking import DualChunk
+
+__all__ = [
+    "DENSE_ONLY",
+    "CROSS_ENCODER",
+    "PairScorer",
+    "DenseEncoder",
+    "CrossEncoderScorer",
+    "RetrievedChunk",
+    "RetrievalTrace",
+    "Retrieval",
+    "rerank",
+    "dense_top",
+    "DualRetriever",
+]
+
+DENSE_ONLY = "dense only"
+CROSS_ENCODER = "cross-encoder"
+
+
+class PairScorer(Protocol):
+    """Scores (query, text) pairs; higher = more relevant. ``name`` goes into traces."""
+
+    name: str
+
+    def score(self, query: str, texts: Sequence[str]) -> list[float]: ...
+
+
+class DenseEncoder(Protocol):
+    """L2-normalised float32 rows (``longrag.embedding.Embedder`` is one)."""
+
+    def encode_passages(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    def encode_queries(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+class CrossEncoderScorer:
+    """A sentence-transformers ``CrossEncoder`` loaded from a local folder, on CPU unless told."""
+
+    def __init__(self, folder: str | Path, device: str = "cpu", batch_size: int = 32, max_length: int = 256):
+        path = Path(folder).expanduser()
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"reranker folder {str(path)!r} has no config.json: give a sentence-transformers cross-encoder "
+                "folder (python -m jobs.train_reranker writes one) or set dual.reranker=null for dense only"
+            )
+        from sentence_transformers import CrossEncoder
+
+        self.model = CrossEncoder(str(path), device=device, max_length=max_length, local_files_only=True)
+        self.name = str(path)
+        self.batch_size = batch_size
+
+    def score(self, query: str, texts: Sequence[str]) -> list[float]:
+        if not texts:
+            return []
+        scores = self.model.predict(
+            [(query, t) for t in texts], batch_size=self.batch_size, show_progress_bar=False, convert_to_numpy=True
+        )
+        return [float(s) for s in np.asarray(scores).reshape(-1)]
+
+
+@dataclass
+class RetrievedChunk:
+    """One retrieved chunk with its rank scores (``rerank_score`` is None in dense-only mode)."""
+
+    chunk: DualChunk
+    dense_score: float
+    rerank_score: float | None = None
+
+    @property
+    def score(self) -> float:
+        return self.dense_score if self.rerank_score is None else self.rerank_score
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"chunk": self.chunk.to_dict(), "dense_score": self.dense_score, "rerank_score": self.rerank_score}
+
+
+@dataclass
+class RetrievalTrace:
+    """How the chunks were found: ``mode`` is ``"cross-encoder"`` or ``"dense only"``."""
+
+    mode: Literal["cross-encoder", "dense only"]
+    reranker: str | None
+    n_chunks: int
+    candidates: int
+    k: int
+    dense_ms: float = 0.0
+    rerank_ms: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Retrieval:
+    chunks: list[RetrievedChunk]
+    trace: RetrievalTrace
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"chunks": [c.to_dict() for c in self.chunks], "trace": self.trace.to_dict()}
+
+
+def dense_top(scores: np.ndarray, n: int) -> np.ndarray:
+    """Indices of the ``n`` highest scores, best first (ties: lower index first)."""
+    scores = np.asarray(scores, dtype=np.float64).reshape(-1)
+    n = min(int(n), scores.size)
+    if n <= 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.lexsort((np.arange(scores.size), -scores))[:n]
+
+
+def rerank(
+    question: str, candidates: Sequence[RetrievedChunk], k: int, scorer: PairScorer | None
+) -> tuple[list[RetrievedChunk], str]:
+    """The best ``k`` candidates by the scorer (stable for ties), or the first ``k`` in their dense
+    order when ``scorer`` is None; returns them and the mode (``"cross-encoder"`` / ``"dense only"``)."""
+    if not isinstance(k, int) or k <= 0:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+    if scorer is None:
+        return list(candidates[:k]), DENSE_ONLY
+    scores = scorer.score(question, [c.chunk.text for c in candidates])
+    if len(scores) != len(candidates):
+        raise RuntimeError(f"reranker {scorer.name!r} returned {len(scores)} scores for {len(candidates)} chunks")
+    scored = [RetrievedChunk(c.chunk, c.dense_score, float(s)) for c, s in zip(candidates, scores)]
+    order = sorted(range(len(scored)), key=lambda i: (-scored[i].rerank_score, i))
+    return [scored[i] for i in order[:k]], CROSS_ENCODER
+
+
+class DualRetriever:
+    """Dense candidates over in-memory chunks, then :func:`rerank` to ``k``.
+
+    Chunk vectors are computed once per retriever (one long document, or a question's paragraph
+    pool); :meth:`retrieve` embeds the question, takes ``dense_candidates`` by cosine and reranks."""
+
+    def __init__(
+        self,
+        chunks: Sequence[DualChunk],
+        encoder: DenseEncoder,
+        scorer: PairScorer | None = None,
+        *,
+        dense_candidates: int = 100,
+        k: int = 7,
+    ) -> None:
+        if not chunks:
+            raise ValueError("no chunks to retrieve from (empty document?)")
+        for name, v in (("dense_candidates", dense_candidates), ("k", k)):
+            if not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        self.chunks = list(chunks)
+        self.encoder = encoder
+        self.scorer = scorer
+        self.dense_candidates = dense_candidates
+        self.k = k
+        t0 = time.perf_counter()
+        self.vectors = np.asarray(encoder.encode_passages([c.text for c in self.chunks]), dtype=np.float32)
+        self.encode_ms = (time.perf_counter() - t0) * 1000.0
+        if self.vectors.shape[0] != len(self.chunks):
+            raise RuntimeError(f"encoder returned {self.vectors.shape[0]} vectors for {len(self.chunks)} chunks")
+
+    def retrieve(self, question: str, k: int | None = None) -> Retrieval:
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError("question must be a non-empty str")
+        k = self.k if k is None else k
+        t0 = time.perf_counter()
+        q = np.asarray(self.encoder.encode_queries([question]), dtype=np.float32).reshape(-1)
+        scores = self.vectors @ q
+        top = dense_top(scores, self.dense_candidates)
+        candidates = [RetrievedChunk(self.chunks[i], float(scores[i])) for i in top]
+        t1 = time.perf_counter()
+        kept, mode = rerank(question, candidates, k, self.scorer)
+        t2 = time.perf_counter()
+        notes = []
+        if mode == DENSE_ONLY:
+            notes.append("no reranker configured (dual.reranker is null): chunks ranked by dense scores only")
+        trace = RetrievalTrace(
+            mode=mode,  # type: ignore[arg-type]
+            reranker=None if self.scorer is None else self.scorer.name,
+            n_chunks=len(self.chunks),
+            candidates=len(candidates),
+            k=k,
+            dense_ms=(t1 - t0) * 1000.0,
+            rerank_ms=(t2 - t1) * 1000.0,
+            notes=notes,
+        )
+        return Retrieval(kept, trace)

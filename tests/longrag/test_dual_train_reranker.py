@@ -1,0 +1,92 @@
+"""The reranker training job on a tiny slice of the bundled data (a few CPU steps, real MiniLM)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from longrag.dual.train_reranker import (
+    TrainerConfig,
+    load_sources,
+    make_pairs,
+    next_version_dir,
+    recall_at_k,
+    sample_negatives,
+    split_by_question,
+    train_reranker,
+)
+
+
+def test_recall_at_k():
+    assert recall_at_k([0.9, 0.1, 0.5], [1, 0, 1], 1) == 0.5
+    assert recall_at_k([0.9, 0.1, 0.5], [1, 0, 1], 2) == 1.0
+    assert recall_at_k([0.1, 0.2], [0, 0], 1) != recall_at_k([0.1, 0.2], [0, 0], 1)  # nan: no positives
+
+
+def test_pairs_and_split_by_question_from_bundled_data():
+    cfg = TrainerConfig(limit_per_source=20)
+    examples, prov = load_sources(cfg)
+    assert prov["hotpotqa"]["questions"] == 20 and prov["musique"]["questions"] == 20
+    assert prov["hotpotqa"]["file"].startswith("data/hotpotqa/")
+    train, held = split_by_question(examples, 0.25, seed=0)
+    ids = lambda xs: {f"{s}:{e.qid}" for s, e in xs}  # noqa: E731
+    assert ids(train).isdisjoint(ids(held)) and len(train) + len(held) == len(examples) and held
+    assert split_by_question(examples, 0.25, seed=0) == (train, held)  # deterministic
+    pairs = make_pairs(train)
+    assert {p.label for p in pairs} == {0.0, 1.0}
+    assert {p.qid for p in pairs} == ids(train)
+    # HotpotQA: supporting paragraphs are the titles of supporting_facts
+    src, ex = next(x for x in examples if x[0] == "hotpotqa")
+    sup = {p.title for p in ex.paragraphs if p.is_supporting}
+    assert sup == set(ex.gold_titles) and len(sup) >= 1
+
+
+def test_sample_negatives_keeps_positives_and_caps_negatives_per_question():
+    from longrag.dual.train_reranker import RerankPair
+
+    pairs = [RerankPair(q, "Q", f"{q}{i}", 1.0 if i < npos else 0.0) for q, npos in (("a", 1), ("b", 2)) for i in range(8)]
+    got = sample_negatives(pairs, 2, seed=0)
+    for q, npos in (("a", 1), ("b", 2)):
+        mine = [p for p in got if p.qid == q]
+        assert sum(p.label > 0 for p in mine) == npos and sum(p.label == 0 for p in mine) == 2 * npos
+    assert got == [p for p in pairs if p in got]  # original order kept
+    assert sample_negatives(pairs, 2, seed=0) == got and sample_negatives(pairs, None) == pairs
+
+
+def test_bad_config_names_valid_values():
+    with pytest.raises(ValueError, match="valid: \\['hotpotqa', 'musique'\\]"):
+        TrainerConfig(sources=("squad",)).check()
+    with pytest.raises(ValueError, match="max_steps must be a positive int, got 0"):
+        TrainerConfig(max_steps=0).check()
+
+
+def test_next_version_dir(tmp_path):
+    assert next_version_dir(tmp_path).name == "minilm-reranker-v1"
+    (tmp_path / "minilm-reranker-v1").mkdir()
+    (tmp_path / "minilm-reranker-v7").mkdir()
+    assert next_version_dir(tmp_path).name == "minilm-reranker-v8"
+
+
+def test_train_on_tiny_set_writes_loadable_versioned_folder(tmp_path):
+    cfg = TrainerConfig(limit_per_source=6, heldout_fraction=0.34, max_steps=3, batch_size=4, max_length=96, eval_k=(2,))
+    report = train_reranker(tmp_path, cfg)
+    out = tmp_path / "minilm-reranker-v1"
+    assert report.output_dir == str(out) and report.version == "minilm-reranker-v1"
+    saved = json.loads((out / "training_report.json").read_text())
+    assert saved["counts"]["steps"] == 3 and saved["counts"]["examples_seen"] == 12
+    assert saved["counts"]["train_questions"] + saved["counts"]["heldout_questions"] == 12
+    assert set(saved["heldout"]["dense_before"]) == {"recall@2"} == set(saved["heldout"]["reranker_after"])
+    after, before = saved["heldout"]["reranker_after"]["recall@2"], saved["heldout"]["dense_before"]["recall@2"]
+    assert 0.0 <= after <= 1.0
+    assert saved["heldout"]["better_than_dense"] == {"recall@2": after > before}
+    assert any(n.startswith("WARNING") for n in saved["notes"]) == (after <= before)
+    assert saved["counts"]["train_pairs"] <= saved["counts"]["train_pairs_available"]
+    assert saved["data"]["sources"]["musique"]["file"].startswith("data/musique/")
+    assert saved["loss"]["first"] > 0
+    # the folder is a cross-encoder the retriever can load, and it scores pairs
+    from longrag.dual.rerank import CrossEncoderScorer
+
+    scorer = CrossEncoderScorer(out)
+    s = scorer.score("Who wrote Hamlet?", ["Hamlet is a play by Shakespeare.", "Bananas are yellow."])
+    assert len(s) == 2 and all(isinstance(x, float) for x in s)
