@@ -1,7 +1,7 @@
 """Reader benchmark: full vs MixPR-compressed units at several context budgets, EM/F1 and seconds.
 
     python -m jobs.bench_reader --dataset hotpotqa --limit 30
-    python -m jobs.bench_reader --dataset musique --limit 30 --settings full@2048,mixpr@2048,full@4096
+    python -m jobs.bench_reader --dataset musique --limit 10 --settings full@2048/fs8,full@2048/fs2,full@2048,mixpr@2048
 
 Retrieval runs in process (pooled paragraphs of the evaluated questions -> title-linked grouped units
 -> MaxP over the bundled encoder); the candidates are a question's top units up to twice the largest
@@ -29,7 +29,7 @@ from longrag.eval.datasets import load_qa
 
 ROOT = Path(__file__).resolve().parent.parent
 DATASETS = {"hotpotqa": HOTPOTQA_SAMPLE, "musique": MUSIQUE_SAMPLE}
-DEFAULT_SETTINGS = "full@2048,mixpr@2048,full@4096,mixpr@4096,full@8192,mixpr@8192"
+DEFAULT_SETTINGS = "full@2048/fs8,full@2048/fs2,full@2048,mixpr@2048,full@4096,mixpr@4096,full@8192,mixpr@8192"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -107,10 +107,13 @@ class ReaderConfig(_Section):
     context_reserve_tokens: int = Field(
         384, description="Tokens kept free in the window for instructions and the generated answer."
     )
-    few_shot_examples: int = Field(8, ge=0, le=8, description="Worked examples in the short-answer turn.")
+    few_shot_examples: int = Field(
+        0, ge=0, le=8, description="Worked examples in the short-answer turn. The bundled reader answers as well "
+        "without them and its second turn is 3x faster (README: reader benchmark).",
+    )
     max_context_tokens: int | None = Field(
-        None, ge=1, description="At most this many tokens of unit text go to the reader (None: what the "
-        "window leaves). On CPU the prompt's length sets the latency: see the README's reader benchmark.",
+        2048, ge=1, description="At most this many tokens of unit text go to the reader (None: what the window "
+        "leaves). 2K keeps a CPU read near 10 s; raise it with a GPU-served reader (README: reader benchmark).",
     )
     min_partial_unit_tokens: int = Field(
         128, ge=1, description="Fill leftover room with a trimmed unit only when at least this many tokens are free."

@@ -369,7 +369,8 @@ def test_reader_replaces_a_bad_short_answer_with_the_long_answer_span(reply, rea
     long_answer = "Animal Farm was written by George Orwell. It was published in 1945."
     llm = ScriptedLLM([long_answer, reply])
     unit = Unit("u1", ["d1"], ["Animal Farm"], ORWELL_EVIDENCE, 20)
-    res = run(LongReader(llm, ReaderConfig()).read("Who wrote the novel Animal Farm?", [unit]))
+    # eight worked examples in the prompt: the Beatles example can leak
+    res = run(LongReader(llm, ReaderConfig(few_shot_examples=8)).read("Who wrote the novel Animal Farm?", [unit]))
     assert res.answer_fallback == reason
     assert res.raw_short_answer == reply
     assert "George Orwell" in res.answer and "Beatles" not in res.answer and "1945" not in res.answer

@@ -14,9 +14,9 @@ from tests.fakes import ScriptedLLM
 
 
 def test_parse_settings():
-    assert parse_settings("full@2048, mixpr@4096,full@2048/fs0") == [
-        ReaderSetting("full", 2048), ReaderSetting("mixpr", 4096), ReaderSetting("full", 2048, 0)]
-    assert [s.label for s in parse_settings("full@2048,mixpr@8192/fs2")] == ["full@2K", "mixpr@8K fs2"]
+    assert parse_settings("full@2048, mixpr@4096,full@2048/fs8") == [
+        ReaderSetting("full", 2048), ReaderSetting("mixpr", 4096), ReaderSetting("full", 2048, 8)]
+    assert [s.label for s in parse_settings("full@2048,mixpr@8192/fs2")] == ["full@2K fs0", "mixpr@8K fs2"]
     for bad in ("", "half@2048", "full@", "full@x", "full@2048/fsx", "full@0"):
         with pytest.raises(ValueError):
             parse_settings(bad)
@@ -42,8 +42,8 @@ def test_settings_with_the_same_context_share_one_read(tmp_path):
     rows = asyncio.run(run_settings(llm, EXAMPLES, SMALL, settings, checkpoint=tmp_path / "rows.jsonl"))
     assert len(llm.calls) == 4 and len(rows) == 4
     summary = {s["setting"]: s for s in summarize(rows)}
-    assert summary["full@2K"]["em"] == summary["mixpr@2K"]["em"] == 100.0
-    assert summary["full@2K"]["questions"] == 2 and summary["full@2K"]["fallbacks"] == 0
+    assert summary["full@2K fs0"]["em"] == summary["mixpr@2K fs0"]["em"] == 100.0
+    assert summary["full@2K fs0"]["questions"] == 2 and summary["full@2K fs0"]["fallbacks"] == 0
     # a rerun takes every row from the checkpoint and reads nothing
     again = ScriptedLLM()
     rows2 = asyncio.run(run_settings(again, EXAMPLES, SMALL, settings, checkpoint=tmp_path / "rows.jsonl"))
@@ -53,10 +53,10 @@ def test_settings_with_the_same_context_share_one_read(tmp_path):
 
 def test_other_few_shot_counts_are_separate_reads_and_scored():
     llm = ScriptedLLM(["Orwell wrote it.", "George Orwell", "Orwell wrote it.", "Eric Blair"])
-    rows = asyncio.run(run_settings(llm, EXAMPLES[:1], SMALL, parse_settings("full@2048,full@2048/fs0")))
+    rows = asyncio.run(run_settings(llm, EXAMPLES[:1], SMALL, parse_settings("full@2048/fs8,full@2048")))
     assert len(llm.calls) == 4
     by = {r["setting"]: r for r in rows}
-    assert by["full@2K"]["f1"] == 1.0 and by["full@2K fs0"]["f1"] == 0.0
+    assert by["full@2K fs8"]["f1"] == 1.0 and by["full@2K fs0"]["f1"] == 0.0
     # the few-shot count is what differs between the two second turns
     assert "Examples:" in llm.calls[1]["messages"][-1]["content"]
     assert "Examples:" not in llm.calls[3]["messages"][-1]["content"]
