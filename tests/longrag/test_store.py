@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 
 import faiss
 import numpy as np
@@ -23,6 +22,7 @@ from longrag.store import (
     write_shard,
 )
 from longrag.types import Chunk, Unit
+from tests.s3server import moto_s3
 
 DIM = 8
 faiss.omp_set_num_threads(1)
@@ -60,31 +60,10 @@ def build_store(store: ArtifactStore, n_shards: int = 2, complete: bool = True):
     return units, chunks, vectors, manifest
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def moto_endpoint():
-    server_mod = pytest.importorskip("moto.server")
-    boto3 = pytest.importorskip("boto3")
-    port = free_port()
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    mp = pytest.MonkeyPatch()
-    for var, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        mp.setenv(var, value)
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="longrag-test")
-    yield endpoint
-    mp.undo()
-    server.stop()
+    with moto_s3("longrag-test") as endpoint:
+        yield endpoint
 
 
 @pytest.fixture(params=["local", "s3"])
