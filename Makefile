@@ -26,9 +26,9 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest
 
-# The inner loop: the Ray-free core with fakes and small real models, no cluster (a couple of minutes).
+# The inner loop: the Ray-free core with fakes and the small encoder, no cluster and no LLM.
 test-fast: setup
-	$(BIN)/python -m pytest tests/longrag -q --durations=5
+	$(BIN)/python -m pytest tests/longrag -m "not slow" -q --durations=5
 
 index: setup
 	$(BIN)/python -m jobs.index --source data/sample/enwiki-sample-106-articles.xml.bz2 --format wikixml \

@@ -11,6 +11,8 @@ import pytest
 from longrag.config import DualConfig, EmbeddingConfig, LLMConfig
 from longrag.dual.pipeline import STRATEGIES, DualPipeline, index_document
 
+pytestmark = pytest.mark.slow  # a real model: left out of `make test-fast`
+
 pytest.importorskip("llama_cpp")
 
 DOCUMENT = """Marie Curie was a physicist and chemist. She was born in Warsaw in 1867. She conducted pioneering research on radioactivity.

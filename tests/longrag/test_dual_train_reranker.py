@@ -17,6 +17,8 @@ from longrag.dual.train_reranker import (
     train_reranker,
 )
 
+pytestmark = pytest.mark.slow  # a real model: left out of `make test-fast`
+
 
 def test_recall_at_k():
     assert recall_at_k([0.9, 0.1, 0.5], [1, 0, 1], 1) == 0.5

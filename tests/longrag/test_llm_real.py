@@ -15,6 +15,8 @@ from longrag.llm.llamacpp import LlamaCppLLM, resolve_model_path
 from longrag.reader import LongReader
 from longrag.types import Unit
 
+pytestmark = pytest.mark.slow  # a real model: left out of `make test-fast`
+
 pytest.importorskip("llama_cpp")
 
 

@@ -265,6 +265,7 @@ def test_tfidf_equals_sklearn_on_real_documents():
 # ---------------------------------------------------------------- the real bundled model
 
 
+@pytest.mark.slow
 def test_real_smollm2_router_and_reader_on_hashhop():
     pytest.importorskip("llama_cpp")
     from longrag.config import LLMConfig

@@ -17,6 +17,8 @@ from longrag.llm.llamacpp import LlamaCppLLM
 from longrag.reader import LongReader
 from longrag.types import Unit
 
+pytestmark = pytest.mark.slow  # a real model: left out of `make test-fast`
+
 pytest.importorskip("llama_cpp")
 
 ANIMAL_FARM = Unit(
