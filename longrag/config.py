@@ -112,14 +112,15 @@ class ReaderConfig(_Section):
         "without them and its second turn is 3x faster (README: reader benchmark).",
     )
     max_context_tokens: int | None = Field(
-        2048, ge=1, description="At most this many tokens of unit text go to the reader (None: what the window "
-        "leaves). 2K keeps a CPU read near 10 s; raise it with a GPU-served reader (README: reader benchmark).",
+        1024, ge=1, description="At most this many tokens of unit text go to the reader (None: what the window "
+        "leaves). The bundled 0.5B reader answers better from 1K MixPR-selected tokens than from 2K, in ~11 s on "
+        "2 cores (README: reader benchmark); a GPU-served long-context reader wants None.",
     )
     min_partial_unit_tokens: int = Field(
         128, ge=1, description="Fill leftover room with a trimmed unit only when at least this many tokens are free."
     )
     compression: Literal["truncate", "mixpr"] = Field(
-        "truncate",
+        "mixpr",
         description="When the retrieved units exceed the window: keep whole top units and trim (truncate), or "
         "select the sentences to keep from all of them with question-seeded MixPR, in document order (mixpr).",
     )

@@ -305,9 +305,14 @@ class LongReader:
 
     def __init__(self, llm: LLM, config: ReaderConfig | None = None, compressor: Compressor | None = None) -> None:
         """``compressor`` is used when ``config.compression == "mixpr"`` (or a request asks for it)
-        and the units do not fit the window whole (see ``longrag.longcontext``)."""
+        and the units do not fit the window whole; None takes question-seeded MixPR with its default
+        config (``longrag.longcontext.compress_units_with_mixpr``)."""
         self.llm = llm
         self.config = config or ReaderConfig()
+        if compressor is None:
+            from longrag.longcontext import compress_units_with_mixpr
+
+            compressor = compress_units_with_mixpr
         self.compressor = compressor
 
     # -- budget -------------------------------------------------------------------------------
@@ -335,8 +340,6 @@ class LongReader:
             raise ValueError(f"compression must be 'truncate' or 'mixpr', got {mode!r}")
         if mode == "truncate" or not fitted.truncated:
             return fitted
-        if self.compressor is None:
-            raise ValueError("compression='mixpr' needs a compressor (see longrag.longcontext)")
         text = self.compressor(question, [format_unit(u) for u in units], budget, self.llm.count_tokens)
         tokens = self.llm.count_tokens(text)
         if tokens > budget:  # never hand the model more than its window

@@ -204,7 +204,8 @@ def test_fit_invariants_random():
 def test_reader_prompts_fit_the_window():
     """With a small window the reader trims the top unit; every call stays inside the window
     (ScriptedLLM raises ContextOverflowError otherwise)."""
-    cfg = ReaderConfig(context_reserve_tokens=16, long_answer_max_tokens=20, short_answer_max_tokens=5)
+    cfg = ReaderConfig(context_reserve_tokens=16, long_answer_max_tokens=20, short_answer_max_tokens=5,
+                       compression="truncate")
     llm = ScriptedLLM([" ".join(["long"] * 20), "short"], context_window=900)
     units = [make_unit("a", 2000), make_unit("b", 10)]
     reader = LongReader(llm, cfg)
@@ -318,12 +319,14 @@ def test_compression_mixpr_calls_the_compressor_only_when_units_do_not_fit():
     assert not reader.fit("Which?", _big_units(), compression="truncate").compressed
 
 
-def test_compression_mixpr_without_compressor_is_a_clear_error():
+def test_compression_mixpr_without_compressor_uses_question_seeded_mixpr():
     llm = ScriptedLLM(["a", "b"], context_window=900)
     reader = LongReader(llm, ReaderConfig(compression="mixpr", context_reserve_tokens=16,
                                           long_answer_max_tokens=16, short_answer_max_tokens=8))
-    with pytest.raises(ValueError, match="compressor"):
-        reader.fit("Which?", _big_units())
+    units = _big_units()
+    fitted = reader.fit("Which?", units)
+    assert fitted.compressed and fitted.unit_ids == [u.unit_id for u in units]
+    assert 0 < fitted.tokens <= reader.context_budget("Which?")
 
 
 # -- the short-answer guard -------------------------------------------------------------------
@@ -386,7 +389,7 @@ def test_reader_keeps_a_good_short_answer_and_says_so():
 def test_max_context_tokens_caps_the_budget():
     llm = ScriptedLLM(["x", "x"])
     wide = LongReader(llm, ReaderConfig())
-    capped = LongReader(llm, ReaderConfig(max_context_tokens=50))
+    capped = LongReader(llm, ReaderConfig(max_context_tokens=50, compression="truncate"))
     assert wide.context_budget("q?") > 50 and capped.context_budget("q?") == 50
     units = [make_unit(f"u{i}", 30) for i in range(4)]
     fitted = capped.fit("q?", units)
