@@ -36,7 +36,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from jobs.cli import int_list, number
+from longrag.cli import int_list, number
 from longrag.capacity import (
     CapacityModel,
     clustered_vectors,

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from jobs.cli import choice_list, int_list, number
+from longrag.cli import choice_list, int_list, number
 from longrag.mixpr import MixPRConfig, MixPRRetriever, SparseRetriever, prepare_document
 from longrag.mixpr.baselines import HybridRetriever
 from longrag.mixpr.graph import similarity_graph

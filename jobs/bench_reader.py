@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from jobs.cli import number
+from longrag.cli import number
 from longrag.config import load_config
 from longrag.data import HOTPOTQA_SAMPLE, MUSIQUE_SAMPLE, data_path
 from longrag.eval import reader_bench as rb

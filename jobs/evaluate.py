@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from jobs.cli import int_list, number
+from longrag.cli import int_list, number
 from longrag.config import LongRAGConfig, load_config
 from longrag.eval import pipeline as P
 from longrag.eval.corpus import PooledCorpus, load_corpus_file, load_dpr_passages, pool_examples

@@ -33,7 +33,7 @@ import ray
 
 from actors.embedding import ChunkEmbedder
 from cluster.local import start_or_join
-from jobs.cli import number
+from longrag.cli import number
 from longrag.config import LongRAGConfig, build_settings, load_config
 from longrag.manifest import ShardEntry
 from longrag.types import Chunk, Document, Unit

@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jobs.cli import number
+from longrag.cli import number
 from longrag.config import DUAL_STRATEGIES, load_config
 
 
