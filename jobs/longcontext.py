@@ -169,12 +169,7 @@ async def _run_dual(args: argparse.Namespace, cfg: Any) -> dict[str, Any]:
     finally:
         await llm.aclose()
     d = res.to_dict()
-    out["answer"] = d["answer"]
-    out["kept_chunk_ids"] = d["kept_chunk_ids"]
-    out["global_information"] = d["global_information"]
-    out["cot"] = d["cot"]
-    out["judgements"] = d["judgements"]
-    out["trace"] = d["trace"]
+    out.update({k: d[k] for k in ("answer", "kept_chunk_ids", "global_information", "cot", "judgements", "trace")})
     return out
 
 

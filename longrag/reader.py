@@ -251,16 +251,14 @@ def short_answer_problem(answer: str, question: str, evidence: str, examples: Se
     if answer.rstrip().endswith("?") or (q_words and words <= q_words and len(words) >= 0.75 * len(q_words)):
         return "question echo"
     evidence_norm = f" {_normalized(evidence)} "
+    from_evidence = len(words & _content_words(evidence)) / len(words) if words else 0.0
     for ex in examples:
         if norm == _normalized(ex.short_answer) and f" {norm} " not in evidence_norm:
             return "few-shot example"
-        ex_words = _content_words(f"{ex.question} {ex.long_answer}")
-        if not words:
-            continue
-        from_example = len(words & ex_words) / len(words)
-        from_evidence = len(words & _content_words(evidence)) / len(words)
-        if from_example >= 0.5 and from_example > from_evidence:
-            return "few-shot example"
+        if words:
+            from_example = len(words & _content_words(f"{ex.question} {ex.long_answer}")) / len(words)
+            if from_example >= 0.5 and from_example > from_evidence:
+                return "few-shot example"
     return None
 
 

@@ -136,6 +136,18 @@ def _openapi() -> dict[str, Any]:
 api.openapi = _openapi  # type: ignore[method-assign]
 
 
+# trace key of /v1/answer -> field of the reader's result
+_READ_TRACE = {
+    "prompt_tokens": "prompt_tokens",
+    "completion_tokens": "completion_tokens",
+    "context_truncated": "truncated",
+    "context_compressed": "compressed",
+    "context_tokens": "context_tokens",
+    "cached_prompt_tokens": "cached_prompt_tokens",
+    "answer_fallback": "answer_fallback",
+}
+
+
 def _ms(t0: float) -> float:
     return round((time.perf_counter() - t0) * 1e3, 2)
 
@@ -278,13 +290,7 @@ class Ingress:
         read = await self.reader.read.remote(question, ordered, req.compression)
         trace["read_ms"] = _ms(t1)
         trace.update({f"read.{key}": v for key, v in read["stages_ms"].items()})
-        trace["prompt_tokens"] = read["prompt_tokens"]
-        trace["completion_tokens"] = read["completion_tokens"]
-        trace["context_truncated"] = read["truncated"]
-        trace["context_compressed"] = read["compressed"]
-        trace["context_tokens"] = read["context_tokens"]
-        trace["cached_prompt_tokens"] = read["cached_prompt_tokens"]
-        trace["answer_fallback"] = read["answer_fallback"]
+        trace.update({name: read[key] for name, key in _READ_TRACE.items()})
         used = set(read["units_used"])
         evidence = [
             {"unit_id": h["unit_id"], "titles": found["units"].get(h["unit_id"], {}).get("titles", []),
