@@ -20,7 +20,7 @@ import numpy as np
 import ray
 
 from actors.index_shard import IndexShard
-from longrag.maxp import merge_topk
+from longrag.index.maxp import merge_topk
 from longrag.store import ArtifactStore
 from longrag.types import UnitHit
 

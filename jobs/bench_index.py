@@ -5,7 +5,7 @@ for shard actors checked on a simulated multi-node Ray cluster, and a plan for f
     python -m jobs.bench_index --vectors 1000000       # the trade-off at 1M vectors (a few GB of RAM)
     python -m jobs.bench_index --skip-cluster --factories Flat,HNSW32
 
-1. Trade-off: seeded clustered vectors (``longrag.capacity.clustered_vectors``; real embeddings of
+1. Trade-off: seeded clustered vectors (``longrag.index.capacity.clustered_vectors``; real embeddings of
    this size cannot be made on a CPU box) indexed with each FAISS factory; per factory and search
    setting: bytes per vector, build time, search latency (one thread, the shard actors' setting)
    and MaxP unit recall@k against exact Flat search.
@@ -37,14 +37,14 @@ import faiss
 import numpy as np
 
 from longrag.cli import int_list, number
-from longrag.capacity import (
+from longrag.index.capacity import (
     CapacityModel,
     clustered_vectors,
     measure_factory,
     plan_corpus,
     projected_bytes_per_vector,
 )
-from longrag.maxp import MaxPIndex
+from longrag.index.maxp import MaxPIndex
 
 DEFAULT_FACTORIES = "Flat,SQfp16,SQ8,IVF{nlist},Flat,IVF{nlist},SQ8,IVF{nlist},PQ48,HNSW32"
 PLAN_FACTORIES = "Flat,SQfp16,SQ8,IVF{nlist},SQ8,IVF{nlist},PQ128,HNSW32"
@@ -137,7 +137,7 @@ def write_synthetic_build(root: str, sizes: list[int], dim: int, chunk_chars: in
                           seed: int) -> None:
     """A complete build of ``len(sizes)`` Flat shards of synthetic chunks (text of ``chunk_chars``)."""
     from longrag.config import LongRAGConfig
-    from longrag.manifest import Manifest
+    from longrag.index.manifest import Manifest
     from longrag.store import ArtifactStore, write_shard
     from longrag.types import Chunk, Unit
 

@@ -179,7 +179,7 @@ def encode_queries(questions: list[str], config: LongRAGConfig, mode: str) -> tu
         mode = "driver" if len(questions) <= DRIVER_ENCODE_MAX else "ray-data"
     emb = config.embedding
     if mode == "driver":
-        from longrag.embedding import Embedder
+        from longrag.index.embedding import Embedder
 
         vecs = Embedder(emb).encode_queries(questions)
     elif mode == "ray-data":
@@ -326,8 +326,8 @@ def run_reader_local(
     from functools import partial
 
     from longrag.llm.factory import build_llm
-    from longrag.longcontext import compress_units_with_mixpr
-    from longrag.reader import LongReader
+    from longrag.reading.longcontext import compress_units_with_mixpr
+    from longrag.reading.reader import LongReader
 
     checkpoint = ReaderCheckpoint(checkpoint_path, reader_setup(config, reader_k)) if checkpoint_path else None
     todo = _from_checkpoint(results, reader_k, checkpoint)
@@ -424,7 +424,7 @@ def run_setting(
     if args.endpoint:
         doc_texts = None
         if unit != "passage":
-            from longrag.grouping import document_text
+            from longrag.index.grouping import document_text
 
             doc_texts = {d.doc_id: document_text(d) for d in docs}
         retrieved, info["retrieval"] = retrieve_endpoint(
@@ -477,7 +477,7 @@ def run_setting(
 
 # ---------------------------------------------------------------------------------------- writing
 def _provenance(args: argparse.Namespace, command: list[str], data_info: dict[str, Any]) -> dict[str, Any]:
-    from longrag.manifest import collect_provenance
+    from longrag.index.manifest import collect_provenance
 
     prov = collect_provenance(command).model_dump()
     prov["data"] = {**data_info, **P.file_digest(args.data)}

@@ -35,7 +35,7 @@ from actors.embedding import ChunkEmbedder
 from cluster.local import start_or_join
 from longrag.cli import number
 from longrag.config import LongRAGConfig, build_settings, load_config
-from longrag.manifest import ShardEntry
+from longrag.index.manifest import ShardEntry
 from longrag.types import Chunk, Document, Unit
 
 log = logging.getLogger("jobs.index")
@@ -47,7 +47,7 @@ def read_corpus(source: str, fmt: str, text_mode: str) -> tuple[list[Document], 
 
     Pages that cannot be parsed (no text left, say) are counted and reported with their reason,
     never dropped silently."""
-    from longrag import documents, wikitext
+    from longrag.corpus import documents, wikitext
 
     if fmt != "wikixml":
         if text_mode != "full":
@@ -87,9 +87,9 @@ def read_corpus(source: str, fmt: str, text_mode: str) -> tuple[list[Document], 
 def group_documents(docs: list[Document], config: LongRAGConfig) -> list[Unit]:
     """Retrieval units of ``config.units.kind``, token budgets counted with the embedding model's own
     tokenizer (its folder, or its Hugging Face cache snapshot for a hub name like bge-large)."""
-    from longrag.embedding import tokenizer_dir
-    from longrag.grouping import make_units
-    from longrag.tokens import counter_for_model_dir
+    from longrag.index.embedding import tokenizer_dir
+    from longrag.index.grouping import make_units
+    from longrag.text.tokens import counter_for_model_dir
 
     return make_units(
         docs,
@@ -116,15 +116,15 @@ class _ChunkUnits:
     """Ray Data callable: units -> chunks that fit the embedding model's input."""
 
     def __init__(self, model: str, max_tokens: int) -> None:
-        from longrag.embedding import tokenizer_dir
-        from longrag.tokens import counter_for_model_dir
+        from longrag.index.embedding import tokenizer_dir
+        from longrag.text.tokens import counter_for_model_dir
 
         # resolved on the worker: the model's cache folder may sit elsewhere than on the driver
         self.counter = counter_for_model_dir(tokenizer_dir(model))
         self.max_tokens = max_tokens
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list[Any]]:
-        from longrag.chunking import chunk_units
+        from longrag.index.chunking import chunk_units
 
         units = [
             Unit(unit_id=str(u), doc_ids=[], titles=list(t), text=str(x), n_tokens=0)
@@ -153,7 +153,7 @@ class _BuildShard:
         self.factory, self.metric = factory, metric
 
     def __call__(self, group: dict[str, np.ndarray]) -> dict[str, list[Any]]:
-        from longrag.maxp import MaxPIndex
+        from longrag.index.maxp import MaxPIndex
         from longrag.store import write_shard
 
         shard = int(group["shard"][0])
@@ -283,9 +283,9 @@ def build_from_documents(
     """Group, chunk, embed and shard ``docs`` into a build at ``out``; returns the build report.
 
     With ``resume``, continue the unfinished build at ``out`` (see the module docstring)."""
-    from longrag.embedding import resolve_embedding_model
-    from longrag.grouping import grouping_stats
-    from longrag.manifest import Manifest, shard_plan
+    from longrag.index.embedding import resolve_embedding_model
+    from longrag.index.grouping import grouping_stats
+    from longrag.index.manifest import Manifest, shard_plan
     from longrag.store import ArtifactStore
 
     timings = dict(timings or {})
@@ -418,7 +418,7 @@ def _build_shards(
 
 def _probe_dim(config: LongRAGConfig) -> int:
     """Dimension of a model the registry does not know, read off the loaded model."""
-    from longrag.embedding import Embedder
+    from longrag.index.embedding import Embedder
 
     return Embedder(config.embedding).dim
 

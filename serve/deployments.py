@@ -39,7 +39,7 @@ class QueryEncoder:
     def __init__(self, embedding: dict[str, Any], torch_threads: int = 1) -> None:
         import torch
 
-        from longrag.embedding import Embedder
+        from longrag.index.embedding import Embedder
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         torch.set_num_threads(torch_threads)
@@ -229,9 +229,9 @@ class Reader:
                  mixpr: dict[str, Any] | None = None) -> None:
         from functools import partial
 
-        from longrag.longcontext import compress_units_with_mixpr
+        from longrag.reading.longcontext import compress_units_with_mixpr
         from longrag.mixpr.config import MixPRConfig
-        from longrag.reader import LongReader
+        from longrag.reading.reader import LongReader
 
         self.llm_handle = llm_handle
         self.llm = RemoteLLM(llm_handle, LLMConfig.model_validate(llm))

@@ -1,7 +1,7 @@
 """``POST /v1/longcontext``: one request carries a long document (and optionally a question);
 MixPR (or a baseline) picks the chunks, the LLM reads them.
 
-``LongContextReader`` is a thin Serve shell around :class:`longrag.longcontext.LongContextPipeline`:
+``LongContextReader`` is a thin Serve shell around :class:`longrag.reading.longcontext.LongContextPipeline`:
 it owns the pipeline, talks to the shared ``LLMServer`` deployment through ``RemoteLLM`` (router
 and reader calls), and loads the dense encoder only when a request asks for ``retriever=hybrid``.
 Retrieval is CPU work; it runs in a worker thread, ``max_ongoing_requests`` bounds how many large
@@ -105,7 +105,7 @@ class LongContextReader:
         self, llm_handle: DeploymentHandle, llm: dict[str, Any], mixpr: dict[str, Any],
         embedding: dict[str, Any] | None = None, torch_threads: int = 1,
     ) -> None:  # fmt: skip
-        from longrag.longcontext import LongContextPipeline
+        from longrag.reading.longcontext import LongContextPipeline
         from serve.deployments import RemoteLLM
 
         self.config = MixPRConfig.model_validate(mixpr)
@@ -122,7 +122,7 @@ class LongContextReader:
     def _load_encoder(self):
         import torch
 
-        from longrag.embedding import Embedder
+        from longrag.index.embedding import Embedder
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         torch.set_num_threads(self.torch_threads)

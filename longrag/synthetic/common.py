@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from longrag.data import DPR_PASSAGES, HOTPOTQA_CORPUS, MUSIQUE_CORPUS, data_dir, data_path, open_text, read_text
-from longrag.sentences import split_sentences
+from longrag.text.sentences import split_sentences
 
 __all__ = [
     "CHARS_PER_TOKEN",

@@ -12,8 +12,8 @@ from actors.index_shard import IndexShard
 from actors.sharded_index import ShardedIndex
 from cluster.local import start_or_join
 from longrag.config import LongRAGConfig
-from longrag.manifest import Manifest
-from longrag.maxp import MaxPIndex
+from longrag.index.manifest import Manifest
+from longrag.index.maxp import MaxPIndex
 from longrag.store import ArtifactStore, write_shard
 from longrag.types import Chunk, Unit
 

@@ -13,7 +13,7 @@ import pytest
 
 from longrag.config import UnitConfig
 from longrag.data import DPR_PASSAGES, data_path, open_text
-from longrag.grouping import (
+from longrag.index.grouping import (
     UNIT_SEPARATOR,
     build_adjacency,
     document_text,
@@ -23,7 +23,7 @@ from longrag.grouping import (
     make_units_from_config,
     normalize_title,
 )
-from longrag.tokens import WhitespaceCounter, counter_for_model_dir
+from longrag.text.tokens import WhitespaceCounter, counter_for_model_dir
 from longrag.types import Document
 
 DPR = data_path(DPR_PASSAGES)  # the bundled 1,000 DPR passages (data/README.md)

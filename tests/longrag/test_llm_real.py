@@ -12,7 +12,7 @@ import pytest
 from longrag.config import LLMConfig, ReaderConfig
 from longrag.llm import ContextOverflowError, LLMError, build_llm
 from longrag.llm.llamacpp import LlamaCppLLM, resolve_model_path
-from longrag.reader import LongReader
+from longrag.reading.reader import LongReader
 from longrag.types import Unit
 
 pytestmark = pytest.mark.slow  # a real model: left out of `make test-fast`

@@ -9,8 +9,8 @@ import pytest
 
 from longrag.config import ReaderConfig
 from longrag.llm.base import ContextOverflowError
-from longrag.prompts import FEW_SHOT_EXAMPLES, completion_prompt, format_unit
-from longrag.reader import (
+from longrag.reading.prompts import FEW_SHOT_EXAMPLES, completion_prompt, format_unit
+from longrag.reading.reader import (
     LongReader,
     clean_short_answer,
     first_sentence,

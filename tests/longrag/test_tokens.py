@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from longrag.data import DPR_PASSAGES, data_path, open_text
-from longrag.tokens import (
+from longrag.text.tokens import (
     HFTokenCounter,
     TokenCounter,
     WhitespaceCounter,

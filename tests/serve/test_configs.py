@@ -84,7 +84,7 @@ def test_gpu_config_longcontext_encoder_loads_without_a_gpu():
     import numpy as np
     import torch
 
-    from longrag.embedding import Embedder
+    from longrag.index.embedding import Embedder
 
     if torch.cuda.is_available():
         pytest.skip("needs a machine without a GPU")

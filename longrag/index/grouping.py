@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from .tokens import TokenCounter
-from .types import Document, Unit
+from longrag.text.tokens import TokenCounter
+from longrag.types import Document, Unit
 
 if TYPE_CHECKING:
-    from .config import UnitConfig
+    from longrag.config import UnitConfig
 
 __all__ = [
     "UNIT_SEPARATOR",
@@ -229,7 +229,7 @@ def make_units(
     ``Title\\ntext`` plus the separator that joins it to the next); document: one unit per document;
     passage: ``passage_words``-word pieces."""
     if counter is None:
-        raise ValueError("make_units needs a token counter (see longrag.tokens)")
+        raise ValueError("make_units needs a token counter (see longrag.text.tokens)")
     if kind not in _PREFIX:
         raise ValueError(f"kind must be one of {sorted(_PREFIX)}, got {kind!r}")
     ids = [d.doc_id for d in docs]

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import faiss
 import numpy as np
 
-from longrag.maxp import MaxPIndex
+from longrag.index.maxp import MaxPIndex
 
 __all__ = [
     "CapacityModel",

@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 from longrag.config import ReaderConfig
 from longrag.llm.base import LLM, ChatResult, ContextOverflowError
-from longrag.prompts import (
+from longrag.reading.prompts import (
     FEW_SHOT_EXAMPLES,
     UNIT_SEPARATOR,
     FewShotExample,
@@ -304,11 +304,11 @@ class LongReader:
     def __init__(self, llm: LLM, config: ReaderConfig | None = None, compressor: Compressor | None = None) -> None:
         """``compressor`` is used when ``config.compression == "mixpr"`` (or a request asks for it)
         and the units do not fit the window whole; None takes question-seeded MixPR with its default
-        config (``longrag.longcontext.compress_units_with_mixpr``)."""
+        config (``longrag.reading.longcontext.compress_units_with_mixpr``)."""
         self.llm = llm
         self.config = config or ReaderConfig()
         if compressor is None:
-            from longrag.longcontext import compress_units_with_mixpr
+            from longrag.reading.longcontext import compress_units_with_mixpr
 
             compressor = compress_units_with_mixpr
         self.compressor = compressor
