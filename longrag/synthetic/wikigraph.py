@@ -11,11 +11,15 @@ Only the arrays Algorithm 1 needs are produced; no text (see LongRAG, Jiang et a
 
 from __future__ import annotations
 
+import json
+import random
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CorpusGraph", "wikilike_graph"]
+__all__ = ["CorpusGraph", "wikilike_graph", "wikilike_title", "write_wikilike_corpus"]
 
 
 @dataclass(frozen=True)
@@ -77,3 +81,60 @@ def wikilike_graph(
     popularity = rng.permutation(n_docs).astype(np.int64)  # rank -> article
     dst = popularity[ranks]
     return CorpusGraph(n_tokens=n_tokens, src=src, dst=dst)
+
+
+def wikilike_title(i: int, adjectives: Sequence[str], nouns: Sequence[str]) -> str:
+    """A unique, stable title for article ``i`` (``Adjective noun i``), computed without a table."""
+    h = (i * 2654435761) & 0xFFFFFFFF  # Knuth's multiplicative hash: neighbours get unrelated words
+    return f"{adjectives[h % len(adjectives)].capitalize()} {nouns[(h >> 12) % len(nouns)]} {i}"
+
+
+def write_wikilike_corpus(
+    out_dir: str | Path,
+    n_docs: int,
+    n_files: int = 8,
+    mean_links: float = 10.0,
+    seed: int = 0,
+    chars_per_token: float = 4.0,
+) -> list[Path]:
+    """Write a generated corpus as ``n_files`` JSONL files (``doc_id``, ``title``, ``text``, ``links``:
+    the titles of linked articles), streamed: memory holds the metadata arrays, never the corpus.
+    Texts are real Wikipedia sentences from the bundled samples drawn at random up to each article's
+    length, so tokenizers, sentence splitters and chunkers see realistic text."""
+    from longrag.data import WORDLISTS_DIR, data_path
+    from longrag.synthetic.common import wikipedia_sentences
+
+    if n_files <= 0:
+        raise ValueError(f"n_files must be > 0, got {n_files}")
+    graph = wikilike_graph(n_docs, mean_links=mean_links, seed=seed)
+    words = Path(data_path(WORDLISTS_DIR))
+    adjectives = (words / "adjectivelist.txt").read_text().split()
+    nouns = (words / "nounlist.txt").read_text().split()
+    pool = wikipedia_sentences()
+    rng = random.Random(seed)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    order = np.argsort(graph.src, kind="stable")
+    bounds = np.searchsorted(graph.src[order], np.arange(n_docs + 1)).tolist()
+    dst_sorted = graph.dst[order].tolist()
+    per_file = -(-n_docs // n_files)
+    paths: list[Path] = []
+    for f in range(n_files):
+        lo, hi = f * per_file, min(n_docs, (f + 1) * per_file)
+        if lo >= hi:
+            break
+        path = out / f"part-{f:05d}.jsonl"
+        with open(path, "w", encoding="utf-8") as fh:
+            for i in range(lo, hi):
+                target = int(graph.n_tokens[i] * chars_per_token)
+                parts: list[str] = []
+                size = -1  # n sentences carry n - 1 joining spaces
+                while size < target:
+                    s = pool[rng.randrange(len(pool))]
+                    parts.append(s)
+                    size += len(s) + 1
+                links = [wikilike_title(j, adjectives, nouns) for j in dst_sorted[bounds[i] : bounds[i + 1]]]
+                rec = {"doc_id": f"w{i}", "title": wikilike_title(i, adjectives, nouns), "text": " ".join(parts), "links": links}
+                fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        paths.append(path)
+    return paths
