@@ -238,6 +238,10 @@ def test_malformed_json_wrong_method_and_unknown_path_share_the_shape(client):
                  422, "invalid_request")
     assert "JSON" in err["message"]
     _error(client.get("/v1/answer"), 405, "method_not_allowed")
+    # CORS is off while serve.cors_origins is empty: no preflight, no allow-origin header
+    pre = client.options("/v1/answer", headers={"Origin": "http://elsewhere.example",
+                                                "Access-Control-Request-Method": "POST"})
+    assert pre.status_code == 405 and "access-control-allow-origin" not in pre.headers
     _error(client.get("/v1/nothing-here"), 404, "not_found")
     assert client.get("/openapi.json").status_code == 200
 
