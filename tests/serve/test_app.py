@@ -140,6 +140,26 @@ def test_answer_end_to_end_with_the_real_bundled_llm(client):
     assert body["coverage"]["degraded"] is False
 
 
+def test_chat_completion_streams_the_real_reader_through_the_openai_client(client):
+    """The official openai client against the app with the bundled reader: llama.cpp's tokens of
+    the long answer stream through the LLMServer and Reader handles as reasoning_content deltas,
+    then the short answer as content, then [DONE] (the client stops there)."""
+    import openai
+
+    oai = openai.OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key="no-keys-configured", max_retries=0,
+                        timeout=300)
+    chunks = list(oai.chat.completions.create(
+        model="longrag", stream=True, extra_body={"k": 2},
+        messages=[{"role": "user", "content": "Who wrote the novel Animal Farm?"}]))
+    reasoning = [c.choices[0].delta.model_extra.get("reasoning_content") for c in chunks]
+    long_answer = "".join(r for r in reasoning if r)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert sum(1 for r in reasoning if r) > 3, reasoning  # streamed token by token, not in one piece
+    assert content.strip() and "orwell" in (content + long_answer).lower()
+    extra = chunks[-1].model_extra["longrag"]
+    assert extra["long_answer"] == long_answer.strip() and extra["trace"]["completion_tokens"] > 0
+
+
 @pytest.mark.parametrize(
     "payload, fragment",
     [
