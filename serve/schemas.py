@@ -185,7 +185,7 @@ def state_limits(schema: dict[str, Any], *, max_question_chars: int, max_k: int,
     The models carry the structural rules (types, non-empty, ``k >= 1``); the numeric upper limits
     come from the app's config, so they are stated here, where the served schema is built."""
     components = schema.get("components", {}).get("schemas", {})
-    for name in ("RetrieveRequest", "AnswerRequest", "LongContextRequest"):
+    for name in ("RetrieveRequest", "AnswerRequest", "LongContextRequest", "ChatCompletionRequest"):
         props = components.get(name, {}).get("properties", {})
         question = props.get("question")
         if question is not None:

@@ -151,6 +151,17 @@ def test_models_lists_longrag_and_longrag_dual(client):
     assert models["longrag-dual"].model_extra["available"] is False  # no dual pipeline in this app
 
 
+def test_openapi_states_the_chat_limits(client):
+    schema = client.get("/openapi.json").json()
+    chat = schema["components"]["schemas"]["ChatCompletionRequest"]
+    assert chat["additionalProperties"] is False and chat["required"] == ["model", "messages"]
+    (k_int,) = [o for o in chat["properties"]["k"]["anyOf"] if o.get("type") == "integer"]
+    assert (k_int["minimum"], k_int["maximum"]) == (1, 100)
+    responses = schema["paths"]["/v1/chat/completions"]["post"]["responses"]
+    assert {"401", "404", "413", "422", "429", "503"} <= set(responses)
+    assert "text/event-stream" in responses["200"]["content"]
+
+
 def test_chat_completion_with_the_openai_client(client):
     reply = _openai().chat.completions.create(
         model="longrag", extra_body={"k": 2},
