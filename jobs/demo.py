@@ -150,7 +150,7 @@ def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], st
     from ray import serve
 
     from cluster.local import start_or_join
-    from jobs.index import build_index
+    from actors.build import build_index
     from longrag.config import load_config
     from serve.app import AppArgs, app_builder
 
