@@ -8,7 +8,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup demo test test-fast index serve bench-mixpr bench-reader clean
+.PHONY: setup demo test test-fast regress index serve bench-mixpr bench-reader clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ test: setup
 # The inner loop: the Ray-free core with fakes and the small encoder, no cluster and no LLM.
 test-fast: setup
 	$(BIN)/python -m pytest tests/longrag -m "not slow" -q --durations=5
+
+# The README's reproductions (repro/*.yaml) not marked slow; exit 1 with a table of drifts.
+regress: setup
+	$(BIN)/python -m jobs.regress --fast
 
 index: setup
 	$(BIN)/python -m jobs.index --source data/sample/enwiki-sample-106-articles.xml.bz2 --format wikixml \
