@@ -317,6 +317,7 @@ def write_synthetic_build(root: str, sizes: list[int], dim: int, chunk_chars: in
     from longrag.config import LongRAGConfig
     from longrag.index.manifest import Manifest
     from longrag.store import ArtifactStore, write_shard
+    from longrag.text.tokens import chars_estimate
     from longrag.types import Chunk, Unit
 
     store = ArtifactStore.open(root)
@@ -332,7 +333,7 @@ def write_synthetic_build(root: str, sizes: list[int], dim: int, chunk_chars: in
         for i in range(n):
             text = " ".join(words[rng.integers(0, len(words), n_words)].tolist())[:chunk_chars]
             chunks.append(Chunk(chunk_id=f"c{offset + i}", unit_id=f"s{shard_id}-{local_units[i]}",
-                                position=i % chunks_per_unit, text=text, n_tokens=len(text) // 4))
+                                position=i % chunks_per_unit, text=text, n_tokens=chars_estimate(text)))
         by_unit: dict[str, list[Chunk]] = {}
         for c in chunks:
             by_unit.setdefault(c.unit_id, []).append(c)
