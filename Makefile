@@ -8,7 +8,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup demo test test-fast index serve bench-mixpr bench-reader clean
+.PHONY: setup demo test test-fast regress index serve bench-mixpr bench-reader clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ test: setup
 # over fakes (one local Ray + Serve for that module, no dashboard).
 test-fast: setup
 	$(BIN)/python -m pytest tests/longrag tests/serve/test_guard.py tests/serve/test_app_fakes.py -m "not slow" -q --durations=5
+
+# The README's reproductions (repro/*.yaml) not marked slow; exit 1 with a table of drifts.
+regress: setup
+	$(BIN)/python -m jobs.regress --fast
 
 index: setup
 	$(BIN)/python -m jobs.index --source data/sample/enwiki-sample-106-articles.xml.bz2 --format wikixml \
