@@ -15,7 +15,6 @@ context fitting stays safe.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import time
 from pathlib import Path
@@ -31,15 +30,13 @@ from longrag.llm.base import (
     check_max_tokens,
     check_messages,
 )
+from longrag.text.tokens import WhitespaceCounter
 
-WORDS_TO_TOKENS = 1.3
 _NO_KEY = "no-key"  # the client wants a key; without one the Authorization header is left out
 
 
-def estimate_tokens(text: str) -> int:
-    """Rough token count of English text: ``ceil(1.3 * whitespace words)``."""
-    n = len(text.split())
-    return math.ceil(n * WORDS_TO_TOKENS)
+estimate_tokens = WhitespaceCounter(1.3).count
+"""Rough token count of English text: ``ceil(1.3 * whitespace words)`` (:class:`~longrag.text.tokens.WhitespaceCounter`)."""
 
 
 def _server_message(exc: openai.APIStatusError) -> str:
