@@ -74,6 +74,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gpu", action="store_true", help="one GPU per worker (CUDA)")
     p.add_argument("--cpus-per-worker", type=number(float, min_value=0, min_exclusive=True), default=1.0)
     p.add_argument("--torch-threads", type=number(int, min_value=1), default=None)
+    p.add_argument("--max-failures", type=number(int, min_value=0), default=2,
+                   help="restart the worker group this many times after a worker dies (e.g. killed for memory)")
     p.add_argument("--storage", default=None, help="Ray Train storage (a shared folder or s3://...; default OUT/ray)")
     p.add_argument("--plot", default=None, help="write the loss curve PNG here (default OUT/loss.png)")
     p.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS or a local Ray)")
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    from ray.train import RunConfig, ScalingConfig
+    from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchTrainer
 
     from cluster.local import start_or_join
@@ -113,11 +115,17 @@ def main(argv: list[str] | None = None) -> int:
             train_loop_config={"settings": settings.model_dump(), "train": train, "heldout": heldout},
             scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=args.gpu,
                                          resources_per_worker={"CPU": args.cpus_per_worker}),  # fmt: skip
-            run_config=RunConfig(name="lrg-lora", storage_path=args.storage or str(out / "ray")),
+            run_config=RunConfig(name="lrg-lora", storage_path=args.storage or str(out / "ray"),
+                                 failure_config=FailureConfig(max_failures=args.max_failures)),
         )
-        result = trainer.fit()
+        try:
+            result = trainer.fit()
+        except TrainingFailedError as e:  # e.g. a worker killed for memory more than --max-failures times
+            print(f"error: training failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+            return 1
         if result.checkpoint is None:
-            raise RuntimeError("the training run reported no checkpoint")
+            print("error: the training run reported no checkpoint", file=sys.stderr)
+            return 1
         adapter = out / "adapter"
         if adapter.exists():
             shutil.rmtree(adapter)
