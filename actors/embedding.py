@@ -21,7 +21,7 @@ class ChunkEmbedder:
         import torch
 
         from longrag.config import EmbeddingConfig
-        from longrag.embedding import Embedder
+        from longrag.index.embedding import Embedder
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         torch.set_num_threads(max(1, torch_threads))

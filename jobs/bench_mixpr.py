@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                 import torch
 
                 from longrag.config import EmbeddingConfig
-                from longrag.embedding import Embedder
+                from longrag.index.embedding import Embedder
 
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")
                 torch.set_num_threads(args.torch_threads)

@@ -6,7 +6,7 @@
     python -m jobs.fetch_data --dataset hotpotqa-dev --url https://my-mirror/hotpot_dev_distractor_v1.json \\
         --sha256 <hex> --out data/full/
 
-A thin shell over :mod:`longrag.fetch`: downloads resume where an interrupted run stopped, and a
+A thin shell over :mod:`longrag.corpus.fetch`: downloads resume where an interrupted run stopped, and a
 ``--sha256`` is checked before the file is kept. Exit status 0 when every file is in place, 1 when a
 download failed (the message names the URL), 2 for bad arguments.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from longrag.fetch import DATASETS, FetchError, fetch
+from longrag.corpus.fetch import DATASETS, FetchError, fetch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

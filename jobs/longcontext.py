@@ -94,7 +94,7 @@ def _build_encoder(cfg: Any, threads: int):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
-    from longrag.embedding import Embedder
+    from longrag.index.embedding import Embedder
 
     torch.set_num_threads(threads)
     return Embedder(cfg.embedding)
@@ -114,7 +114,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     args.retriever = args.retriever or "mixpr"
     args.route = args.route or "auto"
     document = read_document(args.document, cfg.mixpr.max_document_bytes)
-    from longrag.longcontext import LongContextPipeline  # after the input checks: they stay fast
+    from longrag.reading.longcontext import LongContextPipeline  # after the input checks: they stay fast
 
     needs_llm = not args.retrieve_only or (args.retriever == "mixpr" and args.route == "auto")
     llm = None

@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 
+from longrag.cli import job_setup
 from longrag.dual.train_reranker import SOURCES, TrainerConfig, train_reranker
 
 
@@ -44,9 +44,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    job_setup()
     try:
         cfg = TrainerConfig(
             sources=tuple(s.strip() for s in args.sources.split(",") if s.strip()),

@@ -31,8 +31,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from longrag.manifest import FileEntry, Manifest, ShardEntry
-from longrag.maxp import INDEX_FILES, MaxPIndex
+from longrag.index.manifest import FileEntry, Manifest, ShardEntry
+from longrag.index.maxp import INDEX_FILES, MaxPIndex
 from longrag.types import Chunk, Unit
 
 MANIFEST_FILE = "manifest.json"

@@ -1,7 +1,7 @@
 """``POST /v1/longcontext``: one request carries a long document (and optionally a question);
 MixPR (or a baseline) picks the chunks, the LLM reads them.
 
-``LongContextReader`` is a thin Serve shell around :class:`longrag.longcontext.LongContextPipeline`:
+``LongContextReader`` is a thin Serve shell around :class:`longrag.reading.longcontext.LongContextPipeline`:
 it owns the pipeline, talks to the shared ``LLMServer`` deployment through ``RemoteLLM`` (router
 and reader calls), and loads the dense encoder only when a request asks for ``retriever=hybrid``.
 Retrieval is CPU work; it runs in a worker thread, ``max_ongoing_requests`` bounds how many large
@@ -102,16 +102,16 @@ def longcontext_embedding(embedding: EmbeddingConfig) -> EmbeddingConfig:
 @serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=4)
 class LongContextReader:
     def __init__(
-        self, llm_handle: DeploymentHandle, llm: dict[str, Any], mixpr: dict[str, Any],
-        embedding: dict[str, Any] | None = None, torch_threads: int = 1,
+        self, llm_handle: DeploymentHandle, llm: LLMConfig, mixpr: MixPRConfig,
+        embedding: EmbeddingConfig | None = None, torch_threads: int = 1,
     ) -> None:  # fmt: skip
-        from longrag.longcontext import LongContextPipeline
+        from longrag.reading.longcontext import LongContextPipeline
         from serve.deployments import RemoteLLM
 
-        self.config = MixPRConfig.model_validate(mixpr)
-        self.embedding = EmbeddingConfig.model_validate(embedding or {})
+        self.config = mixpr
+        self.embedding = embedding or EmbeddingConfig()
         self.torch_threads = torch_threads
-        self.pipeline = LongContextPipeline(self.config, llm=RemoteLLM(llm_handle, LLMConfig.model_validate(llm)))
+        self.pipeline = LongContextPipeline(self.config, llm=RemoteLLM(llm_handle, llm))
         self._encoder_lock = asyncio.Lock()
 
     async def _ensure_encoder(self) -> None:
@@ -122,21 +122,17 @@ class LongContextReader:
     def _load_encoder(self):
         import torch
 
-        from longrag.embedding import Embedder
+        from longrag.index.embedding import Embedder
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         torch.set_num_threads(self.torch_threads)
         return Embedder(self.embedding.model_copy(update={"device": replica_device(self.embedding.device)}))
 
-    async def run(self, request: dict[str, Any]) -> dict[str, Any]:
-        """``request``: a :class:`LongContextRequest` as a dict -> a :class:`LongContextResponse`
-        as a dict. Raises ValueError on bad input (the ingress maps it to 422)."""
-        req = LongContextRequest.model_validate(request)
+    async def run(self, req: LongContextRequest) -> LongContextResponse:
+        """Raises ValueError on bad input (the ingress maps it to 422)."""
         if req.retriever == "hybrid":
             await self._ensure_encoder()
         result = await self.pipeline.run(
             req.document, req.question, retriever=req.retriever, k=req.k, route=req.route, read=not req.retrieve_only
         )
-        return LongContextResponse(
-            answer=result.answer, route=result.route, chunks=result.chunks, trace=result.trace
-        ).model_dump()
+        return LongContextResponse(answer=result.answer, route=result.route, chunks=result.chunks, trace=result.trace)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from longrag.embedding import bundled_minilm_path
+from longrag.index.embedding import bundled_minilm_path
 
 FAKE_COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

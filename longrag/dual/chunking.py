@@ -14,7 +14,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from longrag.sentences import sentence_spans
+from longrag.text.sentences import sentence_spans
 
 __all__ = ["SourceParagraph", "DualChunk", "sentence_windows", "chunk_paragraph", "chunk_paragraphs", "split_document"]
 

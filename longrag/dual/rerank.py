@@ -46,7 +46,7 @@ class PairScorer(Protocol):
 
 
 class DenseEncoder(Protocol):
-    """L2-normalised float32 rows (``longrag.embedding.Embedder`` is one)."""
+    """L2-normalised float32 rows (``longrag.index.embedding.Embedder`` is one)."""
 
     def encode_passages(self, texts: Sequence[str]) -> np.ndarray: ...
 

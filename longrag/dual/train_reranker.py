@@ -262,7 +262,7 @@ def train_reranker(
     from sentence_transformers import CrossEncoder
     from transformers import get_linear_schedule_with_warmup
 
-    from longrag.embedding import bundled_minilm_path
+    from longrag.index.embedding import bundled_minilm_path
     from longrag.progress import progress
 
     if cfg.torch_threads:
@@ -280,7 +280,7 @@ def train_reranker(
     base = str(base_model or bundled_minilm_path())
     if encoder is None:
         from longrag.config import EmbeddingConfig
-        from longrag.embedding import Embedder
+        from longrag.index.embedding import Embedder
 
         encoder = Embedder(EmbeddingConfig(device="cpu"))
     t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 """Link builders for corpora without hyperlinks (QA context pools, plain passage files).
 
 Both builders return new :class:`~longrag.types.Document` objects with ``links`` filled with target
-*titles*, so they feed the same grouping step as wikitext hyperlinks (``longrag.grouping``).
+*titles*, so they feed the same grouping step as wikitext hyperlinks (``longrag.index.grouping``).
 
 (a) :func:`title_mention_links`: document A links to B when A's text mentions B's title.
 

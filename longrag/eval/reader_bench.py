@@ -104,11 +104,11 @@ def retrieve_candidates(
     units with exact MaxP over the bundled encoder (one process, no Ray): at least ``k``, and more
     (up to ``MAX_CANDIDATES``) until they hold ``min_tokens`` tokens, so that every budget under test
     has more candidates than it can take whole."""
-    from longrag.chunking import chunk_units
-    from longrag.embedding import Embedder
-    from longrag.grouping import make_units_from_config
-    from longrag.maxp import MaxPIndex
-    from longrag.tokens import counter_for_model_dir
+    from longrag.index.chunking import chunk_units
+    from longrag.index.embedding import Embedder
+    from longrag.index.grouping import make_units_from_config
+    from longrag.index.maxp import MaxPIndex
+    from longrag.text.tokens import counter_for_model_dir
 
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -161,8 +161,8 @@ async def run_settings(
     """Read every question under every setting; one row per (setting, question)."""
     from functools import partial
 
-    from longrag.longcontext import compress_units_with_mixpr
-    from longrag.reader import LongReader
+    from longrag.reading.longcontext import compress_units_with_mixpr
+    from longrag.reading.reader import LongReader
 
     base = base or ReaderConfig()
     compressor = partial(compress_units_with_mixpr, cfg=mixpr or MixPRConfig())

@@ -83,7 +83,7 @@ def combine(run_dirs: Sequence[str], out: str, command: list[str]) -> dict[str, 
     labels = [f.get("label") or f.get("unit") for f in flats]
     if len(set(labels)) != len(labels):
         raise ValueError(f"runs share setting labels {labels}: a combined curve would mix them")
-    from longrag.manifest import collect_provenance
+    from longrag.index.manifest import collect_provenance
 
     prov = {**collect_provenance(command).model_dump(), "combined_from": [str(d) for d in run_dirs]}
     return write_run(Path(out), results, flats, {"runs": configs}, prov, {}, f"{flats[0]['dataset']}: combined runs")

@@ -11,7 +11,7 @@ Thin public API::
     route = await route_query(llm, text)                               # "local" | "global"
 
 Baselines with the same chunks and query: ``SparseRetriever`` (RAG-Sparse), ``HybridRetriever``
-(RAG-Hybrid, needs a dense encoder such as ``longrag.embedding.Embedder``).
+(RAG-Hybrid, needs a dense encoder such as ``longrag.index.embedding.Embedder``).
 """
 
 from longrag.mixpr.baselines import HybridRetriever, SparseRetriever

@@ -76,7 +76,7 @@ class SparseRetriever:
 
 class HybridRetriever:
     """RAG-Hybrid: ``w_s * TF-IDF cosine + w_d * dense cosine`` (0.15 / 0.85), FAISS flat IP index
-    for the dense part. ``encoder`` is a :class:`longrag.embedding.Embedder` (or anything with
+    for the dense part. ``encoder`` is a :class:`longrag.index.embedding.Embedder` (or anything with
     ``encode_passages``/``encode_queries`` returning L2-normalised float32 rows)."""
 
     name = "rag-hybrid"

@@ -1,6 +1,6 @@
 """Sentence chunking as in the MixPR paper (Section 4, "Chunking method").
 
-1. The text is split into sentences (``longrag.sentences``; a single newline does not end a
+1. The text is split into sentences (``longrag.text.sentences``; a single newline does not end a
    sentence by itself, a blank line does, and so does sentence punctuation before a newline: a
    document of facts written one per line as ``x = y.`` gets one sentence per line even where a
    line starts with a lower-case letter).
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from longrag.sentences import sentence_spans
+from longrag.text.sentences import sentence_spans
 
 __all__ = ["Chunks", "chunk_text", "chunk_text_reference", "split_words_evenly", "whitespace_mask"]
 

@@ -90,7 +90,7 @@ class MixPRConfig(BaseModel):
     router_context_chunks: int = Field(2, ge=1, description="First and last chunks shown to the router.")
     router_max_tokens: int = Field(4, ge=1)
 
-    # --- long-context reading (longrag.longcontext) and its endpoint
+    # --- long-context reading (longrag.reading.longcontext) and its endpoint
     answer_max_tokens: int = Field(128, ge=1, description="Tokens the reader may generate for the answer.")
     reader_reserve_tokens: int = Field(
         64, ge=0, description="Tokens kept free in the reader's window beyond the prompt and the answer."

@@ -12,8 +12,8 @@ from actors.index_shard import IndexShard
 from actors.sharded_index import ShardedIndex
 from cluster.local import start_or_join
 from longrag.config import LongRAGConfig
-from longrag.manifest import Manifest
-from longrag.maxp import MaxPIndex
+from longrag.index.manifest import Manifest
+from longrag.index.maxp import MaxPIndex
 from longrag.store import ArtifactStore, write_shard
 from longrag.types import Chunk, Unit
 
@@ -177,6 +177,6 @@ def test_corrupted_shard_is_reported_in_coverage(cluster, tmp_path):
     path.write_bytes(bytes(data))
     client = ShardedIndex.launch(str(tmp_path), replicas=1, num_cpus=0.1, timeout_s=30)
     res = client.search_sync(_queries(2), 3)
-    assert res.coverage.degraded and res.coverage.failed.keys() == {0}
-    assert "ChecksumError" in res.coverage.failed[0] or "sha256" in res.coverage.failed[0]
+    assert res.coverage.degraded and res.coverage.errors.keys() == {0} and res.coverage.failed_shards == [0]
+    assert "ChecksumError" in res.coverage.errors[0] or "sha256" in res.coverage.errors[0]
     client.kill()

@@ -7,7 +7,7 @@ import hashlib
 import pytest
 
 from jobs.fetch_data import main
-from longrag.fetch import DATASETS
+from longrag.corpus.fetch import DATASETS
 from tests.http_server import PAYLOAD, SHA, FileServer
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from longrag.capacity import (
+from longrag.index.capacity import (
     CapacityModel,
     clustered_vectors,
     index_bytes_per_vector,
@@ -15,7 +15,7 @@ from longrag.capacity import (
     projected_bytes_per_vector,
     unit_recall,
 )
-from longrag.maxp import MaxPIndex
+from longrag.index.maxp import MaxPIndex
 from longrag.types import UnitHit
 
 

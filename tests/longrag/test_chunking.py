@@ -11,10 +11,10 @@ import re
 import pytest
 
 from longrag.data import DPR_PASSAGES, data_path, open_text
-from longrag.chunking import chunk_spans, chunk_text, chunk_units, document_spans
-from longrag.grouping import make_units
-from longrag.sentences import sentence_spans
-from longrag.tokens import WhitespaceCounter, counter_for_model_dir
+from longrag.index.chunking import chunk_spans, chunk_text, chunk_units, document_spans
+from longrag.index.grouping import make_units
+from longrag.text.sentences import sentence_spans
+from longrag.text.tokens import WhitespaceCounter, counter_for_model_dir
 from longrag.types import Document, Unit
 
 DPR = data_path(DPR_PASSAGES)  # the bundled 1,000 DPR passages (data/README.md)

@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from longrag.corpus.report import ReadReport
 from longrag.data import DPR_PASSAGES, data_path
-from longrag.documents import (
+from longrag.corpus.documents import (
     DOCUMENT_SCHEMA,
-    ReadReport,
     documents_to_table,
     guess_format,
     read_documents,

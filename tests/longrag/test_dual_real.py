@@ -30,7 +30,7 @@ QUESTION = "In which country is the city where Marie Curie was born?"
 
 @pytest.fixture(scope="module")
 def setup():
-    from longrag.embedding import Embedder
+    from longrag.index.embedding import Embedder
     from longrag.llm import build_llm
 
     llm = build_llm(LLMConfig(context_window=2048, n_threads=2))

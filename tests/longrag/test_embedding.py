@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
 
 from longrag.config import EmbeddingConfig  # noqa: E402
-from longrag.embedding import (  # noqa: E402
+from longrag.index.embedding import (  # noqa: E402
     BGE_INSTRUCTION,
     Embedder,
     ModelSpec,
@@ -121,8 +121,8 @@ def test_tokenizer_of_a_hub_model_resolves_in_the_hub_cache(tmp_path, monkeypatc
     """Issue 9: ``--set embedding.model=bge-large-en-v1.5`` failed with "no tokenizer": the hub name
     was taken for a folder. The tokenizer is found in the model's Hugging Face cache snapshot,
     without loading the model; a model in no cache gets an error saying how to fetch it."""
-    from longrag.embedding import tokenizer_dir
-    from longrag.tokens import counter_for_model_dir
+    from longrag.index.embedding import tokenizer_dir
+    from longrag.text.tokens import counter_for_model_dir
     from tests.hub_cache import fake_hub_cache
 
     snapshot = fake_hub_cache(tmp_path / "hub", "BAAI/bge-large-en-v1.5", monkeypatch)

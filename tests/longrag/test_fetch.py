@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from longrag.fetch import DATASETS, ChecksumError, FetchError, RemoteDataset, fetch, get_dataset
+from longrag.corpus.fetch import DATASETS, ChecksumError, FetchError, RemoteDataset, fetch, get_dataset
 from tests.http_server import PAYLOAD, SHA, FileServer
 
 

@@ -12,7 +12,7 @@ import pytest
 from longrag.config import LLMConfig, ReaderConfig
 from longrag.llm import ContextOverflowError, LLMError, build_llm
 from longrag.llm.llamacpp import LlamaCppLLM, resolve_model_path
-from longrag.reader import LongReader
+from longrag.reading.reader import LongReader
 from longrag.types import Unit
 
 pytestmark = pytest.mark.slow  # a real model: left out of `make test-fast`
@@ -72,6 +72,23 @@ def test_chat_real_tokens_deterministic_and_thread_safe(llm):
     assert first.prompt_tokens > llm.count_tokens(messages[0]["content"])
     assert 1 <= first.completion_tokens <= 8
     assert first.latency_ms > 0 and first.model == "smollm2-135m-instruct"
+
+
+def test_stream_chat_streams_what_chat_answers(llm):
+    """llama.cpp's stream=True: several deltas that join to the greedy reply chat() gives, then a
+    ChatResult with the same token counts."""
+    messages = [{"role": "user", "content": "Name three colours of the rainbow."}]
+
+    async def go():
+        whole = await llm.chat(messages, max_tokens=16)
+        items = [item async for item in llm.stream_chat(messages, max_tokens=16)]
+        return whole, items
+
+    whole, (*deltas, result) = asyncio.run(go())
+    assert len(deltas) > 3 and all(isinstance(d, str) for d in deltas)
+    assert "".join(deltas) == result.text == whole.text
+    assert result.completion_tokens == whole.completion_tokens
+    assert abs(result.prompt_tokens - whole.prompt_tokens) <= 1
 
 
 def test_plain_completion(llm):

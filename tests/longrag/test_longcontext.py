@@ -1,4 +1,4 @@
-"""Long-context pipeline (longrag.longcontext): retrieval + routing + window-fitted reading with a
+"""Long-context pipeline (longrag.reading.longcontext): retrieval + routing + window-fitted reading with a
 scripted LLM, checked against the retrievers run directly; the MixPR compressor; the fast
 chunker / TF-IDF counter against their references (plain chunker, scikit-learn); and one run of
 router + reader with the real bundled SmolLM2 on a small HashHop document."""
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from sklearn.feature_extraction.text import CountVectorizer, TfidfVectorizer
 
-from longrag.longcontext import (
+from longrag.reading.longcontext import (
     LongContextPipeline,
     compress_units_with_mixpr,
     reader_messages,

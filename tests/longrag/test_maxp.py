@@ -6,7 +6,7 @@ import faiss
 import numpy as np
 import pytest
 
-from longrag.maxp import INDEX_FILES, MaxPIndex, merge_topk
+from longrag.index.maxp import INDEX_FILES, MaxPIndex, merge_topk
 from longrag.types import UnitHit
 
 faiss.omp_set_num_threads(1)  # OpenMP spinning on a shared 2-core box costs more than it gains here

@@ -461,7 +461,7 @@ def test_hybrid_with_bundled_embedder():
     import torch
 
     torch.set_num_threads(1)
-    from longrag.embedding import Embedder
+    from longrag.index.embedding import Embedder
 
     doc = " ".join(f"Filler sentence number {i} talks about weather and rivers in region {i}." for i in range(30))
     doc += " Zorblat hid the golden key in the blue cabinet. " + doc
@@ -511,7 +511,7 @@ def test_mixpr_recall_at_least_sparse_on_every_document_format(fmt):
 def test_trace_says_when_the_query_chunk_has_no_edge():
     """Issue 9: when no chunk reaches the similarity threshold with the query chunk, PageRank cannot
     spread from it; the trace says so (``query_edges: 0`` and a note), here and in the pipeline."""
-    from longrag.longcontext import LongContextPipeline
+    from longrag.reading.longcontext import LongContextPipeline
 
     doc = "Alpha beta gamma. Delta epsilon zeta. Eta theta iota. Kappa lambda mu."
     res = MixPRRetriever(MixPRConfig(top_k=2)).retrieve_with_trace(doc, "Where is omega?", route="local")

@@ -14,7 +14,7 @@ from longrag.config import LLMConfig, ReaderConfig
 from longrag.llm import build_llm
 from longrag.llm.bundled import DEFAULT_READER_MODEL
 from longrag.llm.llamacpp import LlamaCppLLM
-from longrag.reader import LongReader
+from longrag.reading.reader import LongReader
 from longrag.types import Unit
 
 pytestmark = pytest.mark.slow  # a real model: left out of `make test-fast`

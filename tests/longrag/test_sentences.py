@@ -8,7 +8,7 @@ import time
 import pytest
 
 from longrag.data import DPR_PASSAGES, data_path, open_text
-from longrag.sentences import sentence_spans, split_sentences
+from longrag.text.sentences import sentence_spans, split_sentences
 
 DPR = data_path(DPR_PASSAGES)  # the bundled 1,000 DPR passages (data/README.md)
 

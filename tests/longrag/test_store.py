@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from longrag.config import LongRAGConfig
-from longrag.manifest import Manifest, ShardEntry, git_commit, shard_plan
-from longrag.maxp import MaxPIndex, merge_topk
+from longrag.index.manifest import Manifest, ShardEntry, git_commit, shard_plan
+from longrag.index.maxp import MaxPIndex, merge_topk
 from longrag.store import (
     ArtifactStore,
     ChecksumError,

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from longrag.data import SAMPLE_WIKI, data_path
-from longrag.documents import read_documents
+from longrag.corpus.documents import read_documents
 from longrag.types import Document
-from longrag.wikitext import (
+from longrag.corpus.wikitext import (
     RawPage,
     iter_pages,
     link_target,

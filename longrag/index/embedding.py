@@ -82,7 +82,7 @@ def tokenizer_dir(model: str | ModelSpec) -> str:
     spec = model if isinstance(model, ModelSpec) else resolve_embedding_model(model)
     local = Path(spec.path_or_name).expanduser()
     if local.is_dir():
-        from longrag.tokens import find_tokenizer_file
+        from longrag.text.tokens import find_tokenizer_file
 
         return str(find_tokenizer_file(local).parent)  # sentence-transformers layouts: a sub-folder
     from huggingface_hub import snapshot_download

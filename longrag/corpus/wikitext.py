@@ -43,7 +43,7 @@ from mwparserfromhell.nodes import (
 )
 from mwparserfromhell.wikicode import Wikicode
 
-from longrag.documents import ReadReport
+from longrag.corpus.report import ReadReport
 from longrag.types import Document
 
 log = logging.getLogger(__name__)

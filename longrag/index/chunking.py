@@ -15,10 +15,10 @@ import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
-from .grouping import UNIT_SEPARATOR
-from .sentences import sentence_spans
-from .tokens import TokenCounter
-from .types import Chunk, Unit
+from longrag.index.grouping import UNIT_SEPARATOR
+from longrag.text.sentences import sentence_spans
+from longrag.text.tokens import TokenCounter
+from longrag.types import Chunk, Unit
 
 __all__ = ["chunk_spans", "chunk_text", "chunk_units", "document_spans"]
 
@@ -38,7 +38,7 @@ def chunk_text(text: str, max_tokens: int, counter: TokenCounter) -> list[str]:
 
 
 def document_spans(unit: Unit) -> list[Span]:
-    """Character spans of the documents inside a unit built by ``longrag.grouping`` (documents
+    """Character spans of the documents inside a unit built by ``longrag.index.grouping`` (documents
     written ``Title\\ntext`` and joined by a blank line). Falls back to one span for the whole text
     when the layout is not found; an untitled document stays with the one before it."""
     text = unit.text

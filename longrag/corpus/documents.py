@@ -3,7 +3,7 @@
 Sources: local files or ``s3://bucket/key`` objects (read through the artifact store's storage
 layer, :func:`longrag.store.open_source`). JSONL (``.jsonl``/``.jsonl.gz``) and parquet with the fields ``doc_id`` (or ``id``),
 ``title``, ``text`` (or ``contents``) and optional ``links`` (a list of titles); MediaWiki XML
-exports go through :mod:`longrag.wikitext`. DPR/Pyserini-style ``contents`` (``"Title"\\ntext``,
+exports go through :mod:`longrag.corpus.wikitext`. DPR/Pyserini-style ``contents`` (``"Title"\\ntext``,
 sometimes unquoted) give up their first line as the title when the record has no title field.
 
 A bad record (invalid JSON, missing id or text, wrong types, duplicate id) never ends a read: it
@@ -15,13 +15,14 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from longrag.corpus.report import ReadReport
+from longrag.corpus.wikitext import read_wikixml
 from longrag.types import Document
 
 Format = Literal["wikixml", "jsonl", "parquet"]
@@ -35,47 +36,6 @@ DOCUMENT_SCHEMA = pa.schema(
         pa.field("links", pa.list_(pa.string()), nullable=False),
     ]
 )
-
-
-@dataclass
-class BadRecord:
-    """One record that could not become a document. ``line`` is the 1-based JSONL line or the
-    1-based parquet row; ``record`` is its id or title when known."""
-
-    line: int | None
-    reason: str
-    record: str | None = None
-
-
-@dataclass
-class ReadReport:
-    """What a read produced: good and bad record counts, up to ``max_examples`` bad records,
-    and format-specific ``stats`` (e.g. redirects and link counts for wiki exports)."""
-
-    source: str
-    fmt: str
-    n_ok: int = 0
-    n_bad: int = 0
-    bad: list[BadRecord] = field(default_factory=list)
-    max_examples: int = 20
-    stats: dict[str, Any] = field(default_factory=dict)
-
-    def add_bad(self, line: int | None, reason: str, record: str | None = None) -> None:
-        self.n_bad += 1
-        if len(self.bad) < self.max_examples:
-            self.bad.append(BadRecord(line=line, reason=reason, record=record))
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def summary(self) -> str:
-        head = f"{self.source} ({self.fmt}): {self.n_ok} documents, {self.n_bad} bad"
-        lines = [head] + [
-            f"  {'line ' + str(b.line) if b.line is not None else (b.record or '?')}: {b.reason}" for b in self.bad
-        ]
-        if self.n_bad > len(self.bad):
-            lines.append(f"  ... and {self.n_bad - len(self.bad)} more")
-        return "\n".join(lines)
 
 
 def split_dpr_contents(contents: str, max_title_chars: int = 256) -> tuple[str | None, str]:
@@ -214,8 +174,6 @@ def read_documents(
     if text_mode not in ("full", "lead"):
         raise ValueError(f"text_mode must be 'full' or 'lead', got {text_mode!r}")
     if fmt == "wikixml":
-        from longrag.wikitext import read_wikixml  # wikitext imports ReadReport from here
-
         return read_wikixml(p, text_mode=text_mode)
     if text_mode != "full":
         raise ValueError(

@@ -120,7 +120,7 @@ class LongContextPipeline:
 
     llm: the reader and router (any :class:`longrag.llm.base.LLM`); may be None for retrieval with
     an explicit route. encoder: the dense encoder for ``retriever="hybrid"`` (e.g.
-    ``longrag.embedding.Embedder``)."""
+    ``longrag.index.embedding.Embedder``)."""
 
     def __init__(self, config: MixPRConfig | None = None, llm: LLM | None = None, encoder: DenseEncoder | None = None):
         self.config = config or MixPRConfig()

@@ -1,0 +1,1 @@
+"""Text utilities shared by every stage: sentence spans and token counting."""
