@@ -101,6 +101,11 @@ class LLMConfig(_Section):
     tokenizer_file: str | None = Field(
         None, description="openai: a tokenizer.json for exact token counts; None = words x 1.3 estimate."
     )
+    lora_path: str | None = Field(
+        None, description="llamacpp: a LoRA adapter GGUF applied on top of the model (e.g. OUT/adapter.gguf from "
+        "python -m jobs.finetune); openai: serve the adapter on the server instead (vLLM --enable-lora).",
+    )
+    lora_scale: float = Field(1.0, ge=0.0, description="llamacpp: scale of the LoRA adapter.")
 
 
 class ReaderConfig(_Section):

@@ -20,10 +20,17 @@ def build_llm(config: LLMConfig) -> LLM:
             chat_format=config.chat_format,
             flash_attn=config.flash_attn,
             prompt_cache_mb=config.prompt_cache_mb,
+            lora_path=config.lora_path,
+            lora_scale=config.lora_scale,
         )
     if config.backend == "openai":
         if not config.base_url:
             raise ValueError("llm.backend=openai needs llm.base_url (e.g. http://127.0.0.1:8000/v1)")
+        if config.lora_path:
+            raise ValueError(
+                "llm.lora_path applies to the llamacpp backend only; with llm.backend=openai serve the adapter on the "
+                "server (vLLM: --enable-lora --lora-modules NAME=ADAPTER_DIR) and set llm.model=NAME"
+            )
         from longrag.llm.openai_http import OpenAIHTTPLLM
 
         return OpenAIHTTPLLM(

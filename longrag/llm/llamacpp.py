@@ -3,6 +3,8 @@
 ``model`` is a bundled model name (see :mod:`longrag.llm.bundled`: the default reader
 ``qwen2.5-coder-0.5b-instruct``, ``smollm2-135m-instruct``, ``gemma3-270m``) or a path to a ``.gguf``
 file. A GGUF without a chat template gets ``chat_format`` (e.g. ``chatml``); bundled models carry theirs.
+``lora_path`` applies a LoRA adapter GGUF on top of the model (``python -m jobs.finetune`` writes one,
+see :func:`longrag.llm.convert.lora_to_gguf`).
 
 A llama.cpp context is not thread-safe: every call runs in a worker thread
 (``asyncio.to_thread``) under one lock, so concurrent requests queue instead of corrupting state.
@@ -19,6 +21,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 from longrag.llm.base import (
@@ -55,6 +58,8 @@ class LlamaCppLLM(LLM):
         chat_format: str | None = None,
         flash_attn: bool = True,
         prompt_cache_mb: int = 0,
+        lora_path: str | None = None,
+        lora_scale: float = 1.0,
     ) -> None:
         if n_ctx <= 0:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
@@ -86,6 +91,13 @@ class LlamaCppLLM(LLM):
         if n_threads is not None:
             kwargs["n_threads"] = n_threads
             kwargs["n_threads_batch"] = n_threads
+        if lora_path:
+            lora = Path(lora_path).expanduser()
+            if not lora.is_file() or lora.suffix != ".gguf":
+                raise LLMError(f"lora_path {lora_path!r} is not a LoRA adapter .gguf file (see python -m jobs.finetune)")
+            kwargs["lora_path"] = str(lora)
+            kwargs["lora_scale"] = float(lora_scale)
+            self.name = f"{self.name}+{lora.parent.name if lora.stem == 'adapter' else lora.stem}"
         try:
             llama = Llama(**kwargs)
         except Exception as e:  # llama.cpp raises ValueError/RuntimeError on bad files
