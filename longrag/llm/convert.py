@@ -1,120 +1,16 @@
-"""Convert a GGUF model (a bundled one or any ``.gguf`` file) to a regular Hugging Face model folder.
-
-Fine-tuning (``jobs.finetune``), vLLM and any transformers code need a model folder, while the
-bundled models ship as GGUF. transformers reads GGUF itself (``from_pretrained(..., gguf_file=...)``,
-with the ``gguf`` package): the tensors are de-quantized to float and the tokenizer rebuilt from the
-GGUF's vocabulary. The result is saved as safetensors with its tokenizer (a GGUF without a chat
-template gets the template its bundled entry names, ChatML for the Qwen reader).
-
-Folders are cached under ``$LONGRAG_MODEL_CACHE/hf/NAME`` with a stamp
-(``longrag_conversion.json``: the GGUF's sha256, size and mtime, the transformers version); a folder
-whose stamp matches its GGUF is reused, anything else is converted again. Conversion happens under a
-file lock into a temporary folder that is renamed into place, so concurrent callers and a crash
-never leave a half-written folder behind.
+"""A PEFT LoRA adapter -> llama.cpp's LoRA GGUF, so a fine-tuned adapter runs on the bundled GGUF model
+(``llm.lora_path``). The base model's HuggingFace folder, which fine-tuning trains on, comes from
+:func:`longrag.llm.hf_export.export_hf_model`.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import os
-import shutil
 from pathlib import Path
 
-from longrag.llm.base import LLMError
-from longrag.llm.bundled import BUNDLED_MODELS, file_sha256, model_cache_dir, resolve_model_path
+from longrag.llm.bundled import resolve_model_path
 
-__all__ = ["STAMP", "CHATML_TEMPLATE", "gguf_to_hf", "hf_folder_name", "lora_to_gguf"]
-
-log = logging.getLogger(__name__)
-
-STAMP = "longrag_conversion.json"
-
-# ChatML as the Qwen2.5 instruct models write it (also what llama.cpp's "chatml" format produces).
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-_TEMPLATES = {"chatml": CHATML_TEMPLATE}
-
-
-def hf_folder_name(model: str) -> str:
-    """The cache folder name of ``model`` (a bundled name, or a .gguf path's stem)."""
-    return model if model in BUNDLED_MODELS else Path(model).stem
-
-
-def _source_stamp(gguf: Path) -> dict:
-    import transformers
-
-    st = gguf.stat()
-    return {"gguf": str(gguf), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "transformers": transformers.__version__}
-
-
-def _stamp_ok(dest: Path, source: dict) -> bool:
-    try:
-        stamp = json.loads((dest / STAMP).read_text())
-    except (OSError, ValueError):
-        return False
-    return {k: stamp.get(k) for k in source} == source and (dest / "config.json").is_file()
-
-
-def gguf_to_hf(model: str, out_dir: str | Path | None = None, *, dtype: str = "float32") -> Path:
-    """``model`` (a bundled model name or a .gguf path) -> a Hugging Face model folder (cached).
-
-    ``dtype`` is the saved weights' dtype (float32 trains on CPU; bfloat16 halves the folder).
-    Raises :class:`LLMError` naming the model when transformers cannot read its GGUF."""
-    import torch
-    from filelock import FileLock
-
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"dtype {dtype!r} is not one of float32, bfloat16, float16")
-    gguf = resolve_model_path(model)
-    dest = Path(out_dir) if out_dir else model_cache_dir() / "hf" / hf_folder_name(model)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    source = {**_source_stamp(gguf), "dtype": dtype}
-    with FileLock(str(dest) + ".lock"):
-        if _stamp_ok(dest, source):
-            return dest
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        log.info("converting %s (%s) to a Hugging Face folder at %s", model, gguf, dest)
-        try:
-            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-            loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                          dtype=getattr(torch, dtype))  # fmt: skip
-        except (ValueError, KeyError, OSError, RuntimeError) as e:
-            raise LLMError(f"transformers could not read the GGUF of {model!r} ({gguf}): {e}") from e
-        spec = BUNDLED_MODELS.get(model)
-        if not tok.chat_template and spec is not None and spec.chat_format in _TEMPLATES:
-            tok.chat_template = _TEMPLATES[spec.chat_format]
-        # A model loaded from GGUF carries a quantizer that refuses to save; its weights are already
-        # plain tensors: move them into a fresh model of the same config.
-        config = loaded.config
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        plain = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
-        missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
-        missing = [k for k in missing if k not in getattr(plain, "_tied_weights_keys", {}) and "lm_head" not in k]
-        if missing or unexpected:
-            raise LLMError(f"converting {model!r}: weights missing {missing[:5]} / unexpected {unexpected[:5]}")
-        if spec is not None and loaded.generation_config is not None:
-            plain.generation_config = loaded.generation_config
-        tmp = dest.with_name(dest.name + ".partial")
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            plain.save_pretrained(tmp)
-            tok.save_pretrained(tmp)
-            (tmp / STAMP).write_text(json.dumps({**source, "gguf_sha256": spec.sha256 if spec and spec.sha256
-                                                 else file_sha256(gguf)}, indent=2))  # fmt: skip
-            if dest.exists():
-                shutil.rmtree(dest)
-            os.replace(tmp, dest)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return dest
+__all__ = ["lora_to_gguf"]
 
 
 # ------------------------------------------------------------------------------ LoRA -> GGUF

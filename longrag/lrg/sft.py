@@ -87,9 +87,9 @@ def resolve_base(base: str) -> str:
     from longrag.llm.bundled import BUNDLED_MODELS
 
     if base in BUNDLED_MODELS or base.endswith(".gguf"):
-        from longrag.llm.convert import gguf_to_hf
+        from longrag.llm.hf_export import export_hf_model
 
-        return str(gguf_to_hf(base))
+        return str(export_hf_model(base))
     if not Path(base).is_dir():
         raise ValueError(f"base model {base!r} is neither a bundled model ({', '.join(sorted(BUNDLED_MODELS))}), "
                          "a .gguf file nor a Hugging Face model folder")

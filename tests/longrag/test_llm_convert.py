@@ -10,7 +10,8 @@ import pytest
 
 from longrag.config import LLMConfig
 from longrag.llm.base import LLMError
-from longrag.llm.convert import STAMP, gguf_to_hf, lora_to_gguf
+from longrag.llm.convert import lora_to_gguf
+from longrag.llm.hf_export import STAMP, export_hf_model
 from longrag.llm.factory import build_llm
 
 BASE = "smollm2-135m-instruct"
@@ -34,11 +35,11 @@ def test_gguf_to_hf_folder_answers_and_is_cached(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = gguf_to_hf(BASE, tmp_path / "hf")
+    folder = export_hf_model(BASE, tmp_path / "hf")
     stamp = json.loads((folder / STAMP).read_text())
-    assert stamp["gguf"].endswith(".gguf") and len(stamp["gguf_sha256"]) == 64
+    assert stamp["gguf"].endswith(".gguf") and stamp["model"] == BASE
     mtime = (folder / "model.safetensors").stat().st_mtime_ns
-    assert gguf_to_hf(BASE, tmp_path / "hf") == folder and (folder / "model.safetensors").stat().st_mtime_ns == mtime
+    assert export_hf_model(BASE, tmp_path / "hf") == folder and (folder / "model.safetensors").stat().st_mtime_ns == mtime
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder)
     ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
@@ -59,7 +60,7 @@ def test_lora_gguf_moves_llamacpp_logits_as_peft_moves_hf_logits(tmp_path):
 
     from longrag.llm.bundled import resolve_model_path
 
-    folder = gguf_to_hf(BASE)
+    folder = export_hf_model(BASE)
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     text = "<|im_start|>user\nWhat is the capital of France? Tell me about its history.<|im_end|>\n<|im_start|>assistant\nThe"
