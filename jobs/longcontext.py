@@ -140,12 +140,12 @@ async def _run_dual(args: argparse.Namespace, cfg: Any) -> dict[str, Any]:
         raise InputError("--strategy needs --question")
     document = read_document(args.document, cfg.mixpr.max_document_bytes)
     from longrag.dual.pipeline import DualPipeline, index_document
-    from longrag.dual.rerank import CrossEncoderScorer
+    from longrag.dual.rerank import load_reranker
 
     if args.k is not None:
         cfg.dual.rerank_k = args.k
     try:
-        scorer = CrossEncoderScorer(cfg.dual.reranker) if cfg.dual.reranker else None
+        scorer = load_reranker(cfg.dual.reranker) if cfg.dual.reranker else None
     except FileNotFoundError as e:
         raise InputError(str(e)) from None
     index = index_document(document, _build_encoder(cfg, args.torch_threads), scorer, cfg.dual)

@@ -374,61 +374,89 @@ class DualPipeline:
         strategy: str | None = None,
     ) -> DualResult:
         """Run ``strategy`` (default ``config.strategy``) over retrieved chunks."""
-        t0 = time.perf_counter()
         strategy = check_strategy(strategy or self.config.strategy)
+        return (await self.run_many(question, retrieval, paragraphs, [strategy]))[strategy]
+
+    async def run_many(
+        self,
+        question: str,
+        retrieval: Retrieval,
+        paragraphs: Mapping[str, SourceParagraph],
+        strategies: Sequence[str],
+    ) -> dict[str, DualResult]:
+        """Run several strategies over the same retrieved chunks, each stage at most once: by the
+        definitions of Section 5.3, E&F's global information is Ext's and its kept chunks are Fil's,
+        so the extractor and the filter run once for all strategies that need them (together, since
+        the two perspectives are independent) and only the generator runs per strategy. A shared
+        stage appears in every result that used it, with the same trace."""
+        t0 = time.perf_counter()
+        strategies = [check_strategy(s) for s in dict.fromkeys(strategies)]
+        if not strategies:
+            raise ValueError(f"no strategy given; valid: {', '.join(STRATEGIES)}")
         if not isinstance(question, str) or not question.strip():
             raise ValueError("question must be a non-empty str")
         chunks = list(retrieval.chunks)
         if not chunks:
             raise ValueError("no retrieved chunks to answer from")
-        stages: list[StageTrace] = []
-        notes = list(retrieval.trace.notes)
+        need_e = any(s in USES_EXTRACTOR for s in strategies)
+        need_f = any(s in USES_FILTER for s in strategies)
+        jobs = []
+        if need_e:
+            jobs.append(self.extract(question, chunks, paragraphs))
+        if need_f:
+            jobs.append(self.filter(question, chunks))
+        done = list(await asyncio.gather(*jobs))
         info = cot = None
-        judgements: list[Judgement] = []
         paragraph_ids: list[str] = []
-        kept = chunks
+        judgements: list[Judgement] = []
+        kept_f = chunks
+        st_e = st_f = None
+        if need_e:
+            info, paragraph_ids, st_e = done.pop(0)
+        if need_f:
+            kept_f, cot, judgements, st_f = done.pop(0)
+        shared_ms = _ms(t0)
 
-        async def _extract():
-            return await self.extract(question, chunks, paragraphs)
-
-        async def _filter():
-            return await self.filter(question, chunks)
-
-        if strategy == "E&F":  # the two perspectives are independent: run them side by side
-            (info, paragraph_ids, st_e), (kept, cot, judgements, st_f) = await asyncio.gather(_extract(), _filter())
-            stages += [st_e, st_f]
-        elif strategy == "Ext":
-            info, paragraph_ids, st_e = await _extract()
-            stages.append(st_e)
-        elif strategy == "Fil":
-            kept, cot, judgements, st_f = await _filter()
-            stages.append(st_f)
-
-        if strategy == "R&L":
-            mapped = map_to_paragraphs(chunks, paragraphs)
-            paragraph_ids = [p.id for p, _ in mapped]
-            details = [_titled(p) for p, _ in mapped]
-            notes.append(f"R&L: {len(chunks)} chunks -> {len(mapped)} source paragraphs as long context")
-        else:
-            details = [c.chunk.text for c in kept]
-        answer, gen_in, st_g = await self.generate(question, details, info)
-        stages.append(st_g)
-        return DualResult(
-            question=question,
-            strategy=strategy,
-            answer=answer,
-            retrieved=chunks,
-            kept_chunk_ids=[c.chunk.chunk_id for c in kept],
-            paragraph_ids=paragraph_ids,
-            global_information=info,
-            cot=cot,
-            judgements=judgements,
-            generator_input_tokens=gen_in,
-            retrieval=retrieval.trace.to_dict(),
-            stages=stages,
-            notes=notes,
-            total_ms=_ms(t0),
-        )
+        out: dict[str, DualResult] = {}
+        for strategy in strategies:
+            t1 = time.perf_counter()
+            notes = list(retrieval.trace.notes)
+            stages: list[StageTrace] = []
+            uses_e, uses_f = strategy in USES_EXTRACTOR, strategy in USES_FILTER
+            if uses_e:
+                stages.append(st_e)  # type: ignore[arg-type]
+            if uses_f:
+                stages.append(st_f)  # type: ignore[arg-type]
+            kept = kept_f if uses_f else chunks
+            if strategy == "R&L":
+                mapped = map_to_paragraphs(chunks, paragraphs)
+                pids = [p.id for p, _ in mapped]
+                details = [_titled(p) for p, _ in mapped]
+                notes.append(f"R&L: {len(chunks)} chunks -> {len(mapped)} source paragraphs as long context")
+            else:
+                pids = paragraph_ids if uses_e else []
+                details = [c.chunk.text for c in kept]
+            if len(strategies) > 1 and (uses_e or uses_f):
+                notes.append("extractor/filter stages shared with the other strategies of this question")
+            answer, gen_in, st_g = await self.generate(question, details, info if uses_e else None)
+            stages.append(st_g)
+            out[strategy] = DualResult(
+                question=question,
+                strategy=strategy,
+                answer=answer,
+                retrieved=chunks,
+                kept_chunk_ids=[c.chunk.chunk_id for c in kept],
+                paragraph_ids=pids,
+                global_information=info if uses_e else None,
+                cot=cot if uses_f else None,
+                judgements=judgements if uses_f else [],
+                generator_input_tokens=gen_in,
+                retrieval=retrieval.trace.to_dict(),
+                stages=stages,
+                notes=notes,
+                total_ms=round(shared_ms + _ms(t1), 2) if (uses_e or uses_f) else _ms(t1),
+            )
+        return out
 
     async def answer(self, question: str, index: ChunkIndex, strategy: str | None = None) -> DualResult:
         """Retrieve from ``index`` and run ``strategy``."""
