@@ -46,6 +46,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--config", default=None, help="LongRAGConfig YAML (sections llm, dual, embedding)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     p.add_argument("--torch-threads", type=number(int, min_value=1), default=2)
+    p.add_argument("--report-only", action="store_true",
+                   help="write the report from the rows already in OUT's checkpoint (an unfinished run), answer nothing")
     return p.parse_args(argv)
 
 
@@ -74,18 +76,24 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.torch_threads)
     try:
-        scorer = load_reranker(cfg.dual.reranker) if cfg.dual.reranker else None
+        scorer = load_reranker(cfg.dual.reranker) if cfg.dual.reranker and not args.report_only else None
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = Path(args.out)
     t0 = time.perf_counter()
-    llm = build_llm(cfg.llm)
-    try:
-        rows = asyncio.run(db.run_dual_eval(cfg, llm, Embedder(cfg.embedding), scorer,
-                                            checkpoint=out / ".dual-checkpoint.jsonl"))  # fmt: skip
-    finally:
-        asyncio.run(llm.aclose())
+    if args.report_only:
+        rows = db.checkpoint_rows(out / ".dual-checkpoint.jsonl")
+        if not rows:
+            print(f"error: no rows in {out / '.dual-checkpoint.jsonl'}", file=sys.stderr)
+            return 2
+    else:
+        llm = build_llm(cfg.llm)
+        try:
+            rows = asyncio.run(db.run_dual_eval(cfg, llm, Embedder(cfg.embedding), scorer,
+                                                checkpoint=out / ".dual-checkpoint.jsonl"))  # fmt: skip
+        finally:
+            asyncio.run(llm.aclose())
     summary = db.summarize(rows)
     out.mkdir(parents=True, exist_ok=True)
     report = {

@@ -4,7 +4,7 @@
     python -m jobs.train_reranker --out artifacts/rerankers --kind cross-encoder --max-steps 300
 
 Trains on paragraph support labels of the bundled HotpotQA and MuSiQue samples (questions split into
-train / held-out) with hard negatives from the dense encoder: ``--kind bi-encoder`` (default) fine-tunes
+train / held-out) with hard negatives (TF-IDF by default, or the dense encoder's): ``--kind bi-encoder`` (default) fine-tunes
 the bundled sentence encoder, ``--kind cross-encoder`` a CrossEncoder from the same weights. Writes
 ``OUT/minilm-reranker-vN/`` (a sentence-transformers folder plus ``training_report.json``) and prints the
 report as one JSON line: held-out recall@k of the supporting paragraphs in dense order (before) and
@@ -20,7 +20,7 @@ import logging
 import os
 import sys
 
-from longrag.dual.train_reranker import DEFAULT_LR, KINDS, SOURCES, TrainerConfig, train_reranker
+from longrag.dual.train_reranker import DEFAULT_LR, KINDS, NEGATIVES, SOURCES, TrainerConfig, train_reranker
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -35,8 +35,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--learning-rate", type=float, default=None,
                    help=f"of the encoder body (default {DEFAULT_LR})")
-    p.add_argument("--random-negatives", action="store_true",
-                   help="random non-supporting paragraphs instead of the dense encoder's hardest ones")
+    p.add_argument("--negatives", choices=list(NEGATIVES), default=d.negatives,
+                   help="hard negatives by TF-IDF (free) or the dense encoder, or random ones (default %(default)s)")
     p.add_argument("--head-learning-rate", type=float, default=d.head_learning_rate, help="of the new classifier head")
     p.add_argument("--negatives-per-positive", type=int, default=d.negatives_per_positive,
                    help="cross-encoder: negative paragraphs per supporting one (0: all)")
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = TrainerConfig(
             kind=args.kind,
-            hard_negatives=not args.random_negatives,
+            negatives=args.negatives,
             sources=tuple(s.strip() for s in args.sources.split(",") if s.strip()),
             limit_per_source=args.limit_per_source,
             heldout_fraction=args.heldout_fraction,

@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from longrag.config import LongRAGConfig, load_config
 from serve.deployments import BadQuestion, LLMServer, QueryEncoder, Reader, Retriever
 from serve.longcontext import LongContextReader, LongContextRequest, LongContextResponse, longcontext_embedding
+from serve.dual import bind_dual
 from serve.run import missing_resources
 from serve.schemas import (
     AnswerRequest,
@@ -160,9 +161,11 @@ def _value(x: Any) -> str:
 @serve.ingress(api)
 class Ingress:
     def __init__(self, encoder: DeploymentHandle, retriever: DeploymentHandle, reader: DeploymentHandle,
-                 llm: DeploymentHandle, config: dict[str, Any], longcontext: DeploymentHandle) -> None:
+                 llm: DeploymentHandle, config: dict[str, Any], longcontext: DeploymentHandle,
+                 dual: DeploymentHandle | None = None) -> None:
         self.encoder, self.retriever, self.reader, self.llm = encoder, retriever, reader, llm
         self.longcontext = longcontext
+        self.dual = dual  # serve.dual.DualReader: the "strategy" requests
         self.config = LongRAGConfig.model_validate(config)
         s = self.config.serve
         set_served_limits(max_question_chars=s.max_question_chars, max_k=s.max_k,
@@ -286,6 +289,8 @@ class Ingress:
         ordered = [found["units"][h["unit_id"]] for h in found["hits"] if h["unit_id"] in found["units"]]
         if not ordered:
             raise ApiError(503, "no evidence could be retrieved", {"coverage": found["coverage"]})
+        if req.strategy is not None:
+            return await self._answer_dual(req.strategy, question, found, ordered, trace, t0)
         t1 = time.perf_counter()
         read = await self.reader.read.remote(question, ordered, req.compression)
         trace["read_ms"] = _ms(t1)
@@ -301,6 +306,30 @@ class Ingress:
         return AnswerResponse(question=question, answer=read["answer"], long_answer=read["long_answer"],
                               evidence=evidence, coverage=found["coverage"], trace=trace)
 
+    async def _answer_dual(self, strategy: str, question: str, found: dict[str, Any], ordered: list[dict[str, Any]],
+                           trace: dict[str, Any], t0: float) -> AnswerResponse:
+        """``/v1/answer`` with a strategy: the retrieved units' paragraphs go through serve.dual."""
+        if self.dual is None:
+            raise ApiError(503, "this app has no dual-perspective deployments (serve.dual); drop 'strategy'")
+        t1 = time.perf_counter()
+        try:
+            res = await self.dual.units.remote(question, ordered, strategy)
+        except ValueError as exc:
+            raise ApiError(422, _one_line(exc), [_one_line(exc)]) from None
+        trace["dual_ms"] = _ms(t1)
+        trace["dual"] = res["trace"] | {k: res[k] for k in ("kept_chunk_ids", "global_information", "cot",
+                                                             "judgements", "chunks")}  # fmt: skip
+        kept = set(res["kept_chunk_ids"])
+        used = {c["paragraph_id"].rsplit("/", 1)[0] for c in res["chunks"] if c["position"] in kept}
+        evidence = [
+            {"unit_id": h["unit_id"], "titles": found["units"].get(h["unit_id"], {}).get("titles", []),
+             "score": h["score"], "used": h["unit_id"] in used}
+            for h in found["hits"]
+        ]
+        trace["total_ms"] = _ms(t0)
+        return AnswerResponse(question=question, answer=res["answer"], long_answer="", evidence=evidence,
+                              coverage=found["coverage"], trace=trace, strategy=strategy)
+
     @api.post("/v1/longcontext", response_model=LongContextResponse,
               responses={**ERRORS, 413: {"model": ErrorResponse, "description": "Document over mixpr.max_document_bytes."}})
     async def longcontext_answer(self, req: LongContextRequest) -> LongContextResponse:
@@ -312,8 +341,20 @@ class Ingress:
         if req.question is not None and len(req.question.strip()) > q_limit:
             raise ApiError(422, f"question is {len(req.question.strip())} characters; the limit is {q_limit} "
                            "(serve.max_question_chars)", [f"question: longer than {q_limit} characters"])
+        if req.strategy is not None:
+            if self.dual is None:
+                raise ApiError(503, "this app has no dual-perspective deployments (serve.dual); drop 'strategy'")
+            try:
+                res = await self.dual.document.remote(req.document, req.question.strip(), req.strategy, req.k,
+                                                      req.retrieve_only)  # fmt: skip
+            except ValueError as exc:
+                raise ApiError(422, _one_line(exc), [_one_line(exc)]) from None
+            trace = res["trace"] | {k: res[k] for k in ("kept_chunk_ids", "global_information", "cot", "judgements")
+                                    if k in res}  # fmt: skip
+            return LongContextResponse(answer=res.get("answer"), route=None, strategy=req.strategy,
+                                       chunks=res["chunks"], trace=trace)  # fmt: skip
         try:
-            result = await self.longcontext.run.remote(req.model_dump())
+            result = await self.longcontext.run.remote(req.model_dump(exclude={"strategy"}))
         except ValueError as exc:  # Ray re-raises the pipeline's ValueError (bad k, route, ...) as one
             raise ApiError(422, _one_line(exc), [_one_line(exc)]) from None
         return LongContextResponse.model_validate(result)
@@ -346,4 +387,5 @@ def app_builder(args: AppArgs | dict[str, Any]) -> serve.Application:
         cfg.model_dump(),
         LongContextReader.bind(llm, cfg.llm.model_dump(), cfg.mixpr.model_dump(),
                                longcontext_embedding(cfg.embedding).model_dump()),
+        bind_dual(cfg, llm),
     )

@@ -171,6 +171,11 @@ class LLMServer:
         res = await self.llm.complete(prompt, max_tokens=max_tokens, temperature=temperature, stop=stop)
         return res.to_dict()
 
+    async def chat_json(self, messages: list[dict[str, str]], schema: dict[str, Any], max_tokens: int,
+                        temperature: float | None = None) -> dict[str, Any]:
+        res = await self.llm.chat_json(messages, schema=schema, max_tokens=max_tokens, temperature=temperature)
+        return res.to_dict()
+
     def describe(self) -> dict[str, Any]:
         return {"name": self.llm.name, "context_window": self.llm.context_window}
 
@@ -187,6 +192,8 @@ class RemoteLLM(LLM):
         self._count = local_token_counter(config)
         self.context_window = context_window or config.context_window
         self.name = f"remote:{config.model}"
+        # both backends constrain JSON (llama.cpp grammars, OpenAI response_format)
+        self.supports_json_schema = config.backend in ("llamacpp", "openai")
 
     async def chat(self, messages, *, max_tokens, temperature=None, stop=None) -> ChatResult:  # type: ignore[override]
         res = await self.handle.chat.remote(messages, max_tokens, temperature, stop)
@@ -194,6 +201,10 @@ class RemoteLLM(LLM):
 
     async def complete(self, prompt, *, max_tokens, temperature=None, stop=None) -> ChatResult:  # type: ignore[override]
         res = await self.handle.complete.remote(prompt, max_tokens, temperature, stop)
+        return ChatResult(**res)
+
+    async def chat_json(self, messages, *, schema, max_tokens, temperature=None) -> ChatResult:  # type: ignore[override]
+        res = await self.handle.chat_json.remote(messages, schema, max_tokens, temperature)
         return ChatResult(**res)
 
     def count_tokens(self, text: str) -> int:

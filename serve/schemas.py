@@ -58,11 +58,23 @@ class RetrieveRequest(_Strict):
         return v
 
 
+DualStrategyName = Literal["R&B", "R&L", "Ext", "Fil", "E&F"]
+STRATEGY_DESCRIPTION = (
+    "Dual-perspective LongRAG (Zhao et al., 2024, Section 5.3): R&B (chunks), R&L (their source paragraphs), "
+    "Ext (extractor's global information + chunks), Fil (CoT-filtered chunks), E&F (both). The trace shows every "
+    "stage's model, calls, tokens and latency, the kept chunks and the generator's input tokens."
+)
+
+
 class AnswerRequest(RetrieveRequest):
     compression: Literal["truncate", "mixpr"] | None = Field(
         None,
         description="When the units exceed the reader's window: trim (truncate) or select sentences with "
         "question-seeded MixPR (mixpr). Default: reader.compression.",
+    )
+    strategy: DualStrategyName | None = Field(
+        None, description="Answer the retrieved units with this dual-perspective strategy instead of the "
+        "two-turn reader. " + STRATEGY_DESCRIPTION,
     )
 
 
@@ -118,10 +130,12 @@ class Evidence(BaseModel):
 class AnswerResponse(BaseModel):
     question: str
     answer: str
-    long_answer: str
+    long_answer: str = Field(description="The reader's first-turn answer (empty with a strategy).")
     evidence: list[Evidence]
     coverage: Coverage
-    trace: dict[str, Any]
+    trace: dict[str, Any] = Field(description="Stage timings; with a strategy, trace.dual has every stage's model, "
+                                  "calls, tokens and latency, the kept chunks and generator_input_tokens.")
+    strategy: DualStrategyName | None = Field(None, description="The dual strategy that answered, if any.")
 
 
 class ShardRedundancy(BaseModel):

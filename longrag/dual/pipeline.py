@@ -25,7 +25,7 @@ import json
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from longrag.config import DUAL_STRATEGIES, DualConfig
 from longrag.dual.chunking import DualChunk, SourceParagraph, chunk_paragraphs, split_document
@@ -40,6 +40,9 @@ __all__ = [
     "Judgement",
     "DualResult",
     "DualPipeline",
+    "ExtractorStage",
+    "FilterStage",
+    "GeneratorStage",
     "check_strategy",
     "map_to_paragraphs",
     "parse_judgement",
@@ -109,7 +112,8 @@ class ChunkIndex:
 
 @dataclass
 class StageTrace:
-    """One stage: LLM calls, summed tokens and call latency, the stage's wall time, notes."""
+    """One stage: the model that ran it, LLM calls, summed tokens and call latency, the stage's wall
+    time, notes."""
 
     stage: str
     calls: int = 0
@@ -118,8 +122,10 @@ class StageTrace:
     llm_ms: float = 0.0
     wall_ms: float = 0.0
     notes: list[str] = field(default_factory=list)
+    model: str | None = None
 
     def add(self, r: ChatResult) -> None:
+        self.model = r.model
         self.calls += 1
         self.prompt_tokens += r.prompt_tokens
         self.completion_tokens += r.completion_tokens
@@ -242,13 +248,46 @@ def index_document(
 # -------------------------------------------------------------------------------------------- pipeline
 
 
-class DualPipeline:
-    """Runs a strategy over retrieved chunks with one LLM (the stages may be separate deployments
-    later: each stage is its own method over plain inputs)."""
+class ExtractorStage(Protocol):
+    async def extract(
+        self, question: str, chunks: Sequence[RetrievedChunk], paragraphs: Mapping[str, SourceParagraph]
+    ) -> tuple[str, list[str], StageTrace]: ...
 
-    def __init__(self, llm: LLM, config: DualConfig | None = None):
-        self.llm = llm
+
+class FilterStage(Protocol):
+    async def filter(
+        self, question: str, chunks: Sequence[RetrievedChunk]
+    ) -> tuple[list[RetrievedChunk], str, list[Judgement], StageTrace]: ...
+
+
+class GeneratorStage(Protocol):
+    async def generate(
+        self, question: str, details: Sequence[str], global_information: str | None = None
+    ) -> tuple[str, int, StageTrace]: ...
+
+
+class DualPipeline:
+    """Runs strategies over retrieved chunks. By default every stage is this object's own method
+    with one LLM; ``extractor``, ``filter`` and ``generator`` put any stage elsewhere (another
+    ``DualPipeline`` with another model, or a remote deployment with the same method), which is how
+    the paper pairs small extractor/filter models with a stronger generator (Section 5.4)."""
+
+    def __init__(
+        self,
+        llm: LLM | None,
+        config: DualConfig | None = None,
+        *,
+        extractor: ExtractorStage | None = None,
+        filter: FilterStage | None = None,  # noqa: A002 - the paper's name for the stage
+        generator: GeneratorStage | None = None,
+    ):
+        if llm is None and None in (extractor, filter, generator):
+            raise ValueError("DualPipeline needs an llm unless extractor, filter and generator are all given")
+        self.llm = llm  # type: ignore[assignment]
         self.config = config or DualConfig()
+        self.stages: tuple[ExtractorStage, FilterStage, GeneratorStage] = (
+            extractor or self, filter or self, generator or self
+        )  # fmt: skip
 
     # -- LLM plumbing ---------------------------------------------------------------------------
 
@@ -400,11 +439,12 @@ class DualPipeline:
             raise ValueError("no retrieved chunks to answer from")
         need_e = any(s in USES_EXTRACTOR for s in strategies)
         need_f = any(s in USES_FILTER for s in strategies)
+        extractor, filter_, generator = self.stages
         jobs = []
         if need_e:
-            jobs.append(self.extract(question, chunks, paragraphs))
+            jobs.append(extractor.extract(question, chunks, paragraphs))
         if need_f:
-            jobs.append(self.filter(question, chunks))
+            jobs.append(filter_.filter(question, chunks))
         done = list(await asyncio.gather(*jobs))
         info = cot = None
         paragraph_ids: list[str] = []
@@ -438,7 +478,7 @@ class DualPipeline:
                 details = [c.chunk.text for c in kept]
             if len(strategies) > 1 and (uses_e or uses_f):
                 notes.append("extractor/filter stages shared with the other strategies of this question")
-            answer, gen_in, st_g = await self.generate(question, details, info if uses_e else None)
+            answer, gen_in, st_g = await generator.generate(question, details, info if uses_e else None)
             stages.append(st_g)
             out[strategy] = DualResult(
                 question=question,

@@ -10,13 +10,14 @@ trained reranker (after). Two kinds:
 
 - ``bi-encoder`` (default): the bundled all-MiniLM-L6-v2 sentence encoder fine-tuned with
   sentence-transformers' ``MultipleNegativesRankingLoss`` on (question, supporting paragraph, hard
-  negative) triples, the hard negative being the dense encoder's best-scored non-supporting paragraph
-  of the same question ("Dense Passage Retrieval for Open-Domain Question Answering", Karpukhin et al.,
-  2020, Section 3.2: in-batch plus hard negatives), one positive per question per batch (a second
-  positive would be a false in-batch negative). It starts from the dense order, so a few CPU minutes
+  negative) triples, the hard negative being the non-supporting paragraph of the same question with
+  the highest TF-IDF cosine (``negatives="tfidf"``, free; ``"dense"`` takes the dense encoder's best,
+  at the cost of encoding every training paragraph) ("Dense Passage Retrieval for Open-Domain
+  Question Answering", Karpukhin et al., 2020, Section 3.2: in-batch plus BM25 hard negatives), one
+  positive per question per batch (a second positive would be a false in-batch negative). It starts from the dense order, so a few CPU minutes
   improve it; it reranks the dense candidates by its own cosine.
 - ``cross-encoder``: a sentence-transformers ``CrossEncoder`` (``num_labels=1``) initialised from the
-  same weights, binary cross-entropy on (question, paragraph) pairs with dense hard negatives. Its
+  same weights, binary cross-entropy on (question, paragraph) pairs with the same hard negatives. Its
   classification head is new and reads the [CLS] token, which a mean-pooled sentence encoder never
   trained: on CPU (about 1,300 pairs in 80 steps) it stayed at a constant score, see the README.
 
@@ -51,6 +52,7 @@ __all__ = [
     "Triple",
     "make_triples",
     "hard_negative_order",
+    "tfidf_scorer",
     "RerankPair",
     "TrainerConfig",
     "TrainingReport",
@@ -85,6 +87,8 @@ class RerankPair:
 
 Kind = Literal["bi-encoder", "cross-encoder"]
 KINDS: tuple[str, ...] = ("bi-encoder", "cross-encoder")
+Negatives = Literal["tfidf", "dense", "random"]
+NEGATIVES: tuple[str, ...] = ("tfidf", "dense", "random")
 #: Learning rate of the encoder body per kind when ``TrainerConfig.learning_rate`` is None.
 DEFAULT_LR: dict[str, float] = {"bi-encoder": 3e-5, "cross-encoder": 7e-5}
 
@@ -97,14 +101,14 @@ class TrainerConfig:
     sources: tuple[str, ...] = ("hotpotqa", "musique")
     limit_per_source: int | None = None
     heldout_fraction: float = 0.2
-    max_steps: int = 40
+    max_steps: int = 30
     batch_size: int = 16
     learning_rate: float | None = None
     head_learning_rate: float = 2e-3
     warmup_ratio: float = 0.1
     weight_decay: float = 0.01
-    max_length: int = 160
-    hard_negatives: bool = True
+    max_length: int = 128
+    negatives: Negatives = "tfidf"
     balance_positives: bool = True
     negatives_per_positive: int | None = 2
     scale: float = 20.0
@@ -119,6 +123,8 @@ class TrainerConfig:
     def check(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown reranker kind {self.kind!r}; valid: {list(KINDS)}")
+        if self.negatives not in NEGATIVES:
+            raise ValueError(f"unknown negatives {self.negatives!r}; valid: {list(NEGATIVES)}")
         bad = [s for s in self.sources if s not in SOURCES]
         if bad or not self.sources:
             raise ValueError(f"unknown training sources {bad or list(self.sources)!r}; valid: {sorted(SOURCES)}")
@@ -309,6 +315,20 @@ def evaluate_ranking(
     return {f"recall@{k}": round(float(np.mean(v)), 4) if v else float("nan") for k, v in per_k.items()}
 
 
+def tfidf_scorer() -> Callable[[str, list[str]], list[float]]:
+    """Cosine of TF-IDF vectors fitted on the question's own paragraphs (scikit-learn): lexical hard
+    negatives at no model cost, as DPR's BM25 negatives (Karpukhin et al., 2020, Section 3.2)."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    def score(question: str, texts: list[str]) -> list[float]:
+        vec = TfidfVectorizer(stop_words="english", sublinear_tf=True).fit(texts + [question])
+        m = vec.transform(texts)
+        q = vec.transform([question])
+        return [float(x) for x in (m @ q.T).toarray().reshape(-1)]
+
+    return score
+
+
 def dense_scorer(encoder: Any) -> Callable[[str, list[str]], list[float]]:
     """Cosine of the question with each text under a dense encoder (``Embedder``)."""
 
@@ -411,7 +431,7 @@ def _train_cross_encoder(torch: Any, base: str, cfg: TrainerConfig, train_ex: An
 
     all_pairs = make_pairs(train_ex)
     rank = {(k, t): i for k, ts in negatives.items() for i, t in enumerate(ts)}
-    hardness = (lambda p: -rank.get((p.qid, p.text), 10**6)) if cfg.hard_negatives else None
+    hardness = (lambda p: -rank.get((p.qid, p.text), 10**6)) if cfg.negatives != "random" else None
     pairs = sample_negatives(all_pairs, cfg.negatives_per_positive, cfg.seed, hardness)
     if not pairs or not any(p.label > 0 for p in pairs):
         raise ValueError(f"no training pairs with a positive label from sources {list(cfg.sources)}")
@@ -481,7 +501,11 @@ def train_reranker(
     before = evaluate_ranking(held_ex, dense, cfg.eval_k)
     t_before = time.perf_counter() - t0
     t0 = time.perf_counter()
-    negatives = hard_negative_order(train_ex, dense if cfg.hard_negatives else None)
+    hard = {"dense": dense, "tfidf": tfidf_scorer(), "random": None}[cfg.negatives]
+    negatives = hard_negative_order(train_ex, hard)
+    if cfg.negatives == "random":  # a seeded shuffle instead of the file order
+        rng_neg = random.Random(cfg.seed)
+        negatives = {k: rng_neg.sample(v, len(v)) for k, v in negatives.items()}
     t_neg = time.perf_counter() - t0
 
     random.seed(cfg.seed)
@@ -505,8 +529,11 @@ def train_reranker(
     notes = [
         f"before = the bundled dense MiniLM bi-encoder's order; after = this {cfg.kind}'s order",
         f"loss: {loss_note}",
-        "negatives: " + ("the dense encoder's best-scored non-supporting paragraphs of the question (hard)"
-                         if cfg.hard_negatives else "non-supporting paragraphs of the question"),
+        "negatives: " + {
+            "dense": "the dense encoder's best-scored non-supporting paragraphs of the question (hard)",
+            "tfidf": "the question's non-supporting paragraphs with the highest TF-IDF cosine (hard, lexical)",
+            "random": "random non-supporting paragraphs of the question",
+        }[cfg.negatives],
     ]  # fmt: skip
     if not all(better.values()):
         notes.append(

@@ -43,6 +43,7 @@ __all__ = [
     "question_paragraphs",
     "support_recall",
     "run_dual_eval",
+    "checkpoint_rows",
     "summarize",
     "table3_markdown",
     "tokens_markdown",
@@ -154,6 +155,16 @@ def _row(dataset: str, ex: QAExample, retrieval_label: str, recall: float, res: 
     }
 
 
+def setup_of(cfg: DualEvalConfig) -> dict[str, Any]:
+    """What decides a row's answer besides its question and strategy (the checkpoint's setup). The
+    reranker is in the reranked rows' keys instead, so adding one later reuses the dense rows."""
+    return {
+        "llm": cfg.llm.model_dump(),
+        "dual": cfg.dual.model_dump(exclude={"strategy", "reranker", "extractor_llm", "filter_llm", "generator_llm"}),
+        "embedding": cfg.embedding.model_dump(),
+    }
+
+
 async def run_dual_eval(
     cfg: DualEvalConfig,
     llm: LLM,
@@ -165,19 +176,13 @@ async def run_dual_eval(
     progress: Callable[[str], None] = log.info,
 ) -> list[dict[str, Any]]:
     """Answer every selected question with every strategy; one row per (dataset, question,
-    strategy, retrieval). Question-major: a question's strategies share its index, retrieval,
-    extraction and filter. With ``scorer``, ``cfg.reranked_strategies`` are also answered over the
+    strategy, retrieval). Question-major, datasets interleaved: a question's strategies share its
+    index, retrieval, extraction and filter. With ``scorer``, ``cfg.reranked_strategies`` are also answered over the
     reranked chunks (retrieval ``"reranked"``) and every row records the support recall of its
     chunks. ``examples`` overrides :func:`select_questions` (tests)."""
     if examples is None:
         examples = {d: select_questions(d, cfg) for d in cfg.datasets}
-    setup = {
-        "llm": cfg.llm.model_dump(),
-        "dual": cfg.dual.model_dump(exclude={"strategy", "reranker"}),
-        "embedding": cfg.embedding.model_dump(),
-        "reranker": None if scorer is None else scorer.name,
-    }
-    ckpt = ReaderCheckpoint(checkpoint, setup) if checkpoint is not None else None
+    ckpt = ReaderCheckpoint(checkpoint, setup_of(cfg)) if checkpoint is not None else None
     pipe = DualPipeline(llm, cfg.dual)
     plan: list[tuple[str, Any, tuple[str, ...]]] = [(DENSE_ONLY, None, cfg.strategies)]
     if scorer is not None and cfg.reranked_strategies:
@@ -185,29 +190,36 @@ async def run_dual_eval(
     total = sum(len(v) for v in examples.values()) * sum(len(s) for _, _, s in plan)
     rows: list[dict[str, Any]] = []
     t_start, n_new = time.perf_counter(), 0
-    for dataset, exs in examples.items():
-        for ex in exs:
-            paras, support = question_paragraphs(ex)
-            index = None
-            for label, sc, strategies in plan:
-                keys = {s: [dataset, s, label] for s in strategies}
-                cached = {s: ckpt.get(ex.qid, ex.question, keys[s]) for s in strategies} if ckpt else {}
-                missing = [s for s in strategies if cached.get(s) is None]
-                if missing:
-                    if index is None:
-                        index = index_paragraphs(paras, encoder, None, cfg.dual)
-                    retrieval = index.retriever.retrieve(ex.question, scorer=sc)
-                    recall = support_recall(retrieval, support)
-                    results = await pipe.run_many(ex.question, retrieval, index.paragraphs, missing)
-                    for s in missing:
-                        row = _row(dataset, ex, label, recall, results[s])
-                        cached[s] = row
-                        n_new += 1
-                        if ckpt:
-                            ckpt.add(ex.qid, ex.question, keys[s], row)
-                rows.extend(cached[s] for s in strategies)  # type: ignore[misc]
-            progress(f"{len(rows)}/{total} rows ({n_new} answered now), {time.perf_counter() - t_start:.0f}s")
+    # Datasets interleaved (1st of each, then 2nd of each, ...): a run cut short covers all of them.
+    order = [(d, exs[i]) for i in range(max(map(len, examples.values()), default=0))
+             for d, exs in examples.items() if i < len(exs)]  # fmt: skip
+    for dataset, ex in order:
+        paras, support = question_paragraphs(ex)
+        index = None
+        for label, sc, strategies in plan:
+            keys = {s: [dataset, s, label if sc is None else f"{label}:{sc.name}"] for s in strategies}
+            cached = {s: ckpt.get(ex.qid, ex.question, keys[s]) for s in strategies} if ckpt else {}
+            missing = [s for s in strategies if cached.get(s) is None]
+            if missing:
+                if index is None:
+                    index = index_paragraphs(paras, encoder, None, cfg.dual)
+                retrieval = index.retriever.retrieve(ex.question, scorer=sc)
+                recall = support_recall(retrieval, support)
+                results = await pipe.run_many(ex.question, retrieval, index.paragraphs, missing)
+                for s in missing:
+                    row = _row(dataset, ex, label, recall, results[s])
+                    cached[s] = row
+                    n_new += 1
+                    if ckpt:
+                        ckpt.add(ex.qid, ex.question, keys[s], row)
+            rows.extend(cached[s] for s in strategies)  # type: ignore[misc]
+        progress(f"{len(rows)}/{total} rows ({n_new} answered now), {time.perf_counter() - t_start:.0f}s")
     return rows
+
+
+def checkpoint_rows(checkpoint: str | Path) -> list[dict[str, Any]]:
+    """The rows a (possibly unfinished) run has appended to its checkpoint, in file order."""
+    return list(ReaderCheckpoint(checkpoint, {}).entries.values())
 
 
 # -------------------------------------------------------------------------------------------- report

@@ -109,6 +109,7 @@ def test_eval_rows_reranked_rows_checkpoint_and_resume(tmp_path):
     llm = _stage_llm()
     rows = asyncio.run(db.run_dual_eval(cfg, llm, _BagEncoder(), _PreferBananas(), checkpoint=ck, examples=examples))
     assert len(rows) == 3 * (3 + 1)
+    assert [r["qid"] for r in rows[::4]] == ["q1", "m1", "q2"]  # datasets interleaved, question-major
     assert {(r["retrieval"], r["strategy"]) for r in rows} == {
         ("dense only", "R&B"), ("dense only", "Ext"), ("dense only", "E&F"), ("reranked", "R&B")}
     dense = [r for r in rows if r["retrieval"] == "dense only"]
@@ -125,11 +126,16 @@ def test_eval_rows_reranked_rows_checkpoint_and_resume(tmp_path):
     llm2 = _stage_llm()
     again = asyncio.run(db.run_dual_eval(cfg, llm2, _BagEncoder(), _PreferBananas(), checkpoint=ck, examples=examples))
     assert llm2.calls == [] and again == rows
+    assert sorted(map(str, db.checkpoint_rows(ck))) == sorted(map(str, rows))  # a report from the file alone
     # one more strategy: only it is answered (its filter runs, the extraction is not needed)
     llm3 = _stage_llm()
     more = asyncio.run(db.run_dual_eval(cfg.model_copy(update={"strategies": ("R&B", "Ext", "E&F", "Fil")}), llm3,
                                         _BagEncoder(), _PreferBananas(), checkpoint=ck, examples=examples))  # fmt: skip
     assert len(more) == len(rows) + 3 and _kinds(llm3).count("ext") == 0 and _kinds(llm3).count("gen") == 3
+    # no reranker now: the dense rows are reused, no reranked rows
+    llm4 = _stage_llm()
+    dense_only = asyncio.run(db.run_dual_eval(cfg, llm4, _BagEncoder(), None, checkpoint=ck, examples=examples))
+    assert llm4.calls == [] and dense_only == [r for r in rows if r["retrieval"] == "dense only"]
 
 
 def test_summary_tables_and_plot(tmp_path):
