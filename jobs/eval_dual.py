@@ -37,6 +37,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"comma list of {', '.join(DUAL_STRATEGIES)}")  # fmt: skip
     p.add_argument("--datasets", default="musique,hotpotqa", help="comma list of musique, hotpotqa")
     p.add_argument("--limit", type=number(int, min_value=1), default=10, help="questions per dataset")
+    p.add_argument("--start", type=number(int, min_value=0), default=0,
+                   help="skip the first N selected questions (run the rest in another process)")
     p.add_argument("--questions", choices=["heldout", "first"], default="heldout",
                    help="heldout: questions jobs.train_reranker did not train on (its default split)")  # fmt: skip
     p.add_argument("--reranked-strategy", default="R&B",
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config, args.overrides)
         cfg = db.DualEvalConfig(
-            datasets=_csv(args.datasets), strategies=_csv(args.strategies), limit=args.limit,
+            datasets=_csv(args.datasets), strategies=_csv(args.strategies), limit=args.limit, start=args.start,
             questions=args.questions, reranked_strategies=_csv(args.reranked_strategy),
             dual=config.dual, llm=config.llm, embedding=config.embedding,
         )  # fmt: skip
@@ -76,12 +78,19 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.torch_threads)
     try:
-        scorer = load_reranker(cfg.dual.reranker) if cfg.dual.reranker and not args.report_only else None
+        scorer = load_reranker(cfg.dual.reranker) if cfg.dual.reranker else None
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = Path(args.out)
     t0 = time.perf_counter()
+    encoders: list[Embedder] = []
+
+    def encoder() -> Embedder:  # built once, and only when needed
+        if not encoders:
+            encoders.append(Embedder(cfg.embedding))
+        return encoders[0]
+
     if args.report_only:
         rows = db.checkpoint_rows(out / ".dual-checkpoint.jsonl")
         if not rows:
@@ -90,15 +99,17 @@ def main(argv: list[str] | None = None) -> int:
     else:
         llm = build_llm(cfg.llm)
         try:
-            rows = asyncio.run(db.run_dual_eval(cfg, llm, Embedder(cfg.embedding), scorer,
+            rows = asyncio.run(db.run_dual_eval(cfg, llm, encoder(), scorer,
                                                 checkpoint=out / ".dual-checkpoint.jsonl"))  # fmt: skip
         finally:
             asyncio.run(llm.aclose())
     summary = db.summarize(rows)
+    effect = db.retrieval_effect(cfg, encoder(), scorer) if scorer is not None else []
     out.mkdir(parents=True, exist_ok=True)
     report = {
         "config": cfg.model_dump(mode="json"),
         "summary": summary,
+        "retrieval_effect": effect,
         "wall_s": round(time.perf_counter() - t0, 1),
         "command": ["python", "-m", "jobs.eval_dual", *(argv if argv is not None else sys.argv[1:])],
     }
@@ -108,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     md = [db.table3_markdown(summary), "", db.tokens_markdown(summary)]
     if any(s["retrieval"] == db.RERANKED for s in summary):
         md += ["", db.reranker_markdown(summary)]
+    if effect:
+        md += ["", "| dataset | k | questions | support recall dense | reranked |", "| --- | --- | --- | --- | --- |"]
+        md += [f"| {e['dataset']} | {e['k']} | {e['questions']} | {e['dense_recall']} | {e['reranked_recall']} |"
+               for e in effect]  # fmt: skip
     (out / "table3.md").write_text("\n".join(md) + "\n")
     db.plot_table3(summary, args.plot or out / "dual_table3.png",
                    title=f"{cfg.llm.model}, dense only, {cfg.dual.chunk_words} words x k={cfg.dual.rerank_k}")  # fmt: skip

@@ -44,6 +44,7 @@ __all__ = [
     "support_recall",
     "run_dual_eval",
     "checkpoint_rows",
+    "retrieval_effect",
     "summarize",
     "table3_markdown",
     "tokens_markdown",
@@ -66,6 +67,7 @@ class DualEvalConfig(BaseModel):
     datasets: tuple[str, ...] = Field(("musique", "hotpotqa"), description="Bundled datasets (Table 3 columns).")
     strategies: tuple[str, ...] = Field(DUAL_STRATEGIES, description="Strategies (Table 3 rows).")
     limit: int = Field(10, gt=0, description="Questions per dataset.")
+    start: int = Field(0, ge=0, description="Skip this many selected questions first (split a run across processes).")
     questions: Literal["heldout", "first"] = Field(
         "heldout", description="heldout: the reranker split's held-out questions; first: the file's first ones."
     )
@@ -99,8 +101,8 @@ class DualEvalConfig(BaseModel):
 
 
 def select_questions(dataset: str, cfg: DualEvalConfig, path: str | Path | None = None) -> list[QAExample]:
-    """The ``cfg.limit`` questions of ``dataset`` with paragraphs and support labels: the first of
-    the reranker split's held-out part (``questions="heldout"``) or of the file."""
+    """The ``cfg.limit`` questions of ``dataset`` with paragraphs and support labels, after the first
+    ``cfg.start``: of the reranker split's held-out part (``questions="heldout"``) or of the file."""
     from longrag.dual.train_reranker import split_by_question
 
     if dataset not in DATASETS:
@@ -110,7 +112,7 @@ def select_questions(dataset: str, cfg: DualEvalConfig, path: str | Path | None 
     if cfg.questions == "heldout":
         _, held = split_by_question([(dataset, ex) for ex in usable], cfg.heldout_fraction, cfg.seed)
         usable = [ex for _, ex in held]
-    return usable[: cfg.limit]
+    return usable[cfg.start : cfg.start + cfg.limit]
 
 
 def question_paragraphs(ex: QAExample) -> tuple[list[SourceParagraph], set[str]]:
@@ -215,6 +217,31 @@ async def run_dual_eval(
             rows.extend(cached[s] for s in strategies)  # type: ignore[misc]
         progress(f"{len(rows)}/{total} rows ({n_new} answered now), {time.perf_counter() - t_start:.0f}s")
     return rows
+
+
+def retrieval_effect(
+    cfg: DualEvalConfig, encoder: DenseEncoder, scorer: PairScorer, examples: dict[str, list[QAExample]] | None = None,
+    ks: Sequence[int] = (2, 7),
+) -> list[dict[str, Any]]:
+    """The reranker's effect without the LLM: per dataset and k, the mean support recall (x100) of
+    the top-k chunks in dense order and reranked, over the same questions as the strategies."""
+    if examples is None:
+        examples = {d: select_questions(d, cfg) for d in cfg.datasets}
+    out = []
+    for dataset, exs in examples.items():
+        rec: dict[tuple[str, int], list[float]] = {}
+        for ex in exs:
+            paras, support = question_paragraphs(ex)
+            index = index_paragraphs(paras, encoder, None, cfg.dual)
+            for label, sc in ((DENSE_ONLY, None), (RERANKED, scorer)):
+                for k in ks:
+                    r = index.retriever.retrieve(ex.question, k=k, scorer=sc)
+                    rec.setdefault((label, k), []).append(support_recall(r, support))
+        for k in ks:
+            out.append({"dataset": dataset, "k": k, "questions": len(exs), "reranker": scorer.name,
+                        "dense_recall": round(100 * _mean(rec[(DENSE_ONLY, k)]), 1),
+                        "reranked_recall": round(100 * _mean(rec[(RERANKED, k)]), 1)})  # fmt: skip
+    return out
 
 
 def checkpoint_rows(checkpoint: str | Path) -> list[dict[str, Any]]:

@@ -61,6 +61,8 @@ def test_select_questions_heldout_is_the_reranker_split():
     held = db.select_questions("hotpotqa", cfg)
     first = db.select_questions("hotpotqa", cfg.model_copy(update={"questions": "first"}))
     assert len(held) == len(first) == 5 and all(ex.paragraphs for ex in held)
+    later = db.select_questions("hotpotqa", cfg.model_copy(update={"start": 2, "limit": 2}))
+    assert [ex.qid for ex in later] == [ex.qid for ex in held[2:4]]
     from longrag.data import HOTPOTQA_SAMPLE, data_path
     from longrag.eval.datasets import load_hotpotqa
 
@@ -161,3 +163,12 @@ def test_eval_cli_rejects_bad_strategy(capsys):
 
     assert main(["--strategy", "R&B,XYZ"]) == 2
     assert "valid: R&B, R&L, Ext, Fil, E&F" in capsys.readouterr().err
+
+
+def test_retrieval_effect_compares_dense_and_reranked_support_recall():
+    cfg = _cfg()
+    eff = db.retrieval_effect(cfg, _BagEncoder(), _PreferBananas(), {"hotpotqa": [_example("q1"), _example("q2")]},
+                              ks=(1, 2))  # fmt: skip
+    by_k = {e["k"]: e for e in eff}
+    assert by_k[2]["dense_recall"] == 100.0 and by_k[2]["reranked_recall"] == 50.0 and by_k[2]["questions"] == 2
+    assert by_k[1]["reranked_recall"] == 0.0  # the banana paragraph first
