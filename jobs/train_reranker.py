@@ -41,6 +41,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--negatives-per-positive", type=int, default=d.negatives_per_positive,
                    help="cross-encoder: negative paragraphs per supporting one (0: all)")
     p.add_argument("--max-length", type=int, default=d.max_length, help="tokens per (question, paragraph) pair")
+    p.add_argument("--freeze-layers", type=int, default=d.freeze_layers,
+                   help="freeze the embeddings and this many bottom layers (cheaper CPU steps; 0: train all)")
     p.add_argument("--eval-k", default=",".join(map(str, d.eval_k)), help="comma list of k for held-out recall@k")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--torch-threads", type=int, default=None)
@@ -66,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             head_learning_rate=args.head_learning_rate,
             negatives_per_positive=args.negatives_per_positive or None,
             max_length=args.max_length,
+            freeze_layers=args.freeze_layers,
             eval_k=tuple(int(k) for k in args.eval_k.split(",") if k.strip()),
             seed=args.seed,
             torch_threads=args.torch_threads,
