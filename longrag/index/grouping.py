@@ -30,8 +30,11 @@ if TYPE_CHECKING:
 __all__ = [
     "UNIT_SEPARATOR",
     "build_adjacency",
+    "csr_from_edges",
     "document_text",
+    "group_csr",
     "group_documents",
+    "groups_from_labels",
     "grouping_stats",
     "make_units",
     "make_units_from_config",
@@ -84,83 +87,167 @@ def group_documents(n_tokens: Sequence[int], adjacency: Sequence[Sequence[int]],
     their first index; every document is in exactly one group.
 
     ``n_tokens[d]`` is document d's size; ``adjacency[d]`` its related documents (self-loops and
-    duplicates are ignored; degree = number of distinct related documents)."""
+    duplicates are ignored; degree = number of distinct related documents). A thin list-of-lists
+    front end of :func:`group_csr`."""
+    sizes = _check_sizes(n_tokens)
+    n = int(sizes.shape[0])
+    if len(adjacency) != n:
+        raise ValueError(f"adjacency has {len(adjacency)} rows but n_tokens has {n} documents")
+    lengths = np.fromiter((len(row) for row in adjacency), dtype=np.int64, count=n)
+    try:
+        dst = np.fromiter(chain.from_iterable(adjacency), dtype=np.int64, count=int(lengths.sum()))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"adjacency must hold integer document indices: {exc}") from None
+    src = np.repeat(np.arange(n, dtype=np.int64), lengths)
+    indptr, indices = csr_from_edges(n, src, dst, symmetric=False, what="adjacency")
+    return groups_from_labels(group_csr(sizes, indptr, indices, budget))
+
+
+def _check_sizes(n_tokens: Sequence[int] | np.ndarray) -> np.ndarray:
     sizes = np.asarray(n_tokens)
     if sizes.ndim != 1:
         raise ValueError(f"n_tokens must be 1-D, got shape {sizes.shape}")
-    n = int(sizes.shape[0])
-    if n and not np.issubdtype(sizes.dtype, np.integer):
+    if sizes.shape[0] and not np.issubdtype(sizes.dtype, np.integer):
         raise ValueError(f"n_tokens must hold integers, got dtype {sizes.dtype}")
-    if n and int(sizes.min()) < 0:
+    if sizes.shape[0] and int(sizes.min()) < 0:
         raise ValueError("n_tokens must be >= 0")
-    if len(adjacency) != n:
-        raise ValueError(f"adjacency has {len(adjacency)} rows but n_tokens has {n} documents")
+    return sizes.astype(np.int64, copy=False)
+
+
+def csr_from_edges(
+    n: int, src: np.ndarray, dst: np.ndarray, symmetric: bool = True, what: str = "edges"
+) -> tuple[np.ndarray, np.ndarray]:
+    """The related-documents graph as CSR arrays ``(indptr, indices)`` from edge arrays: self-loops
+    dropped, duplicates collapsed, each row sorted; ``symmetric`` relates both ends of an edge.
+    About 16 bytes per edge at peak: a 6M-document, 100M-link Wikipedia graph fits a driver's memory."""
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    if src.shape != dst.shape or src.ndim != 1:
+        raise ValueError(f"src and dst must be 1-D arrays of one length, got {src.shape} and {dst.shape}")
+    bad = (dst < 0) | (dst >= n) | (src < 0) | (src >= n)
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{what}[{int(src[k])}] holds {int(dst[k])}, outside 0..{n - 1}")
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    if symmetric:
+        src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
+    keys = np.sort(src * max(n, 1) + dst)  # by (src, dst); sort + mask: np.unique is 100x slower here
+    if keys.size:
+        keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
+    src = keys // max(n, 1)
+    indices = keys - src * max(n, 1)
+    indptr = np.searchsorted(src, np.arange(n + 1, dtype=np.int64)).astype(np.int64)
+    return indptr, indices
+
+
+def group_csr(n_tokens: np.ndarray, indptr: np.ndarray, indices: np.ndarray, budget: int = 4096) -> np.ndarray:
+    """Algorithm 1 on arrays: the group label of every document (groups numbered by their first
+    document). ``(indptr, indices)`` is the related-documents graph in CSR form with distinct,
+    self-loop-free rows (:func:`csr_from_edges`); the driver of a Wikipedia-scale build holds only
+    these arrays and the token counts, never a text.
+
+    Documents are visited from low to high degree (ties in corpus order); each one starts a new group
+    and absorbs the existing groups that hold any of its related documents, smallest first (ties: the
+    older group first), while the group's token total stays within ``budget``. Bookkeeping is a
+    union-find with path compression and union by size, so a step costs about its degree."""
+    sizes = _check_sizes(n_tokens)
+    n = int(sizes.shape[0])
     if budget <= 0:
         raise ValueError(f"budget must be > 0, got {budget}")
-
-    related = _clean_adjacency(adjacency, n)
-    order = sorted(range(n), key=lambda d: (len(related[d]), d))
-
-    tokens = sizes.astype(np.int64).tolist()  # group total, valid at roots
+    indptr = np.asarray(indptr, dtype=np.int64)
+    if indptr.shape != (n + 1,):
+        raise ValueError(f"indptr must have n + 1 = {n + 1} entries, got {indptr.shape}")
+    degree = np.diff(indptr)
+    order = np.lexsort((np.arange(n), degree))  # degree, then corpus order
+    # Only related documents visited earlier can hold a group when d is visited: keep, per document,
+    # its earlier neighbours (vectorized), so every relation is looked at once, from its later end.
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n, dtype=np.int64)
+    indices = np.asarray(indices, dtype=np.int64)
+    row = np.repeat(np.arange(n, dtype=np.int64), degree)
+    earlier = pos[indices] < pos[row]
+    e_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(row[earlier], minlength=n), out=e_ptr[1:])
+    ip = e_ptr.tolist()
+    ix = indices[earlier].tolist()
+    del row, earlier, pos
+    tokens = sizes.tolist()  # group total, valid at roots
     parent = list(range(n))
-    members: list = [[d] for d in range(n)]  # member list, valid at roots
+    members = [1] * n  # member count, valid at roots
     created = [0] * n  # step at which the root's group was (re)created: the age tie-break
-    placed = [False] * n
 
-    for step, d in enumerate(order, start=1):
-        roots = set()
-        for r in related[d]:
-            if placed[r]:
+    for step, d in enumerate(order.tolist(), start=1):
+        root = d
+        total = tokens[d]
+        lo, hi = ip[d], ip[d + 1]
+        if lo != hi:
+            roots = set()
+            for r in ix[lo:hi]:
                 x = r
                 while parent[x] != x:
                     x = parent[x]
                 while parent[r] != x:  # path compression
                     parent[r], r = x, parent[r]
                 roots.add(x)
-        root = d
-        total = tokens[d]
-        if roots:
             # smallest first; equal sizes: the older group first (created values are unique)
-            for size, _, g in sorted([(tokens[g], created[g], g) for g in roots]):
+            cands = sorted([(tokens[g], created[g], g) for g in roots]) if len(roots) > 1 else [
+                (tokens[g], 0, g) for g in roots
+            ]
+            for size, _, g in cands:
                 if total + size > budget:
                     break  # candidates are sorted by size and the new group only grows
                 total += size
-                # union by member count: the bigger list absorbs the smaller
-                if len(members[root]) >= len(members[g]):
+                if members[root] >= members[g]:  # union by size
                     a, b = root, g
                 else:
                     a, b = g, root
-                members[a].extend(members[b])
-                members[b] = None
+                members[a] += members[b]
                 parent[b] = a
                 root = a
         tokens[root] = total
         created[root] = step
-        placed[d] = True
 
-    groups = [sorted(members[r]) for r in range(n) if parent[r] == r]
-    groups.sort(key=lambda g: g[0])
-    return groups
+    roots = np.asarray(parent, dtype=np.int64)
+    while True:  # pointer jumping: every document's root
+        nxt = roots[roots]
+        if np.array_equal(nxt, roots):
+            break
+        roots = nxt
+    # number groups by their first document: np.unique's first occurrences are the smallest indices
+    # (the smallest member of a group is the first document whose root is that root)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    is_root = roots == np.arange(n, dtype=np.int64)
+    first_of_root = np.full(n, n, dtype=np.int64)
+    np.minimum.at(first_of_root, roots, np.arange(n, dtype=np.int64))
+    root_ids = np.flatnonzero(is_root)
+    label_of_root = np.empty(n, dtype=np.int64)
+    label_of_root[root_ids[np.argsort(first_of_root[root_ids], kind="stable")]] = np.arange(len(root_ids))
+    return label_of_root[roots]
+
+
+def groups_from_labels(labels: np.ndarray) -> list[list[int]]:
+    """Group labels (numbered by first document) -> sorted member lists in label order."""
+    labels = np.asarray(labels, dtype=np.int64)
+    if labels.size == 0:
+        return []
+    order = np.argsort(labels, kind="stable")
+    bounds = np.flatnonzero(np.diff(labels[order])) + 1
+    return [g.tolist() for g in np.split(order, bounds)]
 
 
 def _clean_adjacency(adjacency: Sequence[Sequence[int]], n: int) -> list[list[int]]:
     """Rows of distinct related documents, self-loops removed, indices checked (vectorized)."""
     lengths = np.fromiter((len(row) for row in adjacency), dtype=np.int64, count=n)
-    total = int(lengths.sum())
     try:
-        flat = np.fromiter(chain.from_iterable(adjacency), dtype=np.int64, count=total)
+        dst = np.fromiter(chain.from_iterable(adjacency), dtype=np.int64, count=int(lengths.sum()))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"adjacency must hold integer document indices: {exc}") from None
     src = np.repeat(np.arange(n, dtype=np.int64), lengths)
-    bad = (flat < 0) | (flat >= n)
-    if bad.any():
-        k = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"adjacency[{int(src[k])}] holds {int(flat[k])}, outside 0..{n - 1}")
-    keep = flat != src
-    keys = np.unique(src[keep] * n + flat[keep])
-    src, dst = keys // max(n, 1), keys % max(n, 1)
-    bounds = np.searchsorted(src, np.arange(n + 1)).tolist()
-    dst_list = dst.tolist()
+    indptr, indices = csr_from_edges(n, src, dst, symmetric=False, what="adjacency")
+    bounds = indptr.tolist()
+    dst_list = indices.tolist()
     return [dst_list[bounds[i] : bounds[i + 1]] for i in range(n)]
 
 

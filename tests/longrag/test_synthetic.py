@@ -156,3 +156,26 @@ def test_top_word_overlap():
     assert top_word_overlap("a b b c c c d d d d", "d c b", n=3) == 1.0
     assert top_word_overlap("x x x y y z", "z", n=2) == 0.0
     assert np.isclose(top_word_overlap("x x x y y z", "x", n=2), 0.5)
+
+
+def test_wikilike_corpus_files_read_back_and_link(tmp_path):
+    from longrag.corpus.documents import read_jsonl
+    from longrag.index.grouping import build_adjacency
+    from longrag.synthetic.wikigraph import wikilike_graph, write_wikilike_corpus
+
+    paths = write_wikilike_corpus(tmp_path, 300, n_files=3, mean_links=5, seed=4)
+    assert [p.name for p in paths] == ["part-00000.jsonl", "part-00001.jsonl", "part-00002.jsonl"]
+    docs = []
+    for p in paths:
+        part, report = read_jsonl(p)
+        assert report.n_bad == 0
+        docs.extend(part)
+    assert [d.doc_id for d in docs] == [f"w{i}" for i in range(300)]
+    assert len({d.title for d in docs}) == 300
+    graph = wikilike_graph(300, mean_links=5, seed=4)
+    # every generated link resolves to the article the graph links to (self-links dropped)
+    adj = build_adjacency(docs, symmetric=False)
+    want = [sorted({int(b) for a, b in zip(graph.src, graph.dst) if a == i and b != i}) for i in range(300)]
+    assert adj == want
+    # texts are long enough for their token counts (about 4 characters per token)
+    assert all(len(d.text) >= 4 * int(t) for d, t in zip(docs, graph.n_tokens))
