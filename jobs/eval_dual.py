@@ -16,12 +16,9 @@ from ``OUT/.dual-checkpoint.jsonl``. See :mod:`longrag.eval.dual_bench`.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import sys
-import time
-from pathlib import Path
 
 from longrag.cli import number
 from longrag.config import DUAL_STRATEGIES, load_config
@@ -70,64 +67,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    import torch
-
-    from longrag.dual.rerank import load_reranker
-    from longrag.index.embedding import Embedder
-    from longrag.llm.factory import build_llm
-
-    torch.set_num_threads(args.torch_threads)
     try:
-        scorer = load_reranker(cfg.dual.reranker) if cfg.dual.reranker else None
-    except FileNotFoundError as e:
+        report = db.run_and_report(cfg, args.out, plot=args.plot, report_only=args.report_only,
+                                   torch_threads=args.torch_threads,
+                                   command=["python", "-m", "jobs.eval_dual", *(argv if argv is not None else sys.argv[1:])])
+    except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    t0 = time.perf_counter()
-    encoders: list[Embedder] = []
-
-    def encoder() -> Embedder:  # built once, and only when needed
-        if not encoders:
-            encoders.append(Embedder(cfg.embedding))
-        return encoders[0]
-
-    if args.report_only:
-        rows = db.checkpoint_rows(out / ".dual-checkpoint.jsonl")
-        if not rows:
-            print(f"error: no rows in {out / '.dual-checkpoint.jsonl'}", file=sys.stderr)
-            return 2
-    else:
-        llm = build_llm(cfg.llm)
-        try:
-            rows = asyncio.run(db.run_dual_eval(cfg, llm, encoder(), scorer,
-                                                checkpoint=out / ".dual-checkpoint.jsonl"))  # fmt: skip
-        finally:
-            asyncio.run(llm.aclose())
-    summary = db.summarize(rows)
-    effect = db.retrieval_effect(cfg, encoder(), scorer) if scorer is not None else []
-    out.mkdir(parents=True, exist_ok=True)
-    report = {
-        "config": cfg.model_dump(mode="json"),
-        "summary": summary,
-        "retrieval_effect": effect,
-        "wall_s": round(time.perf_counter() - t0, 1),
-        "command": ["python", "-m", "jobs.eval_dual", *(argv if argv is not None else sys.argv[1:])],
-    }
-    (out / "dual_eval.json").write_text(json.dumps(report, indent=2))
-    with open(out / "rows.jsonl", "w", encoding="utf-8") as fh:
-        fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    md = [db.table3_markdown(summary), "", db.tokens_markdown(summary)]
-    if any(s["retrieval"] == db.RERANKED for s in summary):
-        md += ["", db.reranker_markdown(summary)]
-    if effect:
-        md += ["", "| dataset | k | questions | support recall dense | reranked |", "| --- | --- | --- | --- | --- |"]
-        md += [f"| {e['dataset']} | {e['k']} | {e['questions']} | {e['dense_recall']} | {e['reranked_recall']} |"
-               for e in effect]  # fmt: skip
-    (out / "table3.md").write_text("\n".join(md) + "\n")
-    db.plot_table3(summary, args.plot or out / "dual_table3.png",
-                   title=f"{cfg.llm.model}, dense only, {cfg.dual.chunk_words} words x k={cfg.dual.rerank_k}")  # fmt: skip
-    print("\n".join(md))
-    print(json.dumps({"summary": summary, "wall_s": report["wall_s"]}))
+    print(report["markdown"])
+    print(json.dumps({"summary": report["summary"], "retrieval_effect": report["retrieval_effect"],
+                      "wall_s": report["wall_s"]}))  # fmt: skip
     return 0
 
 

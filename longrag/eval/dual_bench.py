@@ -18,6 +18,7 @@ rerun resumes. Answers are scored with the SQuAD / HotpotQA F1 (:func:`longrag.e
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -50,6 +51,7 @@ __all__ = [
     "tokens_markdown",
     "reranker_markdown",
     "plot_table3",
+    "run_and_report",
 ]
 
 log = logging.getLogger(__name__)
@@ -368,3 +370,79 @@ def plot_table3(summary: Sequence[dict[str, Any]], path: str | Path, title: str 
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+# -------------------------------------------------------------------------------------------- run + write
+
+
+CHECKPOINT = ".dual-checkpoint.jsonl"
+
+
+def run_and_report(
+    cfg: DualEvalConfig,
+    out: str | Path,
+    *,
+    plot: str | Path | None = None,
+    report_only: bool = False,
+    torch_threads: int = 2,
+    command: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Run (or, with ``report_only``, only report the checkpointed rows of) an evaluation and write
+    ``OUT/dual_eval.json``, ``OUT/rows.jsonl``, ``OUT/table3.md`` and the plot (default
+    ``OUT/dual_table3.png``); returns the report with ``markdown``. The bundled encoder, the
+    configured LLM and ``dual.reranker`` (when set) are loaded here. Raises ValueError /
+    FileNotFoundError on a bad reranker folder or an empty checkpoint."""
+    import asyncio
+
+    import torch
+
+    from longrag.dual.rerank import load_reranker
+    from longrag.index.embedding import Embedder
+    from longrag.llm.factory import build_llm
+
+    torch.set_num_threads(torch_threads)
+    out = Path(out)
+    scorer = load_reranker(cfg.dual.reranker) if cfg.dual.reranker else None
+    t0 = time.perf_counter()
+    encoders: list[Embedder] = []
+
+    def encoder() -> Embedder:  # built once, and only when needed
+        if not encoders:
+            encoders.append(Embedder(cfg.embedding))
+        return encoders[0]
+
+    if report_only:
+        rows = checkpoint_rows(out / CHECKPOINT)
+        if not rows:
+            raise ValueError(f"no rows in {out / CHECKPOINT}: nothing to report")
+    else:
+        llm = build_llm(cfg.llm)
+        try:
+            rows = asyncio.run(run_dual_eval(cfg, llm, encoder(), scorer, checkpoint=out / CHECKPOINT))
+        finally:
+            asyncio.run(llm.aclose())
+    summary = summarize(rows)
+    effect = retrieval_effect(cfg, encoder(), scorer) if scorer is not None else []
+    md = [table3_markdown(summary), "", tokens_markdown(summary)]
+    if any(s["retrieval"] == RERANKED for s in summary):
+        md += ["", reranker_markdown(summary)]
+    if effect:
+        md += ["", "| dataset | k | questions | support recall dense | reranked |", "| --- | --- | --- | --- | --- |"]
+        md += [f"| {e['dataset']} | {e['k']} | {e['questions']} | {e['dense_recall']} | {e['reranked_recall']} |"
+               for e in effect]  # fmt: skip
+    report = {
+        "config": cfg.model_dump(mode="json"),
+        "summary": summary,
+        "retrieval_effect": effect,
+        "questions": {d: sorted({r["qid"] for r in rows if r["dataset"] == d}) for d in cfg.datasets},
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "command": list(command),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "dual_eval.json").write_text(json.dumps(report, indent=2))
+    with open(out / "rows.jsonl", "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    (out / "table3.md").write_text("\n".join(md) + "\n")
+    plot_table3(summary, plot or out / "dual_table3.png",
+                title=f"{cfg.llm.model}, dense only, {cfg.dual.chunk_words} words x k={cfg.dual.rerank_k}")  # fmt: skip
+    return report | {"markdown": "\n".join(md)}

@@ -172,3 +172,18 @@ def test_retrieval_effect_compares_dense_and_reranked_support_recall():
     by_k = {e["k"]: e for e in eff}
     assert by_k[2]["dense_recall"] == 100.0 and by_k[2]["reranked_recall"] == 50.0 and by_k[2]["questions"] == 2
     assert by_k[1]["reranked_recall"] == 0.0  # the banana paragraph first
+
+
+def test_report_from_an_unfinished_run_writes_tables_json_and_plot(tmp_path):
+    cfg = _cfg(datasets=("hotpotqa",), strategies=("R&B", "Fil"))
+    asyncio.run(db.run_dual_eval(cfg, _stage_llm(), _BagEncoder(), None, checkpoint=tmp_path / db.CHECKPOINT,
+                                 examples={"hotpotqa": [_example("q1")]}))  # fmt: skip
+    report = db.run_and_report(cfg, tmp_path, report_only=True, torch_threads=1, command=["x"])
+    assert report["questions"] == {"hotpotqa": ["q1"]} and "| Fil | 100.0 | 100.0 |" in report["markdown"]
+    saved = __import__("json").loads((tmp_path / "dual_eval.json").read_text())
+    assert saved["command"] == ["x"] and len(saved["summary"]) == 2
+    assert len((tmp_path / "rows.jsonl").read_text().splitlines()) == 2
+    assert (tmp_path / "table3.md").read_text().startswith("| strategy | hotpotqa F1 (1 q)")
+    assert (tmp_path / "dual_table3.png").is_file()
+    with pytest.raises(ValueError, match="no rows"):
+        db.run_and_report(cfg, tmp_path / "empty", report_only=True)
