@@ -26,9 +26,10 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest
 
-# The inner loop: the Ray-free core with fakes and the small encoder, no cluster and no LLM.
+# The inner loop: the Ray-free core with fakes and the small encoder, no LLM; plus the Serve layer
+# over fakes (one local Ray + Serve for that module, no dashboard).
 test-fast: setup
-	$(BIN)/python -m pytest tests/longrag -m "not slow" -q --durations=5
+	$(BIN)/python -m pytest tests/longrag tests/serve/test_guard.py tests/serve/test_app_fakes.py -m "not slow" -q --durations=5
 
 index: setup
 	$(BIN)/python -m jobs.index --source data/sample/enwiki-sample-106-articles.xml.bz2 --format wikixml \

@@ -18,6 +18,7 @@ import numpy as np
 import ray
 
 from longrag.store import ArtifactStore, load_shard, load_shard_chunks
+from longrag.types import UnitHit
 
 
 class IndexShardImpl:
@@ -44,18 +45,20 @@ class IndexShardImpl:
         self.loaded_at = time.time()
         self.n_searches = 0
 
-    def search(self, queries: np.ndarray, k: int) -> list[list[dict[str, Any]]]:
-        """Top-k units per query as plain dicts (cheap to serialize), each tagged with the shard."""
+    def search(self, queries: np.ndarray, k: int) -> list[list[UnitHit]]:
+        """Top-k units per query, each hit tagged with this shard."""
         self.n_searches += 1
         hits = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
-        out = []
         for row in hits:
-            out.append([{**h.to_dict(), "shard": self.shard_id} for h in row])
-        return out
+            for h in row:
+                h.shard = self.shard_id
+        return hits
 
     def get_units(self, unit_ids: list[str], best_chunk_ids: list[str] | None = None) -> list[dict[str, Any]]:
-        """Unit records (text, titles, doc ids) for ids this shard owns, each with the text of its
-        best chunk when ``best_chunk_ids`` is given; unknown ids raise KeyError."""
+        """Unit rows (``Unit.to_row()``: text, titles, doc ids) for ids this shard owns, each with the
+        text of its best chunk (``best_chunk_text``) when ``best_chunk_ids`` is given; unknown ids
+        raise KeyError. :meth:`actors.sharded_index.ShardedIndex.retrieve_units` joins them with
+        their hits into :class:`longrag.types.RetrievedUnit` records."""
         rows = [self.units[u].to_row() for u in unit_ids]
         if best_chunk_ids is not None:
             for row, chunk_id in zip(rows, best_chunk_ids):

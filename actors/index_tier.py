@@ -24,11 +24,14 @@ import hashlib
 import json
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from actors.sharded_index import ShardedIndex, shard_actor_name
+
+if TYPE_CHECKING:
+    from longrag.config import IndexConfig
 
 log = logging.getLogger(__name__)
 
@@ -199,3 +202,43 @@ class SharedIndexTier:
         except Exception as exc:  # the lease's reaper cleans up after a holder that could not release
             log.warning("could not release index tier %s: %s", self.prefix, exc)
             return None
+
+
+class TieredIndex:
+    """The ``Retriever`` deployment's default index backend: a holder of the app's shared index tier.
+
+    Constructed as every index backend is (``index_cls(index_uri, config, app_name=, holder=)``,
+    see :class:`serve.deployments.Retriever`): it takes a lease on the tier, waits until every shard
+    has loaded, and offers the search API of :class:`actors.sharded_index.ShardedIndex` plus the
+    lease's ``renew``/``release``."""
+
+    def __init__(self, index_uri: str, config: "IndexConfig", *, app_name: str, holder: str,
+                 ready_timeout_s: float = 300.0) -> None:
+        from longrag.store import ArtifactStore
+
+        self.manifest = ArtifactStore.open(index_uri).read_manifest()
+        self.tier = SharedIndexTier(
+            index_uri, self.manifest.build_id, app_name=app_name, holder=holder,
+            launch={"replicas": config.replicas, "num_cpus": config.shard_num_cpus,
+                    "search_params": config.search_params, "threads": config.shard_threads},
+            timeout_s=config.search_timeout_s,
+        )
+        self.index = self.tier.acquire()
+        self.index.wait_ready(timeout_s=ready_timeout_s)
+
+    async def search(self, queries: Any, k: int) -> Any:
+        return await self.index.search(queries, k)
+
+    async def retrieve_units(self, hits: list[Any]) -> list[Any]:
+        return await self.index.retrieve_units(hits)
+
+    async def liveness(self) -> list[list[bool]]:
+        return await self.index.liveness()
+
+    async def renew(self) -> None:
+        """Renew the lease; a lost lease is acquired again (see the module docstring)."""
+        if not await self.tier.renew():
+            self.index = await asyncio.to_thread(self.tier.acquire)
+
+    async def release(self) -> None:
+        await self.tier.release()

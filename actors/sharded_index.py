@@ -13,7 +13,7 @@ import asyncio
 import logging
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,31 +22,9 @@ import ray
 from actors.index_shard import IndexShard
 from longrag.index.maxp import merge_topk
 from longrag.store import ArtifactStore
-from longrag.types import UnitHit
+from longrag.types import Coverage, RetrievedUnit, UnitHit
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Coverage:
-    shards: int
-    answered: int
-    failed: dict[int, str] = field(default_factory=dict)  # shard -> last error
-    failovers: int = 0  # replica calls that failed and were retried on another replica
-
-    @property
-    def degraded(self) -> bool:
-        return self.answered < self.shards
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "shards": self.shards,
-            "answered": self.answered,
-            "degraded": self.degraded,
-            "failed_shards": sorted(self.failed),
-            "errors": {str(k): v for k, v in sorted(self.failed.items())},
-            "failovers": self.failovers,
-        }
 
 
 @dataclass
@@ -239,24 +217,26 @@ class ShardedIndex:
                 return shard, (None, len(exc.errors), exc.errors[-1]), (time.perf_counter() - t0) * 1e3
 
         outcomes = await asyncio.gather(*(one(s) for s in range(self.n_shards)))
-        coverage = Coverage(shards=self.n_shards, answered=0)
         per_shard: list[list[list[UnitHit]]] = []
         shard_ms: dict[int, float] = {}
+        errors: dict[int, str] = {}
+        total_failovers = 0
         for shard, (res, failovers, error), ms in outcomes:
             shard_ms[shard] = round(ms, 2)
-            coverage.failovers += failovers if res is not None else max(failovers - 1, 0)
+            total_failovers += failovers if res is not None else max(failovers - 1, 0)
             if res is None:
-                coverage.failed[shard] = error
+                errors[shard] = error
                 continue
-            coverage.answered += 1
-            per_shard.append([[UnitHit(**h) for h in row] for row in res])
+            per_shard.append(res)
+        coverage = Coverage(shards=self.n_shards, answered=len(per_shard), errors=errors, failovers=total_failovers)
         hits = [
             merge_topk([shard_rows[q] for shard_rows in per_shard], k) for q in range(queries.shape[0])
         ]
         return ShardedSearchResult(hits=hits, coverage=coverage, shard_ms=shard_ms)
 
     async def fetch_units(self, hits: list[UnitHit]) -> dict[str, dict[str, Any]]:
-        """Unit records for hits, asking each owning shard once (with failover)."""
+        """Unit rows for hits (``unit_id`` -> ``Unit.to_row()`` plus ``best_chunk_text``), asking
+        each owning shard once (with failover); units of a shard that could not be asked are missing."""
         by_shard: dict[int, tuple[list[str], list[str]]] = {}
         for h in hits:
             ids, chunk_ids = by_shard.setdefault(h.shard, ([], []))
@@ -274,6 +254,12 @@ class ShardedIndex:
             for row in res[0]:
                 out[row["unit_id"]] = row
         return out
+
+    async def retrieve_units(self, hits: list[UnitHit]) -> list[RetrievedUnit]:
+        """The hits joined with their unit records, in rank order (a unit whose shard could not
+        be asked has no text: see :class:`longrag.types.RetrievedUnit`)."""
+        rows = await self.fetch_units(hits)
+        return [RetrievedUnit.from_hit(h, rows.get(h.unit_id)) for h in hits]
 
     # Sync wrappers for drivers and jobs (not for use inside a running event loop).
     def search_sync(self, queries: np.ndarray, k: int) -> ShardedSearchResult:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from longrag.mixpr.config import MixPRConfig
 
@@ -95,7 +95,9 @@ class LLMConfig(_Section):
     temperature: float = 0.0
     seed: int = 0
     timeout_s: float = 120.0
-    max_retries: int = Field(2, ge=0, description="openai: retries on connection errors, timeouts, 429 and 5xx.")
+    max_retries: int = Field(
+        2, ge=0, description="openai: the client's retries on connection errors, timeouts, 408/409/429 and 5xx.",
+    )
     tokenizer_file: str | None = Field(
         None, description="openai: a tokenizer.json for exact token counts; None = words x 1.3 estimate."
     )
@@ -132,6 +134,31 @@ class ServeConfig(_Section):
     default_k: int = 4
     host: str = "127.0.0.1"
     port: int = 8000
+    api_keys: list[SecretStr] = Field(
+        default_factory=list, description="API keys the HTTP API accepts (Authorization: Bearer <key>); none "
+        "here and no keys file: no key needed. Secrets: masked in dumps and saved configs, never logged.",
+    )
+    api_keys_file_env: str = Field(
+        "LONGRAG_API_KEYS_FILE", description="Environment variable naming a file of API keys (one a line).",
+    )
+    @field_validator("api_keys")
+    @classmethod
+    def _no_masked_keys(cls, keys: list[SecretStr]) -> list[SecretStr]:
+        """A saved config holds its keys masked (``**********``): such a mask is no key."""
+        return [k for k in keys if k.get_secret_value() != "**********"]
+
+    rate_limit_rps: float | None = Field(
+        None, gt=0, description="Requests a second per client (its API key, else its address), per ingress "
+        "replica; over it: 429 with Retry-After. None: no limit.",
+    )
+    rate_limit_burst: int = Field(20, ge=1, description="Requests a client may send at once (the bucket's size).")
+    max_body_bytes: int = Field(
+        64 * 1024, ge=1024, description="Largest POST body (413 above it); /v1/longcontext may add "
+        "mixpr.max_document_bytes for its document.",
+    )
+    cors_origins: list[str] = Field(
+        default_factory=list, description="Origins allowed by CORS (e.g. https://app.example.com); empty: CORS off.",
+    )
 
 
 DualStrategy = Literal["R&B", "R&L", "Ext", "Fil", "E&F"]
@@ -212,7 +239,7 @@ class LongRAGConfig(_Section):
         return type(self).model_validate(data)
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(), sort_keys=False)
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
 BUILD_SETTINGS: dict[str, tuple[str, ...] | None] = {

@@ -1,13 +1,20 @@
 """Records that flow through the pipeline.
 
-They are plain dataclasses so the core stays cheap to use; ``to_row``/``from_row`` convert to the
-flat dicts that Ray Data batches and parquet files hold.
+The records of a build (documents, units, chunks, hits) are plain dataclasses so the core stays
+cheap to use; ``to_row``/``from_row`` convert to the flat dicts that Ray Data batches and parquet
+files hold. The records of a search that cross the serving layers (:class:`Coverage`,
+:class:`RetrievedUnit`, :class:`Retrieval`) are pydantic models: the shard actors, the Serve
+deployments and the HTTP schemas (``serve/schemas.py``) all use these one definitions, and they
+pass through Ray as they are.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Mapping
+
+from pydantic import BaseModel, Field, computed_field
+from pydantic.json_schema import SkipJsonSchema
 
 
 @dataclass
@@ -93,3 +100,77 @@ class UnitHit:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class Coverage(BaseModel):
+    """How much of a sharded index answered one search. A shard none of whose replicas answered is
+    named in ``errors`` (with the last replica's error) and makes the result ``degraded``; it is
+    never dropped silently."""
+
+    shards: int = Field(description="Shards of the build.")
+    answered: int = Field(description="Shards that answered (one replica each).")
+    errors: dict[int, str] = Field(
+        default_factory=dict, description="Shard -> why no replica of it answered (JSON keys are strings)."
+    )
+    failovers: int = Field(0, description="Replica calls that failed and were retried on another replica of the shard.")
+
+    @computed_field(description="Whether some shard did not answer (answered < shards).")  # type: ignore[prop-decorator]
+    @property
+    def degraded(self) -> bool:
+        return self.answered < self.shards
+
+    @computed_field(description="The shards that did not answer, ascending.")  # type: ignore[prop-decorator]
+    @property
+    def failed_shards(self) -> list[int]:
+        return sorted(self.errors)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class RetrievedUnit(BaseModel):
+    """One retrieved unit: its hit (MaxP score, owning shard, best chunk) and the unit's record.
+
+    ``text`` is the whole unit, for the reader inside the application: it is excluded from
+    serialization and from the HTTP schema (``/v1/retrieve`` returns the best chunk, not the unit).
+    ``text is None`` means the unit's record could not be fetched from its shard."""
+
+    unit_id: str
+    titles: list[str] = Field(default_factory=list)
+    doc_ids: list[str] = Field(default_factory=list)
+    score: float
+    shard: int
+    best_chunk_id: str
+    best_chunk: str | None = Field(None, description="Text of the unit's best-scoring chunk.")
+    n_tokens: int = 0
+    text: SkipJsonSchema[str | None] = Field(None, exclude=True, repr=False)
+
+    @classmethod
+    def from_hit(cls, hit: UnitHit, row: Mapping[str, Any] | None) -> "RetrievedUnit":
+        """A hit joined with its unit row (``Unit.to_row()`` plus ``best_chunk_text``); ``row``
+        None: the unit could not be fetched (no titles, no text)."""
+        if row is None:
+            return cls(unit_id=hit.unit_id, score=hit.score, shard=hit.shard, best_chunk_id=hit.best_chunk_id)
+        return cls(
+            unit_id=hit.unit_id, score=hit.score, shard=hit.shard, best_chunk_id=hit.best_chunk_id,
+            titles=list(row["titles"]), doc_ids=list(row["doc_ids"]), n_tokens=int(row["n_tokens"]),
+            best_chunk=row.get("best_chunk_text"), text=str(row["text"]),
+        )
+
+    def to_unit(self) -> Unit:
+        if self.text is None:
+            raise ValueError(f"unit {self.unit_id!r} was not fetched (no text)")
+        return Unit(unit_id=self.unit_id, doc_ids=self.doc_ids, titles=self.titles, text=self.text,
+                    n_tokens=self.n_tokens)
+
+
+class Retrieval(BaseModel):
+    """One question's search over a sharded index: ranked units, coverage, and where the time went."""
+
+    units: list[RetrievedUnit]
+    coverage: Coverage
+    trace: dict[str, Any] = Field(default_factory=dict)
+
+    def readable(self) -> list[Unit]:
+        """The units a reader can take (fetched ones), in rank order."""
+        return [u.to_unit() for u in self.units if u.text is not None]

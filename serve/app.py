@@ -4,9 +4,12 @@
     serve run serve/configs/cpu.yaml                       # the same with Ray's CLI
     serve run serve.app:app_builder index=artifacts/sample  # without a config file
 
-Endpoints: ``POST /v1/retrieve``, ``POST /v1/answer``, ``POST /v1/longcontext``, ``GET /healthz``;
-OpenAPI at ``/docs`` (with the limits of the running config). Every error response has one JSON
-shape, ``{"error": {"code", "message", "detail"}}`` (:class:`serve.schemas.ErrorResponse`).
+Endpoints: ``POST /v1/retrieve``, ``POST /v1/answer`` (``"stream": true``: server-sent events),
+``POST /v1/longcontext``, the OpenAI-compatible ``POST /v1/chat/completions`` and ``GET /v1/models``
+(:mod:`serve.openai_compat`), ``GET /healthz``; OpenAPI at ``/docs`` (with the limits of the running
+config). API keys, rate limit, body size and CORS: :mod:`serve.guard`; metrics: :mod:`serve.metrics`.
+Every error response has one JSON shape, ``{"error": {"code", "message", "detail"}}``
+(:class:`serve.schemas.ErrorResponse`).
 """
 
 
@@ -17,13 +20,19 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.middleware.cors import CORSMiddleware
 from pydantic import BaseModel, Field
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from longrag.config import LongRAGConfig, load_config
+from longrag.reading.reader import ReaderResult
+from longrag.types import Retrieval
+from serve import guard as guards
+from serve import metrics as app_metrics
+from serve import openai_compat as oai
 from serve.deployments import BadQuestion, LLMServer, QueryEncoder, Reader, Retriever
 from serve.longcontext import LongContextReader, LongContextRequest, LongContextResponse, longcontext_embedding
 from serve.dual import bind_dual
@@ -33,10 +42,10 @@ from serve.schemas import (
     AnswerResponse,
     DeploymentHealth,
     ErrorResponse,
+    Evidence,
     Health,
     RetrieveRequest,
     RetrieveResponse,
-    ShardRedundancy,
     served_limits,
     set_served_limits,
     state_limits,
@@ -50,7 +59,7 @@ api = FastAPI(
 )
 
 # ---------------------------------------------------------------------------- errors: one shape
-CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 408: "timeout",
+CODES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 408: "timeout",
          413: "payload_too_large", 422: "invalid_request", 429: "too_many_requests",
          500: "internal_error", 503: "unavailable"}
 
@@ -113,8 +122,68 @@ async def _unhandled_errors(request: Request, call_next):
         return error_response(500, f"internal error: {type(_cause(exc)).__name__}: {_one_line(exc)}")
 
 
+OPEN_PATHS = frozenset({"/healthz", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc"})
+
+
+@api.middleware("http")
+async def _guarded(request: Request, call_next):
+    """API key, rate limit and body size (:mod:`serve.guard`) before the endpoint; the request and
+    its status counted (:mod:`serve.metrics`) after it."""
+    response = await _check(request) or await call_next(request)
+    metrics = app_metrics.current()
+    if metrics is not None:
+        metrics.request(request.url.path, response.status_code)
+    return response
+
+
+async def _check(request: Request) -> JSONResponse | None:
+    guard = guards.current()
+    if guard is None or request.method == "OPTIONS" or request.url.path in OPEN_PATHS:
+        return None
+    client, problem = guard.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
+    if problem:
+        return error_response(401, problem, headers={"WWW-Authenticate": "Bearer"})
+    wait = guard.throttle(client or (request.client.host if request.client else "unknown"))
+    if wait:
+        return error_response(429, f"rate limit of {guard.rate:g} requests/s (burst {guard.burst}) exceeded; "
+                              f"retry after {wait} s (serve.rate_limit_rps)", headers={"Retry-After": str(wait)})
+    if request.method == "POST":
+        limit = guard.body_limit(request.url.path)
+        declared = request.headers.get("content-length")
+        size = int(declared) if declared and declared.isdigit() else len(await request.body())
+        if size > limit:
+            return error_response(413, f"request body is {size} bytes; the limit is {limit} (serve.max_body_bytes"
+                                  + (" + mixpr.max_document_bytes)" if request.url.path.endswith("/v1/longcontext")
+                                     else ")"))
+    return None
+
+
+class _ConfiguredCORS:
+    """Starlette's CORS middleware with the origins of the running app's config (``serve.cors_origins``);
+    off (no CORS headers, preflights refused by routing) while none are configured."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._cors: Any = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        guard = guards.current()
+        if guard is None or not guard.cors_origins:
+            return await self.app(scope, receive, send)
+        if self._cors is None:
+            self._cors = CORSMiddleware(self.app, allow_origins=guard.cors_origins, allow_methods=["GET", "POST"],
+                                        allow_headers=["Authorization", "Content-Type", "X-API-Key"])
+        return await self._cors(scope, receive, send)
+
+
+api.add_middleware(_ConfiguredCORS)
+
+
 ERRORS = {
+    401: {"model": ErrorResponse, "description": "API keys are configured and the request has none, or a wrong one."},
+    413: {"model": ErrorResponse, "description": "The body is larger than serve.max_body_bytes."},
     422: {"model": ErrorResponse, "description": "Invalid request: one message per problem in error.detail."},
+    429: {"model": ErrorResponse, "description": "Rate limit exceeded; Retry-After says when to retry."},
     500: {"model": ErrorResponse, "description": "Internal error."},
     503: {"model": ErrorResponse, "description": "No shard or no replica could serve the request."},
 }
@@ -157,16 +226,24 @@ def _value(x: Any) -> str:
     return str(getattr(x, "value", x))
 
 
+def _extra(response: AnswerResponse) -> oai.LongRAGExtra:
+    return oai.LongRAGExtra(long_answer=response.long_answer, evidence=response.evidence,
+                            coverage=response.coverage, trace=response.trace)
+
+
 @serve.deployment(ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=128)
 @serve.ingress(api)
 class Ingress:
     def __init__(self, encoder: DeploymentHandle, retriever: DeploymentHandle, reader: DeploymentHandle,
-                 llm: DeploymentHandle, config: dict[str, Any], longcontext: DeploymentHandle,
+                 llm: DeploymentHandle, config: LongRAGConfig, longcontext: DeploymentHandle,
                  dual: DeploymentHandle | None = None) -> None:
         self.encoder, self.retriever, self.reader, self.llm = encoder, retriever, reader, llm
         self.longcontext = longcontext
-        self.dual = dual  # serve.dual.DualReader: the "strategy" requests
-        self.config = LongRAGConfig.model_validate(config)
+        self.dual = dual  # serve.dual.DualReader: strategy requests and the model longrag-dual
+        self.config = config
+        guards.install(guards.Guard(config))
+        self.metrics = app_metrics.AppMetrics()
+        app_metrics.install(self.metrics)
         s = self.config.serve
         set_served_limits(max_question_chars=s.max_question_chars, max_k=s.max_k,
                           max_document_bytes=self.config.mixpr.max_document_bytes)
@@ -186,7 +263,7 @@ class Ingress:
             raise ApiError(422, f"k must be between 1 and {s.max_k}, got {k}", [f"k: must be 1..{s.max_k}"])
         return question, k
 
-    async def _retrieve(self, question: str, k: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    async def _retrieve(self, question: str, k: int) -> tuple[Retrieval, dict[str, Any]]:
         trace: dict[str, Any] = {}
         t0 = time.perf_counter()
         try:
@@ -195,10 +272,17 @@ class Ingress:
             raise ApiError(422, _one_line(exc), [f"question: {_one_line(exc)}"]) from None
         trace["encode_ms"] = _ms(t0)
         t1 = time.perf_counter()
-        found = await self.retriever.retrieve.remote(vector, k)
+        found: Retrieval = await self.retriever.retrieve.remote(vector, k)
         trace["retrieve_ms"] = _ms(t1)
-        trace.update({f"retrieve.{key}": v for key, v in found["trace"].items()})
+        trace.update({f"retrieve.{key}": v for key, v in found.trace.items()})
+        self.metrics.retrieval(found.coverage)
         return found, trace
+
+    def _done(self, trace: dict[str, Any], t0: float, read: ReaderResult | None = None) -> None:
+        trace["total_ms"] = _ms(t0)
+        self.metrics.stages(trace)
+        if read is not None:
+            self.metrics.llm_tokens(read.prompt_tokens, read.completion_tokens)
 
     @api.get("/healthz", response_model=Health, responses={503: {"model": ErrorResponse, "description":
              "Unavailable: error.detail is the Health report (deployments not running, shards without a live replica)."}})
@@ -225,7 +309,7 @@ class Ingress:
                                 + (f", lacks {short}" if short else "") + (f": {d.message}" if d.message else ""))
         unavailable = any(n == 0 for n in running.values())
 
-        async def ask(handle: DeploymentHandle, name: str) -> dict[str, Any] | None:
+        async def ask(handle: DeploymentHandle, name: str) -> Any:
             if running.get(name, 1) == 0:
                 return None
             try:
@@ -235,7 +319,7 @@ class Ingress:
                 return None
 
         info, llm = await asyncio.gather(ask(self.retriever, "Retriever"), ask(self.llm, "LLMServer"))
-        index = [ShardRedundancy(**row) for row in (info or {}).get("index", [])]
+        index = info.index if info is not None else []
         if info is None:
             unavailable = True
         for row in index:
@@ -247,8 +331,8 @@ class Ingress:
         s = self.config.serve
         health = Health(
             status="unavailable" if unavailable else ("degraded" if problems else "ok"),
-            **{k: v for k, v in (info or {}).items() if k != "index"},
-            llm=(llm or {}).get("name"),
+            **(info.model_dump(exclude={"index"}) if info is not None else {}),
+            llm=llm.name if llm is not None else None,
             index=index,
             redundancy="; ".join(f"shard {r.shard}: {r.live} of {r.replicas} replicas" for r in index),
             deployments=deployments,
@@ -265,55 +349,171 @@ class Ingress:
         t0 = time.perf_counter()
         question, k = self._validate(req)
         found, trace = await self._retrieve(question, k)
-        units = []
-        for hit in found["hits"]:
-            unit = found["units"].get(hit["unit_id"], {})
-            units.append({
-                "unit_id": hit["unit_id"],
-                "titles": unit.get("titles", []),
-                "doc_ids": unit.get("doc_ids", []),
-                "score": hit["score"],
-                "shard": hit["shard"],
-                "best_chunk_id": hit["best_chunk_id"],
-                "best_chunk": unit.get("best_chunk_text"),
-                "n_tokens": unit.get("n_tokens", 0),
-            })
-        trace["total_ms"] = _ms(t0)
-        return RetrieveResponse(question=question, k=k, units=units, coverage=found["coverage"], trace=trace)
+        self._done(trace, t0)
+        return RetrieveResponse(question=question, k=k, units=found.units, coverage=found.coverage, trace=trace)
 
-    @api.post("/v1/answer", response_model=AnswerResponse, responses=ERRORS)
-    async def answer(self, req: AnswerRequest) -> AnswerResponse:
+    @api.post("/v1/answer", response_model=AnswerResponse, responses={**ERRORS, 200: {
+        "description": "The answer; with \"stream\": true a text/event-stream of events: retrieval (the "
+        "units found and the coverage), token (the long answer as the reader writes it, {\"text\"}), then "
+        "trace (the whole AnswerResponse), or error ({\"error\"}).",
+        "content": {"text/event-stream": {}}}})
+    async def answer(self, req: AnswerRequest) -> Any:
         t0 = time.perf_counter()
         question, k = self._validate(req)
         found, trace = await self._retrieve(question, k)
-        ordered = [found["units"][h["unit_id"]] for h in found["hits"] if h["unit_id"] in found["units"]]
-        if not ordered:
-            raise ApiError(503, "no evidence could be retrieved", {"coverage": found["coverage"]})
+        units = found.readable()
+        if not units:
+            raise ApiError(503, "no evidence could be retrieved", {"coverage": found.coverage.to_dict()})
         if req.strategy is not None:
-            return await self._answer_dual(req.strategy, question, found, ordered, trace, t0)
+            if req.stream:
+                raise ApiError(422, "stream is not available with a strategy", ["stream: not with strategy"])
+            return await self._answer_dual(req.strategy, question, found, units, trace, t0)
+        if req.stream:
+            return StreamingResponse(self._answer_events(question, k, found, units, req.compression, trace, t0),
+                                     media_type="text/event-stream")
         t1 = time.perf_counter()
-        read = await self.reader.read.remote(question, ordered, req.compression)
-        trace["read_ms"] = _ms(t1)
-        trace.update({f"read.{key}": v for key, v in read["stages_ms"].items()})
-        trace.update({name: read[key] for name, key in _READ_TRACE.items()})
-        used = set(read["units_used"])
-        evidence = [
-            {"unit_id": h["unit_id"], "titles": found["units"].get(h["unit_id"], {}).get("titles", []),
-             "score": h["score"], "used": h["unit_id"] in used}
-            for h in found["hits"]
-        ]
-        trace["total_ms"] = _ms(t0)
-        return AnswerResponse(question=question, answer=read["answer"], long_answer=read["long_answer"],
-                              evidence=evidence, coverage=found["coverage"], trace=trace)
+        read: ReaderResult = await self.reader.read.remote(question, units, req.compression)
+        return self._answer_response(question, found, read, trace, t0, t1)
 
-    async def _answer_dual(self, strategy: str, question: str, found: dict[str, Any], ordered: list[dict[str, Any]],
+    def _answer_response(self, question: str, found: Retrieval, read: ReaderResult, trace: dict[str, Any],
+                         t0: float, t1: float) -> AnswerResponse:
+        trace["read_ms"] = _ms(t1)
+        trace.update({f"read.{key}": v for key, v in read.stages_ms.items()})
+        trace.update({name: getattr(read, key) for name, key in _READ_TRACE.items()})
+        used = set(read.units_used)
+        evidence = [Evidence(unit_id=u.unit_id, titles=u.titles, score=u.score, used=u.unit_id in used)
+                    for u in found.units]
+        self._done(trace, t0, read)
+        return AnswerResponse(question=question, answer=read.answer, long_answer=read.long_answer,
+                              evidence=evidence, coverage=found.coverage, trace=trace)
+
+    async def _read_stream(self, question: str, units: list[Any], compression: str | None):
+        """The Reader's stream: the long answer's deltas (str), then the ReaderResult."""
+        stream = self.reader.options(stream=True).read_stream.remote(question, units, compression)
+        async for item in stream:
+            yield item
+
+    async def _answer_events(self, question: str, k: int, found: Retrieval, units: list[Any],
+                             compression: str | None, trace: dict[str, Any], t0: float):
+        yield oai.sse("retrieval", {"question": question, "k": k,
+                                    "units": [u.model_dump(mode="json") for u in found.units],
+                                    "coverage": found.coverage.to_dict(), "trace": dict(trace)})
+        t1 = time.perf_counter()
+        try:
+            async for item in self._read_stream(question, units, compression):
+                if isinstance(item, str):
+                    yield oai.sse("token", {"text": item})
+                else:
+                    response = self._answer_response(question, found, item, trace, t0, t1)
+                    yield oai.sse("trace", response.model_dump(mode="json"))
+        except Exception as exc:  # the status line is sent: the error goes in the stream, in the one shape
+            yield oai.sse("error", {"error": {"code": "internal_error", "detail": None,
+                                              "message": f"{type(_cause(exc)).__name__}: {_one_line(exc)}"}})
+
+    # ------------------------------------------------------------------ OpenAI-compatible API
+    @api.get("/v1/models", response_model=oai.ModelList, responses={401: ERRORS[401], 429: ERRORS[429]})
+    async def models(self) -> oai.ModelList:
+        """The models of ``/v1/chat/completions`` (``available: false``: not deployed here)."""
+        return oai.model_list(dual_available=self.dual is not None)
+
+    @api.post("/v1/chat/completions", response_model=oai.ChatCompletionResponse, responses={
+        **ERRORS, 404: {"model": ErrorResponse, "description": "Unknown model, or one not available here."},
+        200: {"description": "The completion; with \"stream\": true server-sent chat.completion.chunk "
+              "events ending with data: [DONE].", "content": {"text/event-stream": {}}}})
+    async def chat_completions(self, req: oai.ChatCompletionRequest) -> Any:
+        """OpenAI-compatible chat over the index (see :mod:`serve.openai_compat`)."""
+        t0 = time.perf_counter()
+        try:
+            pipeline = oai.route_model(req.model, dual_available=self.dual is not None)
+            question = req.question()
+        except oai.ModelNotAvailable as exc:
+            raise ApiError(404, str(exc), code="model_not_found") from None
+        except ValueError as exc:
+            raise ApiError(422, f"invalid request: {exc}", [f"messages: {exc}"]) from None
+        if req.strategy is not None and pipeline != "longrag-dual":
+            raise ApiError(422, "strategy applies to model 'longrag-dual' only", ["strategy: only for longrag-dual"])
+        if pipeline == "longrag-dual":
+            return await self._dual_chat(req, question)
+        question, k = self._validate(RetrieveRequest(question=question, k=req.k))
+        found, trace = await self._retrieve(question, k)
+        units = found.readable()
+        if not units:
+            raise ApiError(503, "no evidence could be retrieved", {"coverage": found.coverage.to_dict()})
+        cid, created = oai.completion_id(), oai.now()
+        if req.stream:
+            return StreamingResponse(self._chat_events(cid, created, req.model, question, found, units,
+                                                       req.compression, trace, t0), media_type="text/event-stream")
+        t1 = time.perf_counter()
+        read: ReaderResult = await self.reader.read.remote(question, units, req.compression)
+        response = self._answer_response(question, found, read, trace, t0, t1)
+        return oai.ChatCompletionResponse(
+            id=cid, created=created, model=req.model,
+            choices=[oai.ChatChoice(message=oai.ChatCompletionMessage(content=response.answer))],
+            usage=oai.Usage(prompt_tokens=read.prompt_tokens, completion_tokens=read.completion_tokens,
+                            total_tokens=read.prompt_tokens + read.completion_tokens),
+            longrag=_extra(response),
+        )
+
+    async def _chat_events(self, cid: str, created: int, model: str, question: str, found: Retrieval,
+                           units: list[Any], compression: str | None, trace: dict[str, Any], t0: float):
+        yield oai.chunk(cid, model, created, {"role": "assistant", "content": ""})
+        t1 = time.perf_counter()
+        try:
+            async for item in self._read_stream(question, units, compression):
+                if isinstance(item, str):
+                    yield oai.chunk(cid, model, created, {"reasoning_content": item})
+                    continue
+                response = self._answer_response(question, found, item, trace, t0, t1)
+                yield oai.chunk(cid, model, created, {"content": response.answer})
+                usage = {"prompt_tokens": item.prompt_tokens, "completion_tokens": item.completion_tokens,
+                         "total_tokens": item.prompt_tokens + item.completion_tokens}
+                yield oai.chunk(cid, model, created, {}, "stop", usage=usage,
+                                longrag=_extra(response).model_dump(mode="json"))
+        except Exception as exc:  # the status line is sent: the error goes in the stream, in the one shape
+            yield oai.data({"error": {"code": "internal_error", "detail": None,
+                                      "message": f"{type(_cause(exc)).__name__}: {_one_line(exc)}"}})
+        yield oai.DONE
+
+    async def _dual_chat(self, req: oai.ChatCompletionRequest, question: str) -> Any:
+        """Model ``longrag-dual``: the dual-perspective pipeline (``self.dual``) with ``req.strategy``
+        (default ``dual.strategy``) over the retrieved units. Reached only when the app was built with
+        one (see :func:`serve.openai_compat.route_model`). The answer comes whole (also when streamed)."""
+        t0 = time.perf_counter()
+        question, k = self._validate(RetrieveRequest(question=question, k=req.k))
+        found, trace = await self._retrieve(question, k)
+        units = found.readable()
+        if not units:
+            raise ApiError(503, "no evidence could be retrieved", {"coverage": found.coverage.to_dict()})
+        response = await self._answer_dual(req.strategy, question, found, units, trace, t0)
+        stages = response.trace["dual"]["stages"]
+        p_tok = sum(st["prompt_tokens"] for st in stages)
+        c_tok = sum(st["completion_tokens"] for st in stages)
+        usage = oai.Usage(prompt_tokens=p_tok, completion_tokens=c_tok, total_tokens=p_tok + c_tok)
+        cid, created = oai.completion_id(), oai.now()
+        if req.stream:
+            async def events():
+                yield oai.chunk(cid, req.model, created, {"role": "assistant", "content": ""})
+                yield oai.chunk(cid, req.model, created, {"content": response.answer})
+                yield oai.chunk(cid, req.model, created, {}, "stop", usage=usage.model_dump(),
+                                longrag=_extra(response).model_dump(mode="json"))
+                yield oai.DONE
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+        return oai.ChatCompletionResponse(
+            id=cid, created=created, model=req.model,
+            choices=[oai.ChatChoice(message=oai.ChatCompletionMessage(content=response.answer))],
+            usage=usage, longrag=_extra(response),
+        )
+
+    async def _answer_dual(self, strategy: str | None, question: str, found: Retrieval, units: list[Any],
                            trace: dict[str, Any], t0: float) -> AnswerResponse:
-        """``/v1/answer`` with a strategy: the retrieved units' paragraphs go through serve.dual."""
+        """A strategy (None: the DualReader's ``dual.strategy``) over the retrieved units' paragraphs
+        (serve.dual): ``/v1/answer`` and ``longrag-dual``."""
         if self.dual is None:
             raise ApiError(503, "this app has no dual-perspective deployments (serve.dual); drop 'strategy'")
         t1 = time.perf_counter()
         try:
-            res = await self.dual.units.remote(question, ordered, strategy)
+            res = (await self.dual.units.remote(question, units, strategy)).to_dict()
         except ValueError as exc:
             raise ApiError(422, _one_line(exc), [_one_line(exc)]) from None
         trace["dual_ms"] = _ms(t1)
@@ -321,14 +521,11 @@ class Ingress:
                                                              "judgements", "chunks")}  # fmt: skip
         kept = set(res["kept_chunk_ids"])
         used = {c["paragraph_id"].rsplit("/", 1)[0] for c in res["chunks"] if c["position"] in kept}
-        evidence = [
-            {"unit_id": h["unit_id"], "titles": found["units"].get(h["unit_id"], {}).get("titles", []),
-             "score": h["score"], "used": h["unit_id"] in used}
-            for h in found["hits"]
-        ]
-        trace["total_ms"] = _ms(t0)
+        evidence = [Evidence(unit_id=u.unit_id, titles=u.titles, score=u.score, used=u.unit_id in used)
+                    for u in found.units]
+        self._done(trace, t0)
         return AnswerResponse(question=question, answer=res["answer"], long_answer="", evidence=evidence,
-                              coverage=found["coverage"], trace=trace, strategy=strategy)
+                              coverage=found.coverage, trace=trace, strategy=res["strategy"])
 
     @api.post("/v1/longcontext", response_model=LongContextResponse,
               responses={**ERRORS, 413: {"model": ErrorResponse, "description": "Document over mixpr.max_document_bytes."}})
@@ -345,8 +542,9 @@ class Ingress:
             if self.dual is None:
                 raise ApiError(503, "this app has no dual-perspective deployments (serve.dual); drop 'strategy'")
             try:
-                res = await self.dual.document.remote(req.document, req.question.strip(), req.strategy, req.k,
-                                                      req.retrieve_only)  # fmt: skip
+                answer = await self.dual.document.remote(req.document, req.question.strip(), req.strategy, req.k,
+                                                         req.retrieve_only)  # fmt: skip
+                res = answer.to_dict()
             except ValueError as exc:
                 raise ApiError(422, _one_line(exc), [_one_line(exc)]) from None
             trace = res["trace"] | {k: res[k] for k in ("kept_chunk_ids", "global_information", "cot", "judgements")
@@ -354,10 +552,9 @@ class Ingress:
             return LongContextResponse(answer=res.get("answer"), route=None, strategy=req.strategy,
                                        chunks=res["chunks"], trace=trace)  # fmt: skip
         try:
-            result = await self.longcontext.run.remote(req.model_dump(exclude={"strategy"}))
+            return await self.longcontext.run.remote(req)
         except ValueError as exc:  # Ray re-raises the pipeline's ValueError (bad k, route, ...) as one
             raise ApiError(422, _one_line(exc), [_one_line(exc)]) from None
-        return LongContextResponse.model_validate(result)
 
 
 class AppArgs(BaseModel):
@@ -378,14 +575,20 @@ def app_builder(args: AppArgs | dict[str, Any]) -> serve.Application:
         # The build's own config: the query encoder must be the model the chunks were embedded with.
         cfg = LongRAGConfig.model_validate(ArtifactStore.open(args.index).read_manifest().config)
         cfg = cfg.with_overrides(args.overrides)
-    llm = LLMServer.bind(cfg.llm.model_dump())
+    return build_app(cfg, args.index)
+
+
+def build_app(cfg: LongRAGConfig, index: str, *, encoder_cls: Any = None, index_cls: Any = None,
+              engine_cls: Any = None) -> serve.Application:
+    """The application graph over the build at ``index``. The backends default to the real ones
+    (see :mod:`serve.deployments`); tests inject fakes (``tests/fakes.py``)."""
+    llm = LLMServer.bind(cfg.llm, engine_cls)
     return Ingress.bind(
-        QueryEncoder.bind(cfg.embedding.model_dump()),
-        Retriever.bind(args.index, cfg.index.model_dump()),
-        Reader.bind(llm, cfg.llm.model_dump(), cfg.reader.model_dump(), cfg.mixpr.model_dump()),
+        QueryEncoder.bind(cfg.embedding, encoder_cls),
+        Retriever.bind(index, cfg.index, index_cls),
+        Reader.bind(llm, cfg.llm, cfg.reader, cfg.mixpr),
         llm,
-        cfg.model_dump(),
-        LongContextReader.bind(llm, cfg.llm.model_dump(), cfg.mixpr.model_dump(),
-                               longcontext_embedding(cfg.embedding).model_dump()),
+        cfg,
+        LongContextReader.bind(llm, cfg.llm, cfg.mixpr, longcontext_embedding(cfg.embedding)),
         bind_dual(cfg, llm),
     )

@@ -1,5 +1,12 @@
 """Ray Serve deployments: thin shells around core objects.
 
+Each takes its config sections as objects (``longrag.config``) and, like ``ray.serve.llm``'s
+``engine_cls``, an injectable backend (``encoder_cls``, ``index_cls``, ``engine_cls``; None: the
+real one), so the Serve layer runs with fakes in fast tests (``tests/serve/test_app_fakes.py``) and
+with the real models end to end (``tests/serve/test_app.py``). They answer with the core's typed
+records (:class:`longrag.types.Retrieval`, :class:`longrag.llm.base.ChatResult`,
+:class:`longrag.reading.reader.ReaderResult`), which pass through Ray as they are.
+
 * ``QueryEncoder`` owns an ``Embedder`` and batches concurrent questions (``@serve.batch``); a
   question that fails to encode fails alone, not the batch it shared;
 * ``Retriever`` holds a ``ShardedIndex`` over the app's shared index tier (one set of named
@@ -16,16 +23,18 @@ import asyncio
 import os
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 import numpy as np
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from actors.index_tier import SharedIndexTier
 from longrag.config import EmbeddingConfig, IndexConfig, LLMConfig, ReaderConfig
 from longrag.llm.base import LLM, ChatResult
-from longrag.types import Unit, UnitHit
+from longrag.mixpr.config import MixPRConfig
+from longrag.reading.reader import ReaderResult
+from longrag.types import Retrieval, Unit
+from serve.schemas import IndexDescription, LLMDescription, ShardRedundancy
 
 
 class BadQuestion(ValueError):
@@ -36,14 +45,20 @@ class BadQuestion(ValueError):
 # reservations for scheduling, the real threads are set per deployment (torch/FAISS/llama.cpp).
 @serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=64)
 class QueryEncoder:
-    def __init__(self, embedding: dict[str, Any], torch_threads: int = 1) -> None:
-        import torch
+    """``encoder_cls(embedding)`` builds the encoder (anything with ``encode_queries(list[str]) ->
+    np.ndarray``); None: the core :class:`longrag.index.embedding.Embedder` with ``torch_threads``."""
 
-        from longrag.index.embedding import Embedder
+    def __init__(self, embedding: EmbeddingConfig, encoder_cls: Callable[[EmbeddingConfig], Any] | None = None,
+                 torch_threads: int = 1) -> None:
+        if encoder_cls is None:
+            import torch
 
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        torch.set_num_threads(torch_threads)
-        self.embedder = Embedder(EmbeddingConfig.model_validate(embedding))
+            from longrag.index.embedding import Embedder
+
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            torch.set_num_threads(torch_threads)
+            encoder_cls = Embedder
+        self.embedder = encoder_cls(embedding)
 
     async def encode(self, question: str) -> np.ndarray:
         """One question -> its vector; raises :class:`BadQuestion` for this question only."""
@@ -94,52 +109,47 @@ def _question_problem(q: Any) -> str | None:
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=64)
 class Retriever:
-    """Scatter/gather over the app's shared index tier. Healthy while every shard has at least one
-    live replica actor; ``describe`` reports the redundancy left ("1 of 2 replicas")."""
+    """Scatter/gather over a sharded index. Healthy while every shard has at least one live
+    replica; ``describe`` reports the redundancy left ("1 of 2 replicas").
 
-    def __init__(self, index_uri: str, index: dict[str, Any], ready_timeout_s: float = 300.0) -> None:
-        cfg = IndexConfig.model_validate(index)
-        from longrag.store import ArtifactStore
+    ``index_cls(index_uri, index, app_name=, holder=)`` builds the index backend (the search API of
+    :class:`actors.sharded_index.ShardedIndex`: ``search``, ``retrieve_units``, ``liveness``; a
+    ``manifest``; the lease's ``renew``/``release``); None: :class:`actors.index_tier.TieredIndex`,
+    the app's shared tier of ``IndexShard`` actors."""
 
-        self.manifest = ArtifactStore.open(index_uri).read_manifest()
+    def __init__(self, index_uri: str, index: IndexConfig, index_cls: Callable[..., Any] | None = None) -> None:
+        if index_cls is None:
+            from actors.index_tier import TieredIndex
+
+            index_cls = TieredIndex
         ctx = serve.get_replica_context()
-        self.tier = SharedIndexTier(
-            index_uri, self.manifest.build_id, app_name=ctx.app_name, holder=str(ctx.replica_id),
-            launch={"replicas": cfg.replicas, "num_cpus": cfg.shard_num_cpus, "search_params": cfg.search_params,
-                    "threads": cfg.shard_threads},
-            timeout_s=cfg.search_timeout_s,
-        )
-        self.index = self.tier.acquire()
-        self.index.wait_ready(timeout_s=ready_timeout_s)
-        self.live: list[list[bool]] = [[True] * len(row) for row in self.index.replicas]
+        self.index = index_cls(index_uri, index, app_name=ctx.app_name, holder=str(ctx.replica_id))
+        self.manifest = self.index.manifest
+        self.live: list[list[bool]] = [[True] * index.replicas for _ in self.manifest.shards]
 
-    async def retrieve(self, vector: np.ndarray, k: int) -> dict[str, Any]:
+    async def retrieve(self, vector: np.ndarray, k: int) -> Retrieval:
         t0 = time.perf_counter()
         res = await self.index.search(np.asarray(vector, dtype=np.float32)[None, :], k)
         t1 = time.perf_counter()
-        hits = res.hits[0]
-        units = await self.index.fetch_units(hits)
+        units = await self.index.retrieve_units(res.hits[0])
         t2 = time.perf_counter()
-        return {
-            "hits": [h.to_dict() for h in hits],
-            "units": units,
-            "coverage": res.coverage.to_dict(),
-            "trace": {"search_ms": round((t1 - t0) * 1e3, 2), "fetch_ms": round((t2 - t1) * 1e3, 2),
-                      "shard_ms": res.shard_ms},
-        }
+        return Retrieval(units=units, coverage=res.coverage,
+                         trace={"search_ms": round((t1 - t0) * 1e3, 2), "fetch_ms": round((t2 - t1) * 1e3, 2),
+                                "shard_ms": res.shard_ms})
 
-    async def describe(self) -> dict[str, Any]:
+    async def describe(self) -> IndexDescription:
         m = self.manifest
         self.live = await self.index.liveness()
-        return {"build_id": m.build_id, "shards": len(m.shards), "units": m.counts.units,
-                "chunks": m.counts.chunks, "embedding_model": m.embedding.model,
-                "index": [{"shard": s, "live": sum(row), "replicas": len(row)} for s, row in enumerate(self.live)]}
+        return IndexDescription(
+            build_id=m.build_id, shards=len(m.shards), units=m.counts.units, chunks=m.counts.chunks,
+            embedding_model=m.embedding.model,
+            index=[ShardRedundancy(shard=s, live=sum(row), replicas=len(row)) for s, row in enumerate(self.live)],
+        )
 
     async def check_health(self) -> None:
         """Unhealthy (Serve replaces the replica) only when some shard has no live replica: every
         replica of every shard is pinged, so a dead replica 0 next to a live replica 1 is fine."""
-        if not await self.tier.renew():  # the lease is gone (see actors.index_tier): hold a new one
-            self.index = await asyncio.to_thread(self.tier.acquire)
+        await self.index.renew()
         self.live = await self.index.liveness()
         dead = [s for s, row in enumerate(self.live) if not any(row)]
         if dead:
@@ -148,36 +158,46 @@ class Retriever:
 
     async def __del__(self) -> None:
         """Serve's graceful shutdown: release this replica's hold on the shared index tier."""
-        await self.tier.release()
+        await self.index.release()
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=8)
 class LLMServer:
-    """An in-process LLM behind a deployment; its calls run one at a time per replica."""
+    """An in-process LLM behind a deployment; its calls run one at a time per replica.
 
-    def __init__(self, llm: dict[str, Any]) -> None:
-        from longrag.llm.factory import build_llm
+    ``engine_cls(llm)`` builds the engine (any :class:`longrag.llm.base.LLM`), as ``engine_cls``
+    does in ``ray.serve.llm``; None: :func:`longrag.llm.factory.build_llm` (llama.cpp or an
+    OpenAI-compatible server, per ``llm.backend``)."""
 
-        self.config = LLMConfig.model_validate(llm)
-        self.llm = build_llm(self.config)
+    def __init__(self, llm: LLMConfig, engine_cls: Callable[[LLMConfig], LLM] | None = None) -> None:
+        if engine_cls is None:
+            from longrag.llm.factory import build_llm
+
+            engine_cls = build_llm
+        self.config = llm
+        self.llm = engine_cls(llm)
 
     async def chat(self, messages: list[dict[str, str]], max_tokens: int, temperature: float | None = None,
-                   stop: list[str] | None = None) -> dict[str, Any]:
-        res = await self.llm.chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop)
-        return res.to_dict()
+                   stop: list[str] | None = None) -> ChatResult:
+        return await self.llm.chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop)
 
     async def complete(self, prompt: str, max_tokens: int, temperature: float | None = None,
-                       stop: list[str] | None = None) -> dict[str, Any]:
-        res = await self.llm.complete(prompt, max_tokens=max_tokens, temperature=temperature, stop=stop)
-        return res.to_dict()
+                       stop: list[str] | None = None) -> ChatResult:
+        return await self.llm.complete(prompt, max_tokens=max_tokens, temperature=temperature, stop=stop)
 
     async def chat_json(self, messages: list[dict[str, str]], schema: dict[str, Any], max_tokens: int,
-                        temperature: float | None = None) -> dict[str, Any]:
-        res = await self.llm.chat_json(messages, schema=schema, max_tokens=max_tokens, temperature=temperature)
-        return res.to_dict()
+                        temperature: float | None = None) -> ChatResult:
+        """:meth:`longrag.llm.base.LLM.chat_json` (the dual filter's constrained judgements)."""
+        return await self.llm.chat_json(messages, schema=schema, max_tokens=max_tokens, temperature=temperature)
 
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.llm.name, "context_window": self.llm.context_window}
+    async def stream_chat(self, messages: list[dict[str, str]], max_tokens: int, temperature: float | None = None,
+                          stop: list[str] | None = None) -> AsyncIterator[str | ChatResult]:
+        """:meth:`longrag.llm.base.LLM.stream_chat` over the handle (``handle.options(stream=True)``)."""
+        async for item in self.llm.stream_chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop):
+            yield item
+
+    def describe(self) -> LLMDescription:
+        return LLMDescription(name=self.llm.name, context_window=self.llm.context_window)
 
 
 class RemoteLLM(LLM):
@@ -196,16 +216,18 @@ class RemoteLLM(LLM):
         self.supports_json_schema = config.backend in ("llamacpp", "openai")
 
     async def chat(self, messages, *, max_tokens, temperature=None, stop=None) -> ChatResult:  # type: ignore[override]
-        res = await self.handle.chat.remote(messages, max_tokens, temperature, stop)
-        return ChatResult(**res)
+        return await self.handle.chat.remote(messages, max_tokens, temperature, stop)
 
     async def complete(self, prompt, *, max_tokens, temperature=None, stop=None) -> ChatResult:  # type: ignore[override]
-        res = await self.handle.complete.remote(prompt, max_tokens, temperature, stop)
-        return ChatResult(**res)
+        return await self.handle.complete.remote(prompt, max_tokens, temperature, stop)
+
+    async def stream_chat(self, messages, *, max_tokens, temperature=None, stop=None):  # type: ignore[override]
+        stream = self.handle.options(stream=True).stream_chat.remote(messages, max_tokens, temperature, stop)
+        async for item in stream:
+            yield item
 
     async def chat_json(self, messages, *, schema, max_tokens, temperature=None) -> ChatResult:  # type: ignore[override]
-        res = await self.handle.chat_json.remote(messages, schema, max_tokens, temperature)
-        return ChatResult(**res)
+        return await self.handle.chat_json.remote(messages, schema, max_tokens, temperature)
 
     def count_tokens(self, text: str) -> int:
         return self._count(text)
@@ -236,25 +258,33 @@ def local_token_counter(config: LLMConfig) -> Callable[[str], int]:
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=32)
 class Reader:
-    def __init__(self, llm_handle: DeploymentHandle, llm: dict[str, Any], reader: dict[str, Any],
-                 mixpr: dict[str, Any] | None = None) -> None:
+    def __init__(self, llm_handle: DeploymentHandle, llm: LLMConfig, reader: ReaderConfig,
+                 mixpr: MixPRConfig | None = None) -> None:
         from functools import partial
 
         from longrag.reading.longcontext import compress_units_with_mixpr
-        from longrag.mixpr.config import MixPRConfig
         from longrag.reading.reader import LongReader
 
         self.llm_handle = llm_handle
-        self.llm = RemoteLLM(llm_handle, LLMConfig.model_validate(llm))
+        self.llm = RemoteLLM(llm_handle, llm)
         self._window_known = False
-        compressor = partial(compress_units_with_mixpr, cfg=MixPRConfig.model_validate(mixpr or {}))
-        self.reader = LongReader(self.llm, ReaderConfig.model_validate(reader), compressor=compressor)
+        compressor = partial(compress_units_with_mixpr, cfg=mixpr or MixPRConfig())
+        self.reader = LongReader(self.llm, reader, compressor=compressor)
 
-    async def read(self, question: str, units: list[dict[str, Any]], compression: str | None = None) -> dict[str, Any]:
+    async def _know_window(self) -> None:
         if not self._window_known:
             # The window the LLM really has (llama.cpp clamps n_ctx to the model's trained context);
             # asked on first use because a replica's constructor must not block on another deployment.
-            self.llm.context_window = (await self.llm_handle.describe.remote())["context_window"]
+            self.llm.context_window = (await self.llm_handle.describe.remote()).context_window
             self._window_known = True
-        result = await self.reader.read(question, [Unit.from_row(u) for u in units], compression)
-        return result.to_dict()
+
+    async def read(self, question: str, units: list[Unit], compression: str | None = None) -> ReaderResult:
+        await self._know_window()
+        return await self.reader.read(question, units, compression)
+
+    async def read_stream(self, question: str, units: list[Unit],
+                          compression: str | None = None) -> AsyncIterator[str | ReaderResult]:
+        """:meth:`longrag.reading.reader.LongReader.read_stream`: the long answer's deltas, then the result."""
+        await self._know_window()
+        async for item in self.reader.read_stream(question, units, compression):
+            yield item

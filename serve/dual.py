@@ -22,7 +22,9 @@ from ray.serve.handle import DeploymentHandle
 
 from longrag.config import DualConfig, EmbeddingConfig, LLMConfig
 from longrag.dual.chunking import SourceParagraph
+from longrag.dual.service import DualAnswer
 from longrag.llm.base import LLM
+from longrag.types import Unit
 
 __all__ = ["DualExtractor", "DualFilter", "DualGenerator", "DualReader", "RemoteStage", "stage_llm", "units_to_paragraphs"]
 
@@ -49,11 +51,11 @@ class _Stage:
 
     stage = ""
 
-    def __init__(self, llm_handle: DeploymentHandle | None, llm: dict[str, Any], dual: dict[str, Any]) -> None:
+    def __init__(self, llm_handle: DeploymentHandle | None, llm: LLMConfig, dual: DualConfig) -> None:
         from longrag.dual.pipeline import DualPipeline
 
-        self.config = DualConfig.model_validate(dual)
-        self.llm = stage_llm(self.stage, self.config, LLMConfig.model_validate(llm), llm_handle)
+        self.config = dual
+        self.llm = stage_llm(self.stage, self.config, llm, llm_handle)
         self.pipeline = DualPipeline(self.llm, self.config)
 
     def describe(self) -> dict[str, Any]:
@@ -101,19 +103,17 @@ class RemoteStage:
         return await self.handle.generate.remote(question, list(details), global_information)
 
 
-def units_to_paragraphs(units: Sequence[dict[str, Any]]) -> list[SourceParagraph]:
-    """Retrieved units (the index's rows: ``unit_id``, ``text``, ``titles``) as source paragraphs: a
-    unit's blank-line paragraphs (a grouped unit's documents), ids ``unit_id/i``, titled with the
-    unit's first title; units without text are left out."""
+def units_to_paragraphs(units: Sequence[Unit]) -> list[SourceParagraph]:
+    """Retrieved units as source paragraphs: a unit's blank-line paragraphs (a grouped unit's
+    documents), ids ``unit_id/i``, titled with the unit's first title; units without text are left out."""
     from longrag.dual.chunking import split_document
 
     out: list[SourceParagraph] = []
     for u in units:
-        text = str(u.get("text") or "")
-        if not text.strip():
+        if not (u.text or "").strip():
             continue
-        title = (u.get("titles") or [""])[0]
-        out += [SourceParagraph(p.id, p.text, title) for p in split_document(text, str(u["unit_id"]))]
+        title = u.titles[0] if u.titles else ""
+        out += [SourceParagraph(p.id, p.text, title) for p in split_document(u.text, u.unit_id)]
     return out
 
 
@@ -124,12 +124,12 @@ class DualReader:
 
     def __init__(
         self, extractor: DeploymentHandle, filter: DeploymentHandle, generator: DeploymentHandle,  # noqa: A002
-        dual: dict[str, Any], embedding: dict[str, Any], torch_threads: int = 1,
+        dual: DualConfig, embedding: EmbeddingConfig, torch_threads: int = 1,
     ) -> None:  # fmt: skip
         from longrag.dual.pipeline import DualPipeline
 
-        self.config = DualConfig.model_validate(dual)
-        self.embedding = EmbeddingConfig.model_validate(embedding)
+        self.config = dual
+        self.embedding = embedding
         self.torch_threads = torch_threads
         self.pipeline = DualPipeline(None, self.config, extractor=RemoteStage(extractor), filter=RemoteStage(filter),
                                      generator=RemoteStage(generator))  # fmt: skip
@@ -158,24 +158,23 @@ class DualReader:
         return DualService(self.pipeline, encoder, scorer, self.config)
 
     async def document(self, document: str, question: str, strategy: str | None, k: int | None = None,
-                       retrieve_only: bool = False) -> dict[str, Any]:  # fmt: skip
+                       retrieve_only: bool = False) -> DualAnswer:  # fmt: skip
         """One long document (``/v1/longcontext`` with a strategy). Raises ValueError on bad input."""
         svc = await self._service()
-        return (await svc.over_document(document, question, strategy, k, retrieve_only)).to_dict()
+        return await svc.over_document(document, question, strategy, k, retrieve_only)
 
-    async def units(self, question: str, units: list[dict[str, Any]], strategy: str | None,
-                    k: int | None = None) -> dict[str, Any]:  # fmt: skip
-        """The units the index retrieved (``/v1/answer`` with a strategy)."""
+    async def units(self, question: str, units: list[Unit], strategy: str | None,
+                    k: int | None = None) -> DualAnswer:  # fmt: skip
+        """The units the index retrieved (``/v1/answer`` with a strategy, model ``longrag-dual``)."""
         svc = await self._service()
-        return (await svc.over_paragraphs(units_to_paragraphs(units), question, strategy, k)).to_dict()
+        return await svc.over_paragraphs(units_to_paragraphs(units), question, strategy, k)
 
 
 def bind_dual(cfg: Any, llm_handle: Any) -> Any:
     """The bound ``DualReader`` (with its three stage deployments) of an app config ``cfg``."""
-    dual, llm = cfg.dual.model_dump(), cfg.llm.model_dump()
     from serve.longcontext import longcontext_embedding
 
     return DualReader.bind(
-        DualExtractor.bind(llm_handle, llm, dual), DualFilter.bind(llm_handle, llm, dual),
-        DualGenerator.bind(llm_handle, llm, dual), dual, longcontext_embedding(cfg.embedding).model_dump(),
+        DualExtractor.bind(llm_handle, cfg.llm, cfg.dual), DualFilter.bind(llm_handle, cfg.llm, cfg.dual),
+        DualGenerator.bind(llm_handle, cfg.llm, cfg.dual), cfg.dual, longcontext_embedding(cfg.embedding),
     )  # fmt: skip

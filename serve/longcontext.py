@@ -18,9 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, m
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from longrag.config import EmbeddingConfig, LLMConfig
+from longrag.config import DualStrategy, EmbeddingConfig, LLMConfig
 from longrag.mixpr import MixPRConfig
-from serve.schemas import NOT_BLANK, STRATEGY_DESCRIPTION, DualStrategyName, check_encodable
+from serve.schemas import NOT_BLANK, STRATEGY_DESCRIPTION, check_encodable
 
 __all__ = [
     "LongContextRequest", "LongContextChunk", "LongContextResponse", "LongContextReader", "longcontext_embedding",
@@ -46,7 +46,7 @@ class LongContextRequest(BaseModel):
         "auto", description="MixPR only: auto = the LLM router decides; local = personalized PageRank; global = PageRank."
     )
     retrieve_only: bool = Field(False, description="Skip the reader: return the chunks without an answer.")
-    strategy: DualStrategyName | None = Field(
+    strategy: DualStrategy | None = Field(
         None, description="Run dual-perspective LongRAG over the document's paragraphs instead of MixPR (needs a "
         "question; retriever and route do not apply; k = chunks kept after reranking, default dual.rerank_k). "
         + STRATEGY_DESCRIPTION,
@@ -103,7 +103,7 @@ class LongContextResponse(BaseModel):
     answer: str | None = None
     route: Literal["local", "global"] | None = Field(
         None, description="The route taken (None for the baselines and the dual strategies).")
-    strategy: DualStrategyName | None = Field(None, description="The dual strategy that answered, if any.")
+    strategy: DualStrategy | None = Field(None, description="The dual strategy that answered, if any.")
     chunks: list[LongContextChunk]
     trace: dict[str, Any]
 
@@ -120,16 +120,16 @@ def longcontext_embedding(embedding: EmbeddingConfig) -> EmbeddingConfig:
 @serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=4)
 class LongContextReader:
     def __init__(
-        self, llm_handle: DeploymentHandle, llm: dict[str, Any], mixpr: dict[str, Any],
-        embedding: dict[str, Any] | None = None, torch_threads: int = 1,
+        self, llm_handle: DeploymentHandle, llm: LLMConfig, mixpr: MixPRConfig,
+        embedding: EmbeddingConfig | None = None, torch_threads: int = 1,
     ) -> None:  # fmt: skip
         from longrag.reading.longcontext import LongContextPipeline
         from serve.deployments import RemoteLLM
 
-        self.config = MixPRConfig.model_validate(mixpr)
-        self.embedding = EmbeddingConfig.model_validate(embedding or {})
+        self.config = mixpr
+        self.embedding = embedding or EmbeddingConfig()
         self.torch_threads = torch_threads
-        self.pipeline = LongContextPipeline(self.config, llm=RemoteLLM(llm_handle, LLMConfig.model_validate(llm)))
+        self.pipeline = LongContextPipeline(self.config, llm=RemoteLLM(llm_handle, llm))
         self._encoder_lock = asyncio.Lock()
 
     async def _ensure_encoder(self) -> None:
@@ -146,15 +146,11 @@ class LongContextReader:
         torch.set_num_threads(self.torch_threads)
         return Embedder(self.embedding.model_copy(update={"device": replica_device(self.embedding.device)}))
 
-    async def run(self, request: dict[str, Any]) -> dict[str, Any]:
-        """``request``: a :class:`LongContextRequest` as a dict -> a :class:`LongContextResponse`
-        as a dict. Raises ValueError on bad input (the ingress maps it to 422)."""
-        req = LongContextRequest.model_validate(request)
+    async def run(self, req: LongContextRequest) -> LongContextResponse:
+        """Raises ValueError on bad input (the ingress maps it to 422)."""
         if req.retriever == "hybrid":
             await self._ensure_encoder()
         result = await self.pipeline.run(
             req.document, req.question, retriever=req.retriever, k=req.k, route=req.route, read=not req.retrieve_only
         )
-        return LongContextResponse(
-            answer=result.answer, route=result.route, chunks=result.chunks, trace=result.trace
-        ).model_dump()
+        return LongContextResponse(answer=result.answer, route=result.route, chunks=result.chunks, trace=result.trace)

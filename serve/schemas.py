@@ -16,6 +16,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
+# The records of a search are the core's: one definition from the shard actors to the HTTP schema.
+from longrag.config import DualStrategy
+from longrag.types import Coverage, RetrievedUnit  # noqa: F401  (part of the HTTP schema)
+
 NOT_BLANK = r"\S"  # JSON Schema pattern: at least one non-whitespace character
 
 
@@ -58,7 +62,6 @@ class RetrieveRequest(_Strict):
         return v
 
 
-DualStrategyName = Literal["R&B", "R&L", "Ext", "Fil", "E&F"]
 STRATEGY_DESCRIPTION = (
     "Dual-perspective LongRAG (Zhao et al., 2024, Section 5.3): R&B (chunks), R&L (their source paragraphs), "
     "Ext (extractor's global information + chunks), Fil (CoT-filtered chunks), E&F (both). The trace shows every "
@@ -67,20 +70,25 @@ STRATEGY_DESCRIPTION = (
 
 
 class AnswerRequest(RetrieveRequest):
+    stream: bool = Field(
+        False, description="Stream server-sent events: retrieval (units, coverage), token (the long answer as "
+        "the reader writes it), trace (the whole answer).",
+    )
     compression: Literal["truncate", "mixpr"] | None = Field(
         None,
         description="When the units exceed the reader's window: trim (truncate) or select sentences with "
         "question-seeded MixPR (mixpr). Default: reader.compression.",
     )
-    strategy: DualStrategyName | None = Field(
+    strategy: DualStrategy | None = Field(
         None, description="Answer the retrieved units with this dual-perspective strategy instead of the "
         "two-turn reader. " + STRATEGY_DESCRIPTION,
     )
 
 
 class ErrorBody(BaseModel):
-    code: str = Field(description="Stable machine-readable code: invalid_request, not_found, method_not_allowed, "
-                      "payload_too_large, unavailable, internal_error, or http_<status>.")
+    code: str = Field(description="Stable machine-readable code: invalid_request, unauthorized, not_found, "
+                      "model_not_found, method_not_allowed, payload_too_large, too_many_requests, unavailable, "
+                      "internal_error, or http_<status>.")
     message: str = Field(description="One human-readable sentence.")
     detail: Any = Field(None, description="Per-problem messages (a list for invalid_request), or context "
                         "such as the coverage of a failed retrieval.")
@@ -90,26 +98,6 @@ class ErrorResponse(BaseModel):
     """The one shape of every 4xx/5xx response the application produces."""
 
     error: ErrorBody
-
-
-class Coverage(BaseModel):
-    shards: int
-    answered: int
-    degraded: bool
-    failed_shards: list[int] = []
-    errors: dict[str, str] = {}
-    failovers: int = 0
-
-
-class RetrievedUnit(BaseModel):
-    unit_id: str
-    titles: list[str]
-    doc_ids: list[str]
-    score: float
-    shard: int
-    best_chunk_id: str
-    best_chunk: str | None = None
-    n_tokens: int
 
 
 class RetrieveResponse(BaseModel):
@@ -135,7 +123,7 @@ class AnswerResponse(BaseModel):
     coverage: Coverage
     trace: dict[str, Any] = Field(description="Stage timings; with a strategy, trace.dual has every stage's model, "
                                   "calls, tokens and latency, the kept chunks and generator_input_tokens.")
-    strategy: DualStrategyName | None = Field(None, description="The dual strategy that answered, if any.")
+    strategy: DualStrategy | None = Field(None, description="The dual strategy that answered, if any.")
 
 
 class ShardRedundancy(BaseModel):
@@ -151,6 +139,24 @@ class DeploymentHealth(BaseModel):
     missing_resources: dict[str, float] | None = Field(
         None, description="What a pending replica asks for beyond the cluster's free resources (None: nothing missing)."
     )
+
+
+class IndexDescription(BaseModel):
+    """What the ``Retriever`` serves: the build and the live replicas of each shard."""
+
+    build_id: str
+    shards: int
+    units: int
+    chunks: int
+    embedding_model: str
+    index: list[ShardRedundancy]
+
+
+class LLMDescription(BaseModel):
+    """The ``LLMServer``'s engine: its name and the context window it really has."""
+
+    name: str
+    context_window: int
 
 
 class Health(BaseModel):
@@ -193,7 +199,7 @@ def state_limits(schema: dict[str, Any], *, max_question_chars: int, max_k: int,
     The models carry the structural rules (types, non-empty, ``k >= 1``); the numeric upper limits
     come from the app's config, so they are stated here, where the served schema is built."""
     components = schema.get("components", {}).get("schemas", {})
-    for name in ("RetrieveRequest", "AnswerRequest", "LongContextRequest"):
+    for name in ("RetrieveRequest", "AnswerRequest", "LongContextRequest", "ChatCompletionRequest"):
         props = components.get(name, {}).get("properties", {})
         question = props.get("question")
         if question is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from typing import Callable
 
 from longrag.llm.base import LLM, ChatResult, ContextOverflowError, check_max_tokens, check_messages
@@ -62,6 +63,13 @@ class ScriptedLLM(LLM):
             )
         return self._result(prompt_tokens, self._next(messages), max_tokens)
 
+    async def stream_chat(self, messages, *, max_tokens, temperature=None, stop=None):
+        """The scripted reply streamed word by word (each delta a word with its leading space)."""
+        res = await self.chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop)
+        for i, word in enumerate(res.text.split(" ")):
+            yield word if i == 0 else " " + word
+        yield res
+
     async def complete(self, prompt, *, max_tokens, temperature=None, stop=None) -> ChatResult:
         check_max_tokens(max_tokens)
         self.calls.append(dict(kind="complete", prompt=prompt, max_tokens=max_tokens, temperature=temperature, stop=stop))
@@ -71,3 +79,162 @@ class ScriptedLLM(LLM):
                 f"{prompt_tokens} + {max_tokens} tokens exceed the window of {self.context_window}"
             )
         return self._result(prompt_tokens, self._next(prompt), max_tokens)
+
+
+# ---------------------------------------------------------------------------- Serve backends
+# Fakes for the injectable backends of serve/deployments.py (encoder_cls, index_cls, engine_cls):
+# the fast Serve tests (tests/serve/test_app_fakes.py) run the real deployments, ingress and
+# ShardedIndex code over them; tests/serve/test_app.py runs the same app with the real models.
+
+
+class HashEncoder:
+    """A model-free query encoder: hashed bag of lower-cased words, L2-normalized. Questions that
+    share words with a unit's text score high on it, which is all a routing test needs."""
+
+    dim = 64
+
+    def __init__(self, embedding=None) -> None:
+        self.embedding = embedding
+
+    def encode_queries(self, texts: list[str]):
+        import zlib
+
+        import numpy as np
+
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, text in enumerate(texts):
+            text.encode("utf-8")  # a lone surrogate fails here, as in a real tokenizer
+            for word in re.findall(r"[a-z0-9]+", text.lower()):
+                out[i, zlib.crc32(word.encode()) % self.dim] += 1.0
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        return out / np.where(norms == 0, 1.0, norms)
+
+    encode_passages = encode_queries
+
+
+def write_tiny_build(root, docs: list[tuple[str, str]], shards: int = 2) -> str:
+    """A complete build (manifest, shards with units, chunks and MaxP indexes) of one unit per
+    ``(title, text)``, one chunk per sentence, embedded with :class:`HashEncoder`; no Ray."""
+    from longrag.config import LongRAGConfig
+    from longrag.index.manifest import Manifest
+    from longrag.index.maxp import MaxPIndex
+    from longrag.store import ArtifactStore, write_shard
+    from longrag.types import Chunk, Unit
+
+    store = ArtifactStore.open(str(root))
+    manifest = Manifest.create(LongRAGConfig(), dim=HashEncoder.dim, documents=len(docs))
+    units, chunks = [], []
+    for i, (title, text) in enumerate(docs):
+        uid = f"u{i:03d}"
+        units.append(Unit(unit_id=uid, doc_ids=[str(i)], titles=[title], text=text, n_tokens=len(text.split())))
+        for j, sentence in enumerate(s for s in re.split(r"(?<=\.)\s+", text) if s):
+            chunks.append(Chunk(chunk_id=f"{uid}:{j:04d}", unit_id=uid, position=j, text=sentence,
+                                n_tokens=len(sentence.split())))
+    for s in range(shards):
+        shard_units = [u for i, u in enumerate(units) if i % shards == s]
+        ids = {u.unit_id for u in shard_units}
+        shard_chunks = [c for c in chunks if c.unit_id in ids]
+        vectors = HashEncoder().encode_passages([f"{c.text}" for c in shard_chunks])
+        index = MaxPIndex.build(vectors, [c.chunk_id for c in shard_chunks], [c.unit_id for c in shard_chunks])
+        manifest.add_shard(write_shard(store, s, shard_units, shard_chunks, index))
+    manifest.mark_complete()
+    store.write_manifest(manifest)
+    return str(root)
+
+
+class _Done:
+    """What ``actor.method.remote()`` returns, for ``ShardedIndex``'s ``ref.future()``."""
+
+    def __init__(self, fn, args) -> None:
+        self.fn, self.args = fn, args
+
+    def future(self):
+        from concurrent.futures import Future
+
+        fut: Future = Future()
+        try:
+            fut.set_result(self.fn(*self.args))
+        except Exception as exc:
+            fut.set_exception(exc)
+        return fut
+
+
+class _LocalActor:
+    """An ``IndexShardImpl`` called like a Ray actor handle (``actor.search.remote(...)``), in process."""
+
+    class _Method:
+        def __init__(self, fn) -> None:
+            self.fn = fn
+
+        def remote(self, *args):
+            return _Done(self.fn, args)
+
+    def __init__(self, impl, dead: bool = False) -> None:
+        self.impl, self.dead = impl, dead
+
+    def __getattr__(self, name: str):
+        if self.dead:
+            def fail(*args):
+                raise RuntimeError("ActorDiedError: this replica is dead (a test fake)")
+
+            return self._Method(fail)
+        return self._Method(getattr(self.impl, name))
+
+
+class LocalIndex:
+    """An in-process index backend for the ``Retriever``: the real ``ShardedIndex`` (scatter,
+    failover, coverage, MaxP merge) over the real ``IndexShardImpl`` shards, called in process
+    instead of as actors. ``dead`` names ``(shard, replica)`` pairs that fail every call (and
+    answer no ping)."""
+
+    dead: frozenset = frozenset()
+
+    def __init__(self, index_uri: str, config, *, app_name: str = "", holder: str = "") -> None:
+        from actors.index_shard import IndexShardImpl
+        from actors.sharded_index import ShardedIndex
+        from longrag.store import ArtifactStore
+
+        self.manifest = ArtifactStore.open(index_uri).read_manifest()
+        rows = []
+        for shard in self.manifest.shards:
+            impl = IndexShardImpl(index_uri, shard.shard_id)
+            rows.append([_LocalActor(impl, dead=(shard.shard_id, r) in self.dead) for r in range(config.replicas)])
+        self.index = ShardedIndex(rows, timeout_s=config.search_timeout_s)
+
+    @classmethod
+    def with_dead(cls, *pairs: tuple[int, int]) -> type:
+        """A subclass whose given ``(shard, replica)`` replicas are dead."""
+        return type("LocalIndexWithDead", (cls,), {"dead": frozenset(pairs), "__module__": __name__})
+
+    async def search(self, queries, k: int):
+        return await self.index.search(queries, k)
+
+    async def retrieve_units(self, hits):
+        return await self.index.retrieve_units(hits)
+
+    async def liveness(self) -> list[list[bool]]:
+        return [[not a.dead for a in row] for row in self.index.replicas]
+
+    async def renew(self) -> None:
+        pass
+
+    async def release(self) -> None:
+        pass
+
+
+def _first_title(text: str) -> str:
+    m = re.search(r"Title: ([^\n;]+)", text)
+    return m.group(1).strip() if m else "unknown"
+
+
+class TitleReader(ScriptedLLM):
+    """An LLM engine for ``LLMServer(engine_cls=TitleReader)``: the long answer names the first
+    document's title ("The documents say: <title>."), the short answer is the title."""
+
+    def __init__(self, config=None) -> None:
+        def reply(messages: list[dict]) -> str:
+            text = messages[1]["content"] if len(messages) > 1 else messages[-1]["content"]
+            title = _first_title(text)
+            return title if len(messages) > 2 else f"The documents say: {title}."
+
+        super().__init__(default=reply, name="title-reader", context_window=8192)

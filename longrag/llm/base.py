@@ -2,7 +2,8 @@
 
 Every backend answers an async ``chat`` (a list of ``{"role", "content"}`` messages) and an async
 ``complete`` (a plain prompt, for base models without a chat template) with a :class:`ChatResult`
-that carries the text, the real token counts and the latency. Readers and pipelines only ever see
+that carries the text, the real token counts and the latency; ``stream_chat`` is ``chat`` with the
+text streamed as it is generated. Readers and pipelines only ever see
 this interface, so a llama.cpp model in process, a vLLM server behind ``ray.serve.llm`` and a hosted
 API are interchangeable.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, AsyncIterator
 
 _ROLES = frozenset({"system", "user", "assistant"})
 
@@ -94,6 +95,23 @@ class LLM(abc.ABC):
         stop: list[str] | None = None,
     ) -> ChatResult:
         """Continue a plain text prompt (no chat template): for base models."""
+
+    async def stream_chat(
+        self,
+        messages: list[dict],
+        *,
+        max_tokens: int,
+        temperature: float | None = None,
+        stop: list[str] | None = None,
+    ) -> AsyncIterator[str | ChatResult]:
+        """:meth:`chat`, streamed: yields the reply's text deltas as they are generated, then one
+        :class:`ChatResult` for the whole reply (its ``text`` is the deltas joined). Backends that
+        stream override this (llama.cpp ``stream=True``, OpenAI ``stream``); this default yields
+        the whole reply as one delta."""
+        res = await self.chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop)
+        if res.text:
+            yield res.text
+        yield res
 
     async def chat_json(
         self,

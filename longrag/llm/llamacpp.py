@@ -18,7 +18,8 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
 
 from longrag.llm.base import (
     LLM,
@@ -242,6 +243,62 @@ class LlamaCppLLM(LLM):
             self.chat_sync, messages, max_tokens=max_tokens, temperature=temperature, stop=stop
         )
 
+    async def stream_chat(
+        self,
+        messages: list[dict],
+        *,
+        max_tokens: int,
+        temperature: float | None = None,
+        stop: list[str] | None = None,
+    ) -> AsyncIterator[str | ChatResult]:
+        """``create_chat_completion(stream=True)`` in a worker thread, its deltas handed to the
+        event loop as they come; the model's lock is held for the whole generation."""
+        check_messages(messages)
+        check_max_tokens(max_tokens)
+        if not self.is_chat_model:
+            raise LLMError(f"{self.name} is a base model without a chat template: use complete()")
+        temp = self._temperature(temperature)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        t0 = time.perf_counter()
+
+        def generate() -> tuple[int, int]:
+            pieces = self._llama.create_chat_completion(
+                messages=[{"role": m["role"], "content": m["content"]} for m in messages],
+                max_tokens=max_tokens, temperature=temp, stop=stop or None, seed=self.seed, stream=True,
+            )
+            for chunk in pieces:
+                delta = chunk["choices"][0].get("delta", {}).get("content")
+                if delta:
+                    loop.call_soon_threadsafe(queue.put_nowait, delta)
+            return int(self._llama.n_tokens)
+
+        def run() -> None:
+            try:
+                result = self._run(generate, "chat")
+            except BaseException as exc:  # handed to the consumer, raised there
+                result = exc
+            loop.call_soon_threadsafe(queue.put_nowait, _Done(result))
+
+        worker = loop.run_in_executor(None, run)
+        parts: list[str] = []
+        while True:
+            item = await queue.get()
+            if isinstance(item, _Done):
+                break
+            parts.append(item)
+            yield item
+        await worker
+        if isinstance(item.value, BaseException):
+            raise item.value
+        in_context, evaluated = item.value
+        text = "".join(parts)
+        completion = self.count_tokens(text)
+        prompt_tokens = max(0, in_context - completion)
+        yield ChatResult(text=text, prompt_tokens=prompt_tokens, completion_tokens=completion,
+                         latency_ms=(time.perf_counter() - t0) * 1000.0, model=self.name,
+                         cached_prompt_tokens=max(0, prompt_tokens - evaluated))
+
     supports_json_schema = True
 
     async def chat_json(
@@ -282,3 +339,10 @@ class LlamaCppLLM(LLM):
             close = getattr(llama, "close", None)
             if close:
                 close()
+
+
+@dataclass
+class _Done:
+    """End of a streamed generation: ``(tokens in context, prompt tokens evaluated)`` or the error."""
+
+    value: Any

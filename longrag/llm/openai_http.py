@@ -1,9 +1,10 @@
-"""Any OpenAI-compatible server over HTTP: vLLM, ``ray.serve.llm``, llama.cpp's server, hosted APIs.
+"""Any OpenAI-compatible server: vLLM, ``ray.serve.llm``, llama.cpp's server, hosted APIs.
 
-POSTs ``{base_url}/chat/completions`` (and ``/completions`` for plain prompts) with ``httpx``.
-Connection errors, timeouts, 429 and 5xx answers are retried a few times with exponential backoff;
-any other 4xx raises :class:`LLMError` with the server's own message. Token counts in results come
-from the response's ``usage``.
+Talks to ``{base_url}/chat/completions`` (and ``/completions`` for plain prompts) through the
+official ``openai`` client, which retries connection errors, timeouts, 408/409/429 and 5xx answers
+``max_retries`` times with exponential backoff (honouring ``Retry-After``); any other 4xx raises
+:class:`LLMError` with the server's own message at once. Token counts in results come from the
+response's ``usage``.
 
 ``count_tokens`` is best effort, since the server's tokenizer is not local: with ``tokenizer_file``
 (a HuggingFace ``tokenizer.json``) it is exact for that tokenizer; otherwise it estimates
@@ -18,9 +19,9 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
-import httpx
+import openai
 
 from longrag.llm.base import (
     LLM,
@@ -32,7 +33,7 @@ from longrag.llm.base import (
 )
 
 WORDS_TO_TOKENS = 1.3
-_RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+_NO_KEY = "no-key"  # the client wants a key; without one the Authorization header is left out
 
 
 def estimate_tokens(text: str) -> int:
@@ -41,19 +42,19 @@ def estimate_tokens(text: str) -> int:
     return math.ceil(n * WORDS_TO_TOKENS)
 
 
-def _server_message(resp: httpx.Response) -> str:
-    """The error text an OpenAI-style server put in its body (``{"error": {"message": ...}}``)."""
-    try:
-        body = resp.json()
-    except ValueError:
-        return resp.text.strip()[:500] or resp.reason_phrase
+def _server_message(exc: openai.APIStatusError) -> str:
+    """The error text an OpenAI-style server put in its body (``{"error": {"message": ...}}``;
+    the client has already unwrapped ``error``)."""
+    body = exc.body
     if isinstance(body, dict):
-        err = body.get("error", body.get("detail", body.get("message")))
+        err = body.get("message", body.get("detail", body.get("error")))
         if isinstance(err, dict):
             return str(err.get("message") or err)
         if err is not None:
             return str(err)
-    return str(body)[:500]
+        return str(body)[:500]
+    text = exc.response.text.strip() if exc.response is not None else ""
+    return text[:500] or str(exc)
 
 
 class OpenAIHTTPLLM(LLM):
@@ -72,9 +73,7 @@ class OpenAIHTTPLLM(LLM):
         seed: int | None = 0,
         timeout_s: float = 120.0,
         max_retries: int = 2,
-        backoff_s: float = 0.5,
         tokenizer_file: str | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if not base_url or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
@@ -89,14 +88,11 @@ class OpenAIHTTPLLM(LLM):
         self.seed = seed
         self.timeout_s = float(timeout_s)
         self.max_retries = int(max_retries)
-        self.backoff_s = float(backoff_s)
         key = api_key if api_key is not None else (os.environ.get(api_key_env) if api_key_env else None)
-        headers = {"Content-Type": "application/json"}
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        self._headers = headers
-        self._transport = transport
-        self._client: httpx.AsyncClient | None = None
+        self._key = key or None
+        # Without a key, no Authorization header at all (a local vLLM needs none).
+        self._extra_headers: dict[str, Any] = {} if self._key else {"Authorization": openai.Omit()}
+        self._client: openai.AsyncOpenAI | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._tokenizer = None
         if tokenizer_file:
@@ -119,51 +115,41 @@ class OpenAIHTTPLLM(LLM):
 
     # -- HTTP ---------------------------------------------------------------------------------
 
-    def _get_client(self) -> httpx.AsyncClient:
+    def _get_client(self) -> openai.AsyncOpenAI:
         loop = asyncio.get_running_loop()
-        # An AsyncClient is bound to the loop that opened its connections; tests and sync
+        # The client's connection pool is bound to the loop that opened it; tests and sync
         # wrappers may run several loops, so keep one client per loop.
-        if self._client is None or self._client_loop is not loop or self._client.is_closed:
-            self._client = httpx.AsyncClient(
-                headers=self._headers,
-                timeout=httpx.Timeout(self.timeout_s),
-                transport=self._transport,
+        if self._client is None or self._client_loop is not loop or self._client.is_closed():
+            self._client = openai.AsyncOpenAI(
+                base_url=self.base_url, api_key=self._key or _NO_KEY, timeout=self.timeout_s,
+                max_retries=self.max_retries,
             )
             self._client_loop = loop
         return self._client
 
-    async def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _create(self, path: str, payload: dict[str, Any]) -> Any:
+        """One request through the client (its retries included); its errors as :class:`LLMError`."""
         url = f"{self.base_url}{path}"
         client = self._get_client()
-        last: str = ""
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                await asyncio.sleep(self.backoff_s * (2 ** (attempt - 1)))
-            try:
-                resp = await client.post(url, json=payload)
-            except httpx.TimeoutException as e:
-                last = f"timed out after {self.timeout_s:g}s ({type(e).__name__})"
-                continue
-            except httpx.TransportError as e:
-                last = f"unreachable ({type(e).__name__}: {e})"
-                continue
-            if resp.status_code in _RETRY_STATUS:
-                last = f"HTTP {resp.status_code}: {_server_message(resp)}"
-                continue
-            if resp.status_code >= 400:
-                msg = _server_message(resp)
-                low = msg.lower()
-                cls = (
-                    ContextOverflowError
-                    if "context length" in low or "maximum context" in low or "too long" in low
-                    else LLMError
-                )
-                raise cls(f"{self.name} at {url}: HTTP {resp.status_code}: {msg}")
-            try:
-                return resp.json()
-            except ValueError as e:
-                raise LLMError(f"{self.name} at {url}: response is not JSON: {resp.text[:200]!r}") from e
-        raise LLMError(f"{self.name} at {url}: {last} (after {self.max_retries + 1} attempts)")
+        endpoint = client.chat.completions if path == "/chat/completions" else client.completions
+        attempts = f"after {self.max_retries + 1} attempts"
+        try:
+            return await endpoint.create(**payload, extra_headers=self._extra_headers)
+        except openai.APITimeoutError:
+            raise LLMError(f"{self.name} at {url}: timed out after {self.timeout_s:g}s ({attempts})") from None
+        except openai.APIConnectionError as e:
+            cause = e.__cause__ or e
+            raise LLMError(f"{self.name} at {url}: unreachable ({type(cause).__name__}: {cause}) ({attempts})") from e
+        except openai.APIStatusError as e:
+            msg = _server_message(e)
+            retried = e.status_code in (408, 409, 429) or e.status_code >= 500
+            low = msg.lower()
+            cls = (
+                ContextOverflowError
+                if "context length" in low or "maximum context" in low or "too long" in low
+                else LLMError
+            )
+            raise cls(f"{self.name} at {url}: HTTP {e.status_code}: {msg}" + (f" ({attempts})" if retried else "")) from None
 
     def _payload(self, max_tokens: int, temperature: float | None, stop: list[str] | None) -> dict[str, Any]:
         check_max_tokens(max_tokens)
@@ -177,23 +163,23 @@ class OpenAIHTTPLLM(LLM):
             payload["seed"] = self.seed
         return payload
 
-    def _result(self, body: dict[str, Any], text: str | None, t0: float, prompt_est: int) -> ChatResult:
-        usage = body.get("usage") or {}
+    def _result(self, resp: Any, text: str | None, t0: float, prompt_est: int) -> ChatResult:
+        usage = getattr(resp, "usage", None)
+        details = getattr(usage, "prompt_tokens_details", None)
         text = text or ""
         return ChatResult(
             text=text,
-            prompt_tokens=int(usage.get("prompt_tokens") or prompt_est),
-            completion_tokens=int(usage.get("completion_tokens") or self.count_tokens(text)),
-            cached_prompt_tokens=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
+            prompt_tokens=int(getattr(usage, "prompt_tokens", None) or prompt_est),
+            completion_tokens=int(getattr(usage, "completion_tokens", None) or self.count_tokens(text)),
+            cached_prompt_tokens=int(getattr(details, "cached_tokens", None) or 0),
             latency_ms=(time.perf_counter() - t0) * 1000.0,
-            model=str(body.get("model") or self.name),
+            model=str(getattr(resp, "model", None) or self.name),
         )
 
-    @staticmethod
-    def _first_choice(body: dict[str, Any], url: str) -> dict[str, Any]:
-        choices = body.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            raise LLMError(f"{url}: response has no choices: {str(body)[:200]}")
+    def _first_choice(self, resp: Any, path: str) -> Any:
+        choices = getattr(resp, "choices", None)
+        if not choices:
+            raise LLMError(f"{self.base_url}{path}: response has no choices: {str(resp)[:200]}")
         return choices[0]
 
     async def chat(
@@ -208,10 +194,38 @@ class OpenAIHTTPLLM(LLM):
         payload = self._payload(max_tokens, temperature, stop)
         payload["messages"] = [{"role": m["role"], "content": m["content"]} for m in messages]
         t0 = time.perf_counter()
-        body = await self._post("/chat/completions", payload)
-        choice = self._first_choice(body, self.base_url + "/chat/completions")
-        text = (choice.get("message") or {}).get("content")
-        return self._result(body, text, t0, self.count_message_tokens(messages))
+        resp = await self._create("/chat/completions", payload)
+        text = self._first_choice(resp, "/chat/completions").message.content
+        return self._result(resp, text, t0, self.count_message_tokens(messages))
+
+    async def stream_chat(
+        self,
+        messages: list[dict],
+        *,
+        max_tokens: int,
+        temperature: float | None = None,
+        stop: list[str] | None = None,
+    ) -> AsyncIterator[str | ChatResult]:
+        """``stream=True`` with ``stream_options.include_usage`` (the last chunk carries the usage);
+        retries cover opening the stream, not a stream that breaks midway (raised as LLMError)."""
+        check_messages(messages)
+        payload = self._payload(max_tokens, temperature, stop)
+        payload["messages"] = [{"role": m["role"], "content": m["content"]} for m in messages]
+        payload.update(stream=True, stream_options={"include_usage": True})
+        t0 = time.perf_counter()
+        stream = await self._create("/chat/completions", payload)
+        parts: list[str] = []
+        last: Any = None
+        try:
+            async for chunk in stream:
+                last = chunk if getattr(chunk, "usage", None) is not None or last is None else last
+                delta = chunk.choices[0].delta.content if chunk.choices else None
+                if delta:
+                    parts.append(delta)
+                    yield delta
+        except openai.APIError as e:
+            raise LLMError(f"{self.name} at {self.base_url}/chat/completions: the stream broke: {e}") from e
+        yield self._result(last, "".join(parts), t0, self.count_message_tokens(messages))
 
     supports_json_schema = True
 
@@ -235,10 +249,9 @@ class OpenAIHTTPLLM(LLM):
             "json_schema": {"name": str(schema.get("title") or "reply"), "schema": schema, "strict": True},
         }
         t0 = time.perf_counter()
-        body = await self._post("/chat/completions", payload)
-        choice = self._first_choice(body, self.base_url + "/chat/completions")
-        text = (choice.get("message") or {}).get("content")
-        return self._result(body, text, t0, self.count_message_tokens(messages))
+        resp = await self._create("/chat/completions", payload)
+        text = self._first_choice(resp, "/chat/completions").message.content
+        return self._result(resp, text, t0, self.count_message_tokens(messages))
 
     async def complete(
         self,
@@ -253,11 +266,10 @@ class OpenAIHTTPLLM(LLM):
         payload = self._payload(max_tokens, temperature, stop)
         payload["prompt"] = prompt
         t0 = time.perf_counter()
-        body = await self._post("/completions", payload)
-        choice = self._first_choice(body, self.base_url + "/completions")
-        return self._result(body, choice.get("text"), t0, self.count_tokens(prompt))
+        resp = await self._create("/completions", payload)
+        return self._result(resp, self._first_choice(resp, "/completions").text, t0, self.count_tokens(prompt))
 
     async def aclose(self) -> None:
-        if self._client is not None and not self._client.is_closed:
-            await self._client.aclose()
+        if self._client is not None and not self._client.is_closed():
+            await self._client.close()
         self._client = None

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from longrag.config import ReaderConfig
 from longrag.llm.base import LLM, ChatResult, ContextOverflowError
@@ -38,6 +38,8 @@ from longrag.reading.prompts import (
 from longrag.types import Unit
 
 _WORD_END = re.compile(r"\S+")
+_TURN1_STOP = ["\nQuestion:"]
+_TURN2_STOP = ["\nQuestion:", "\nLong answer:", "Long answer:"]
 
 
 @dataclass
@@ -357,37 +359,66 @@ class LongReader:
     async def read(self, question: str, units: list[Unit], compression: str | None = None) -> ReaderResult:
         """Answer ``question`` from ``units`` (best first). With no units the model answers from
         the question alone (the context says no documents were found)."""
+        question, fitted, context, messages, t_start = self._prepare(question, units, compression)
+        t_fit = time.perf_counter()
+        first = await self._generate(messages, max_tokens=self.config.long_answer_max_tokens, stop=_TURN1_STOP)
+        t_long = time.perf_counter()
+        second = await self._generate(self._turn2(question, messages, first), max_tokens=self.config.short_answer_max_tokens,
+                                      stop=_TURN2_STOP)
+        return self._finish(question, fitted, context, first, second, (t_start, t_fit, t_long, time.perf_counter()))
+
+    async def read_stream(
+        self, question: str, units: list[Unit], compression: str | None = None
+    ) -> AsyncIterator[str | ReaderResult]:
+        """:meth:`read`, streamed: yields the long answer's text deltas (turn 1) as the model
+        writes them, then the :class:`ReaderResult`. The short answer (turn 2) is not streamed: it
+        is cleaned and checked (:func:`clean_short_answer`, :func:`short_answer_problem`) before
+        anyone may see it, and it is a few tokens. A base model (no chat template) is not streamed
+        either: its long answer comes as one delta."""
+        question, fitted, context, messages, t_start = self._prepare(question, units, compression)
+        t_fit = time.perf_counter()
+        if self.llm.is_chat_model:
+            first = None
+            async for item in self.llm.stream_chat(messages, max_tokens=self.config.long_answer_max_tokens,
+                                                   stop=_TURN1_STOP):
+                if isinstance(item, ChatResult):
+                    first = item
+                else:
+                    yield item
+            if first is None:
+                raise RuntimeError(f"{self.llm.name}: the stream ended without its ChatResult")
+        else:
+            first = await self._generate(messages, max_tokens=self.config.long_answer_max_tokens, stop=_TURN1_STOP)
+            if first.text:
+                yield first.text
+        t_long = time.perf_counter()
+        second = await self._generate(self._turn2(question, messages, first), max_tokens=self.config.short_answer_max_tokens,
+                                      stop=_TURN2_STOP)
+        yield self._finish(question, fitted, context, first, second, (t_start, t_fit, t_long, time.perf_counter()))
+
+    def _prepare(self, question: str, units: list[Unit], compression: str | None):
         if not isinstance(question, str) or not question.strip():
             raise ValueError("question must be a non-empty string")
         if not all(isinstance(u, Unit) for u in units):
             raise ValueError("units must be a list of longrag.types.Unit")
-        question = " ".join(question.split())
-        cfg = self.config
         t_start = time.perf_counter()
-
+        question = " ".join(question.split())
         fitted = self.fit(question, units, compression)
-        t_fit = time.perf_counter()
-
         context = format_context(fitted.blocks)
-        messages = turn1_messages(question, context)
-        first = await self._generate(
-            messages, max_tokens=cfg.long_answer_max_tokens, stop=["\nQuestion:"]
-        )
+        return question, fitted, context, turn1_messages(question, context), t_start
+
+    def _turn2(self, question: str, messages: list[dict], first: ChatResult) -> list[dict]:
         long_answer = first.text.strip()
-        t_long = time.perf_counter()
-
-        messages2 = messages + [
+        return messages + [
             {"role": "assistant", "content": long_answer},
-            turn2_message(question, long_answer, cfg.few_shot_examples),
+            turn2_message(question, long_answer, self.config.few_shot_examples),
         ]
-        second = await self._generate(
-            messages2,
-            max_tokens=cfg.short_answer_max_tokens,
-            stop=["\nQuestion:", "\nLong answer:", "Long answer:"],
-        )
-        t_short = time.perf_counter()
 
-        examples = FEW_SHOT_EXAMPLES[: cfg.few_shot_examples]
+    def _finish(self, question: str, fitted: FittedContext, context: str, first: ChatResult, second: ChatResult,
+                times: tuple[float, float, float, float]) -> ReaderResult:
+        t_start, t_fit, t_long, t_short = times
+        long_answer = first.text.strip()
+        examples = FEW_SHOT_EXAMPLES[: self.config.few_shot_examples]
         answer = reduce_to_span(clean_short_answer(second.text), question)
         fallback = short_answer_problem(answer, question, f"{long_answer}\n{context}", examples)
         if fallback is not None:

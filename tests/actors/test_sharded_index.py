@@ -177,6 +177,6 @@ def test_corrupted_shard_is_reported_in_coverage(cluster, tmp_path):
     path.write_bytes(bytes(data))
     client = ShardedIndex.launch(str(tmp_path), replicas=1, num_cpus=0.1, timeout_s=30)
     res = client.search_sync(_queries(2), 3)
-    assert res.coverage.degraded and res.coverage.failed.keys() == {0}
-    assert "ChecksumError" in res.coverage.failed[0] or "sha256" in res.coverage.failed[0]
+    assert res.coverage.degraded and res.coverage.errors.keys() == {0} and res.coverage.failed_shards == [0]
+    assert "ChecksumError" in res.coverage.errors[0] or "sha256" in res.coverage.errors[0]
     client.kill()

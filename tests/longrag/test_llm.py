@@ -32,10 +32,20 @@ class CannedServer:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.requests.append({"path": self.path, "body": body, "headers": dict(self.headers)})
+                server.requests.append({"path": self.path, "body": body,  # header names are case-insensitive
+                                        "headers": {k.lower(): v for k, v in self.headers.items()}})
                 status, payload, delay = server.responses.pop(0) if len(server.responses) > 1 else server.responses[0]
                 if delay:
                     time.sleep(delay)
+                if isinstance(payload, list):  # a list of chunks: a server-sent event stream
+                    self.send_response(status)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.end_headers()
+                    for item in payload:
+                        self.wfile.write(f"data: {json.dumps(item)}\n\n".encode())
+                        self.wfile.flush()
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    return
                 data = json.dumps(payload).encode()
                 try:
                     self.send_response(status)
@@ -74,7 +84,6 @@ MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content
 
 
 def client(url, **kw) -> OpenAIHTTPLLM:
-    kw.setdefault("backoff_s", 0.01)
     return OpenAIHTTPLLM(url, "served-model", **kw)
 
 
@@ -95,7 +104,7 @@ def test_chat_success_sends_openai_request(monkeypatch):
     assert res.latency_ms > 0
     [req] = srv.requests
     assert req["path"] == "/v1/chat/completions"
-    assert req["headers"]["Authorization"] == "Bearer sekret"
+    assert req["headers"]["authorization"] == "Bearer sekret"
     body = req["body"]
     assert body["model"] == "served-model" and body["messages"] == MESSAGES
     assert body["max_tokens"] == 16 and body["temperature"] == 0.2 and body["stop"] == ["\n"] and body["seed"] == 5
@@ -111,7 +120,7 @@ def test_complete_uses_completions_endpoint_and_default_temperature(monkeypatch)
     [req] = srv.requests
     assert req["path"] == "/v1/completions" and req["body"]["prompt"] == "The capital of France is"
     assert req["body"]["temperature"] == 0.0 and "stop" not in req["body"]
-    assert "Authorization" not in req["headers"]
+    assert "authorization" not in req["headers"]
 
 
 def test_500_then_success_is_retried():
@@ -173,6 +182,30 @@ def test_no_choices_is_an_error():
     with CannedServer([(200, {"model": "m", "choices": []}, 0)]) as srv:
         with pytest.raises(LLMError, match="no choices"):
             asyncio.run(client(srv.url).chat(MESSAGES, max_tokens=4))
+
+
+def _delta(text=None, usage=None):
+    body = {"id": "x", "object": "chat.completion.chunk", "model": "served-model",
+            "choices": [] if text is None else [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+    if usage:
+        body["usage"] = usage
+    return body
+
+
+def test_stream_chat_yields_deltas_then_the_result():
+    chunks = [_delta("Can"), _delta("ber"), _delta("ra"), _delta(usage={"prompt_tokens": 40, "completion_tokens": 3})]
+    with CannedServer([(200, chunks, 0)]) as srv:
+        llm = client(srv.url)
+
+        async def go():
+            return [item async for item in llm.stream_chat(MESSAGES, max_tokens=8)]
+
+        *deltas, result = asyncio.run(go())
+    assert deltas == ["Can", "ber", "ra"]
+    assert isinstance(result, ChatResult) and result.text == "Canberra"
+    assert (result.prompt_tokens, result.completion_tokens) == (40, 3)
+    [req] = srv.requests
+    assert req["body"]["stream"] is True and req["body"]["stream_options"] == {"include_usage": True}
 
 
 def test_count_tokens_estimate_and_tokenizer_file(tmp_path):

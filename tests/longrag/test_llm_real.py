@@ -74,6 +74,23 @@ def test_chat_real_tokens_deterministic_and_thread_safe(llm):
     assert first.latency_ms > 0 and first.model == "smollm2-135m-instruct"
 
 
+def test_stream_chat_streams_what_chat_answers(llm):
+    """llama.cpp's stream=True: several deltas that join to the greedy reply chat() gives, then a
+    ChatResult with the same token counts."""
+    messages = [{"role": "user", "content": "Name three colours of the rainbow."}]
+
+    async def go():
+        whole = await llm.chat(messages, max_tokens=16)
+        items = [item async for item in llm.stream_chat(messages, max_tokens=16)]
+        return whole, items
+
+    whole, (*deltas, result) = asyncio.run(go())
+    assert len(deltas) > 3 and all(isinstance(d, str) for d in deltas)
+    assert "".join(deltas) == result.text == whole.text
+    assert result.completion_tokens == whole.completion_tokens
+    assert abs(result.prompt_tokens - whole.prompt_tokens) <= 1
+
+
 def test_plain_completion(llm):
     res = asyncio.run(llm.complete("One, two, three, four,", max_tokens=4, stop=["\n"]))
     assert res.prompt_tokens == llm.count_tokens("One, two, three, four,")  # no BOS for this model

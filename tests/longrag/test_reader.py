@@ -12,6 +12,7 @@ from longrag.llm.base import ContextOverflowError
 from longrag.reading.prompts import FEW_SHOT_EXAMPLES, completion_prompt, format_unit
 from longrag.reading.reader import (
     LongReader,
+    ReaderResult,
     clean_short_answer,
     first_sentence,
     fit_units,
@@ -421,3 +422,29 @@ def test_reader_answers_yes_no_questions_with_yes_or_no():
     res = run(LongReader(llm).read("Are Christopher Nolan and Sathish Kalathil both film directors?",
                                    [make_unit("a", 10)]))
     assert res.answer == "yes" and res.answer_fallback == "yes/no question"
+
+
+# -- streaming ------------------------------------------------------------------------------
+
+
+async def _collect(stream):
+    return [item async for item in stream]
+
+
+@pytest.mark.parametrize("is_chat_model", [True, False])
+def test_read_stream_streams_the_long_answer_then_gives_what_read_gives(is_chat_model):
+    """Turn 1 (the long answer) streams delta by delta; turn 2 is cleaned before it is shown, so
+    the stream ends with the same ReaderResult that read() returns (base models: one delta)."""
+    script = ["Canberra is the capital of Australia.", 'Short answer: "Canberra".']
+    units = [Unit("u1", ["d1"], ["Australia"], "Australia's capital is Canberra.", 6)]
+    items = run(_collect(LongReader(ScriptedLLM(list(script), is_chat_model=is_chat_model)).read_stream(
+        "what is the capital of australia", units)))
+    *deltas, result = items
+    expected = run(LongReader(ScriptedLLM(list(script), is_chat_model=is_chat_model)).read(
+        "what is the capital of australia", units))
+    assert all(isinstance(d, str) for d in deltas) and "".join(deltas) == script[0]
+    assert len(deltas) == (6 if is_chat_model else 1)
+    assert isinstance(result, ReaderResult)
+    assert (result.answer, result.long_answer, result.units_used, result.prompt_tokens, result.completion_tokens) == (
+        expected.answer, expected.long_answer, expected.units_used, expected.prompt_tokens, expected.completion_tokens)
+    assert result.answer == "Canberra"

@@ -140,6 +140,26 @@ def test_answer_end_to_end_with_the_real_bundled_llm(client):
     assert body["coverage"]["degraded"] is False
 
 
+def test_chat_completion_streams_the_real_reader_through_the_openai_client(client):
+    """The official openai client against the app with the bundled reader: llama.cpp's tokens of
+    the long answer stream through the LLMServer and Reader handles as reasoning_content deltas,
+    then the short answer as content, then [DONE] (the client stops there)."""
+    import openai
+
+    oai = openai.OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key="no-keys-configured", max_retries=0,
+                        timeout=300)
+    chunks = list(oai.chat.completions.create(
+        model="longrag", stream=True, extra_body={"k": 2},
+        messages=[{"role": "user", "content": "Who wrote the novel Animal Farm?"}]))
+    reasoning = [c.choices[0].delta.model_extra.get("reasoning_content") for c in chunks]
+    long_answer = "".join(r for r in reasoning if r)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert sum(1 for r in reasoning if r) > 3, reasoning  # streamed token by token, not in one piece
+    assert content.strip() and "orwell" in (content + long_answer).lower()
+    extra = chunks[-1].model_extra["longrag"]
+    assert extra["long_answer"] == long_answer.strip() and extra["trace"]["completion_tokens"] > 0
+
+
 @pytest.mark.parametrize(
     "payload, fragment",
     [
@@ -238,6 +258,10 @@ def test_malformed_json_wrong_method_and_unknown_path_share_the_shape(client):
                  422, "invalid_request")
     assert "JSON" in err["message"]
     _error(client.get("/v1/answer"), 405, "method_not_allowed")
+    # CORS is off while serve.cors_origins is empty: no preflight, no allow-origin header
+    pre = client.options("/v1/answer", headers={"Origin": "http://elsewhere.example",
+                                                "Access-Control-Request-Method": "POST"})
+    assert pre.status_code == 405 and "access-control-allow-origin" not in pre.headers
     _error(client.get("/v1/nothing-here"), 404, "not_found")
     assert client.get("/openapi.json").status_code == 200
 

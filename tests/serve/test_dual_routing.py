@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from longrag.config import DualConfig, LLMConfig, LongRAGConfig
+from longrag.config import DualConfig, EmbeddingConfig, LLMConfig, LongRAGConfig
 from longrag.dual.service import DualService
+from longrag.llm.base import ChatResult
+from longrag.types import Coverage, Retrieval, RetrievedUnit, Unit
 from serve.dual import DualExtractor, DualFilter, DualGenerator, DualReader, units_to_paragraphs
 from serve.longcontext import LongContextRequest
 from serve.schemas import AnswerRequest
@@ -22,7 +24,7 @@ from tests.longrag.test_dual_retrieval import _BagEncoder
 DOC = ("Marie Curie was born in Warsaw. She moved to Paris.\n\nWarsaw is the capital of Poland.\n\n"
        "Bananas are rich in potassium.")  # fmt: skip
 Q = "In which country was Marie Curie born?"
-OPENAI = LLMConfig(backend="openai", model="m", base_url="http://127.0.0.1:8399/v1").model_dump()
+OPENAI = LLMConfig(backend="openai", model="m", base_url="http://127.0.0.1:8399/v1")
 
 
 class _Method:
@@ -56,8 +58,8 @@ class FakeLLMServer:
         self.calls: list[str] = []
         self.reply = _stage_reply()
 
-    def _result(self, text: str) -> dict[str, Any]:
-        return {"text": text, "prompt_tokens": 10, "completion_tokens": 2, "latency_ms": 1.0, "model": self.name}
+    def _result(self, text: str) -> ChatResult:
+        return ChatResult(text, prompt_tokens=10, completion_tokens=2, latency_ms=1.0, model=self.name)
 
     async def chat(self, messages, max_tokens, temperature=None, stop=None):
         self.calls.append("chat")
@@ -70,11 +72,11 @@ class FakeLLMServer:
 
 def _reader(dual: DualConfig, servers: dict[str, FakeLLMServer]) -> DualReader:
     stages = {
-        name: cls.func_or_class(Handle(servers[name]), OPENAI, dual.model_dump())
+        name: cls.func_or_class(Handle(servers[name]), OPENAI, dual)
         for name, cls in (("extractor", DualExtractor), ("filter", DualFilter), ("generator", DualGenerator))
     }
     reader = DualReader.func_or_class(Handle(stages["extractor"]), Handle(stages["filter"]),
-                                      Handle(stages["generator"]), dual.model_dump(), {})  # fmt: skip
+                                      Handle(stages["generator"]), dual, EmbeddingConfig())  # fmt: skip
     reader.service = DualService(reader.pipeline, _BagEncoder(), None, dual)  # the bundled encoder is not needed here
     return reader
 
@@ -100,7 +102,7 @@ def test_strategy_field_on_both_requests_names_the_valid_ones():
 def test_dual_reader_runs_each_stage_on_its_own_deployment_and_model():
     servers = {s: FakeLLMServer(f"model-{s}") for s in ("extractor", "filter", "generator")}
     reader = _reader(DualConfig(rerank_k=2, dense_candidates=5), servers)
-    out = asyncio.run(reader.document(DOC, Q, "E&F"))
+    out = asyncio.run(reader.document(DOC, Q, "E&F")).to_dict()
     assert out["strategy"] == "E&F" and out["answer"] == "Poland" and len(out["chunks"]) == 2
     stages = out["trace"]["stages"]
     assert [(s["stage"], s["model"]) for s in stages] == [
@@ -111,9 +113,9 @@ def test_dual_reader_runs_each_stage_on_its_own_deployment_and_model():
     assert servers["filter"].calls == ["chat", "chat_json", "chat_json"]  # CoT, then JSON-constrained judgements
     assert set(out["kept_chunk_ids"]) <= {c["position"] for c in out["chunks"]}
 
-    rb = asyncio.run(reader.document(DOC, Q, "R&B", k=1))
+    rb = asyncio.run(reader.document(DOC, Q, "R&B", k=1)).to_dict()
     assert [s["stage"] for s in rb["trace"]["stages"]] == ["generator"] and len(rb["chunks"]) == 1
-    only = asyncio.run(reader.document(DOC, Q, "Fil", retrieve_only=True))
+    only = asyncio.run(reader.document(DOC, Q, "Fil", retrieve_only=True)).to_dict()
     assert "answer" not in only and only["trace"]["n_paragraphs"] == 3
     with pytest.raises(ValueError, match="valid: R&B, R&L, Ext, Fil, E&F"):
         asyncio.run(reader.document(DOC, Q, "XYZ"))
@@ -121,8 +123,8 @@ def test_dual_reader_runs_each_stage_on_its_own_deployment_and_model():
 
 def test_units_become_paragraphs_that_map_back_to_their_unit():
     paras = units_to_paragraphs([
-        {"unit_id": "u7", "titles": ["Marie Curie", "Warsaw"], "text": "Curie was born in Warsaw.\n\nWarsaw is in Poland."},
-        {"unit_id": "u8", "titles": [], "text": "  "},
+        Unit("u7", ["d1", "d2"], ["Marie Curie", "Warsaw"], "Curie was born in Warsaw.\n\nWarsaw is in Poland.", 9),
+        Unit("u8", [], [], "  ", 0),
     ])  # fmt: skip
     assert [(p.id, p.title) for p in paras] == [("u7/0", "Marie Curie"), ("u7/1", "Marie Curie")]
 
@@ -135,7 +137,8 @@ def _ingress(dual_reader: DualReader | None):
 
     cls = Ingress.func_or_class
     ing = cls.__new__(cls)  # the routing methods only; the FastAPI/Serve wrapper is tested in test_app.py
-    unit = {"unit_id": "u1", "doc_ids": ["d1"], "titles": ["Marie Curie"], "text": DOC, "n_tokens": 30}
+    unit = RetrievedUnit(unit_id="u1", doc_ids=["d1"], titles=["Marie Curie"], score=0.9, shard=0, best_chunk_id="c0",
+                         n_tokens=30, text=DOC)  # fmt: skip
 
     class _Encoder:
         async def encode(self, q):
@@ -143,9 +146,11 @@ def _ingress(dual_reader: DualReader | None):
 
     class _Retriever:
         async def retrieve(self, vector, k):
-            return {"hits": [{"unit_id": "u1", "score": 0.9, "shard": 0, "best_chunk_id": 0}], "units": {"u1": unit},
-                    "coverage": {"shards": 1, "answered": 1, "degraded": False},
-                    "trace": {}}  # fmt: skip
+            return Retrieval(units=[unit], coverage=Coverage(shards=1, answered=1))
+
+    class _Metrics:
+        def __getattr__(self, name):
+            return lambda *a, **k: None
 
     class _Reader:
         async def read(self, *a):
@@ -155,6 +160,7 @@ def _ingress(dual_reader: DualReader | None):
     ing.longcontext = Handle(_Reader())
     ing.dual = None if dual_reader is None else Handle(dual_reader)
     ing.config = LongRAGConfig()
+    ing.metrics = _Metrics()
     return ing
 
 
@@ -177,3 +183,18 @@ def test_ingress_routes_strategy_requests_to_the_dual_reader():
     without = _ingress(None)
     with pytest.raises(ApiError, match="no dual-perspective deployments"):
         asyncio.run(without.answer(AnswerRequest(question=Q, strategy="R&B")))
+
+
+def test_longrag_dual_model_on_chat_completions():
+    from serve import openai_compat as oai
+
+    servers = {s: FakeLLMServer(s) for s in ("extractor", "filter", "generator")}
+    ing = _ingress(_reader(DualConfig(rerank_k=2, strategy="Fil"), servers))
+    req = oai.ChatCompletionRequest(model="longrag-dual", messages=[{"role": "user", "content": Q}])
+    res = asyncio.run(ing.chat_completions(req))
+    assert res.choices[0].message.content == "Poland" and res.model == "longrag-dual"
+    stages = res.longrag.trace["dual"]["stages"]
+    assert [s["stage"] for s in stages] == ["filter", "generator"]  # the default strategy: dual.strategy
+    assert res.usage.prompt_tokens == sum(s["prompt_tokens"] for s in stages) > 0
+    req = oai.ChatCompletionRequest(model="longrag-dual", messages=[{"role": "user", "content": Q}], strategy="R&L")
+    assert [s["stage"] for s in asyncio.run(ing.chat_completions(req)).longrag.trace["dual"]["stages"]] == ["generator"]

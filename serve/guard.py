@@ -1,0 +1,132 @@
+"""What the ingress checks before a request reaches an endpoint: API keys, a per-client rate limit,
+the body size, and CORS (``serve.api_keys``, ``serve.rate_limit_rps``, ``serve.max_body_bytes``,
+``serve.cors_origins``). No Ray here: :mod:`serve.app` installs it as middleware.
+
+* API keys are optional: none configured, no key is needed. With keys, a request without
+  ``Authorization: Bearer <key>`` (or ``X-API-Key: <key>``) or with an unknown key gets 401.
+  Keys come from ``serve.api_keys`` and from the file named by the environment variable
+  ``serve.api_keys_file_env`` (one key a line, ``#`` comments). They are compared in constant time
+  and never logged: the config holds them as secrets (masked in dumps), a client is named in
+  logs and metrics by a short hash of its key.
+* Rate limit: a token bucket per client (its key, or its address without keys): ``rate_limit_rps``
+  tokens a second, at most ``rate_limit_burst`` at once; an empty bucket gets 429 with
+  ``Retry-After`` (whole seconds). Buckets live in each ingress replica.
+* Body size: a POST whose body exceeds its limit gets 413 (``/v1/longcontext``: the document limit
+  ``mixpr.max_document_bytes`` plus ``max_body_bytes`` for the rest of the request).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from longrag.config import LongRAGConfig
+
+
+def load_api_keys(config: LongRAGConfig, environ: dict[str, str] | None = None) -> list[str]:
+    """The keys of ``serve.api_keys`` plus those of the file named by ``serve.api_keys_file_env``."""
+    env = os.environ if environ is None else environ
+    keys = [k.get_secret_value() for k in config.serve.api_keys]
+    name = config.serve.api_keys_file_env
+    path = env.get(name) if name else None
+    if path:
+        file = Path(path)
+        if not file.is_file():
+            raise ValueError(f"{name}={path}: no such file (it should hold one API key a line)")
+        for line in file.read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                keys.append(line)
+    return keys
+
+
+def client_label(key: str) -> str:
+    """How logs and metrics name the holder of ``key``: never the key itself."""
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:8]
+
+
+@dataclass
+class TokenBucket:
+    """``rate`` tokens a second, at most ``burst``; :meth:`take` returns 0 or the seconds to wait."""
+
+    rate: float
+    burst: int
+    tokens: float = -1.0
+    stamp: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        if self.tokens < 0:
+            self.tokens = float(self.burst)
+
+    def take(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        self.tokens = min(float(self.burst), self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) / self.rate
+
+
+class Guard:
+    """The checks of one ingress replica, from its config."""
+
+    def __init__(self, config: LongRAGConfig, environ: dict[str, str] | None = None) -> None:
+        s = config.serve
+        self.keys = [k.encode() for k in load_api_keys(config, environ)]
+        self.rate, self.burst = s.rate_limit_rps, s.rate_limit_burst
+        self.max_body = s.max_body_bytes
+        self.max_document = config.mixpr.max_document_bytes
+        self.cors_origins = list(s.cors_origins)
+        self._buckets: dict[str, TokenBucket] = {}
+        self._lock = threading.Lock()
+
+    def body_limit(self, path: str) -> int:
+        return self.max_body + (self.max_document if path.endswith("/v1/longcontext") else 0)
+
+    def authenticate(self, authorization: str | None, x_api_key: str | None) -> tuple[str | None, str | None]:
+        """``(client label, None)`` for a good or unneeded key, ``(None, problem)`` otherwise."""
+        if not self.keys:
+            return None, None
+        given = x_api_key
+        if authorization:
+            scheme, _, value = authorization.partition(" ")
+            if scheme.lower() != "bearer" or not value.strip():
+                return None, "the Authorization header must be 'Bearer <API key>'"
+            given = value.strip()
+        if not given:
+            return None, "an API key is required: send 'Authorization: Bearer <API key>'"
+        raw = given.encode()
+        if not any(hmac.compare_digest(raw, k) for k in self.keys):
+            return None, "the API key is not valid"
+        return client_label(given), None
+
+    def throttle(self, client: str) -> int:
+        """0 when ``client`` may go on, else the whole seconds to wait (``Retry-After``)."""
+        if not self.rate:
+            return 0
+        with self._lock:
+            bucket = self._buckets.get(client)
+            if bucket is None:
+                bucket = self._buckets[client] = TokenBucket(self.rate, self.burst)
+            wait = bucket.take()
+        return 0 if wait == 0 else max(1, math.ceil(wait))
+
+
+# The guard of the ingress replica running in this process (set by its Ingress, read by the
+# middleware). Module-level functions, not a shared global: Serve ships the Ingress class by value.
+_CURRENT: dict[str, Guard] = {}
+
+
+def install(guard: Guard) -> None:
+    _CURRENT["guard"] = guard
+
+
+def current() -> Guard | None:
+    return _CURRENT.get("guard")

@@ -1,0 +1,305 @@
+"""The Serve layer with fakes, fast (part of `make test-fast`): the real deployments, ingress and
+``ShardedIndex`` over injected backends (``tests/fakes.py``: a hashing encoder, in-process shards
+of a tiny build, a scripted reader LLM), on one local Ray + Serve started once for the module.
+The same app with the real models runs in ``tests/serve/test_app.py``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import ray
+from ray import serve
+
+from cluster.local import WORKER_ENV
+from longrag.config import LongRAGConfig
+from serve.app import build_app
+from tests.fakes import HashEncoder, LocalIndex, TitleReader, write_tiny_build
+
+ROOT = Path(__file__).resolve().parents[2]
+PORT = 8210
+DOCS = [
+    ("Animal Farm", "Animal Farm is a novel by George Orwell. It was published in 1945."),
+    ("Luanda", "Luanda is the capital of Angola. It lies on the Atlantic coast."),
+    ("Apollo 11", "Apollo 11 was the first spaceflight to land humans on the Moon in 1969."),
+    ("Aruba", "Aruba is a country within the Kingdom of the Netherlands."),
+    ("George Gershwin", "George Gershwin composed An American in Paris and Rhapsody in Blue."),
+]
+
+
+KEY, OTHER_KEY = "test-key-a", "test-key-b"  # the app's API keys (OTHER_KEY: the rate-limit test's own bucket)
+AUTH = {"Authorization": f"Bearer {KEY}"}
+METRICS_PORT = 8211
+ORIGIN = "http://playground.example"
+
+
+def _deploy(build: str, name: str, route_prefix: str, *, index_cls: Any) -> None:
+    cfg = LongRAGConfig().with_overrides([
+        "index.replicas=2", f"serve.api_keys=[{KEY}, {OTHER_KEY}]", "serve.rate_limit_rps=2",
+        "serve.rate_limit_burst=30", f"serve.cors_origins=[{ORIGIN}]",
+    ])
+    app = build_app(cfg, build, encoder_cls=HashEncoder, index_cls=index_cls, engine_cls=TitleReader)
+    serve.run(app, name=name, route_prefix=route_prefix, blocking=False)
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory) -> str:
+    return write_tiny_build(tmp_path_factory.mktemp("tiny") / "build", DOCS, shards=2)
+
+
+@pytest.fixture(scope="module")
+def client(build):
+    # tests.fakes must import in the replicas: the repository root on their path. Metrics are
+    # exported on METRICS_PORT every second (Ray's default is every 10 s).
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="longrag",
+             runtime_env={"env_vars": {**WORKER_ENV, "PYTHONPATH": path}},
+             _metrics_export_port=METRICS_PORT, _system_config={"metrics_report_interval_ms": 1000})
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+        _deploy(build, "longrag", "/", index_cls=LocalIndex.with_dead((1, 0)))
+        with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60, headers=AUTH) as c:
+            serve_status_wait(["longrag"])
+            yield c
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def serve_status_wait(apps: list[str], timeout_s: float = 120) -> None:
+    import time
+
+    deadline = time.time() + timeout_s
+    while True:
+        status = serve.status().applications
+        states = {a: str(getattr(status[a].status, "value", status[a].status)) if a in status else "MISSING" for a in apps}
+        if all(s == "RUNNING" for s in states.values()):
+            return
+        assert time.time() < deadline and "DEPLOY_FAILED" not in states.values(), states
+        time.sleep(0.2)
+
+
+def _error(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert r.status_code == status, (r.status_code, r.text)
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "detail"}, body
+    assert body["error"]["code"] == code and body["error"]["message"], body
+    return body["error"]
+
+
+def test_retrieve_returns_the_core_records(client):
+    r = client.post("/v1/retrieve", json={"question": "Who wrote the novel Animal Farm?", "k": 3})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [u["titles"] for u in body["units"]][0] == ["Animal Farm"]
+    top = body["units"][0]
+    assert set(top) == {"unit_id", "titles", "doc_ids", "score", "shard", "best_chunk_id", "best_chunk", "n_tokens"}
+    assert top["best_chunk"] == "Animal Farm is a novel by George Orwell." and top["doc_ids"] == ["0"]
+    cov = body["coverage"]
+    assert cov == {"shards": 2, "answered": 2, "errors": {}, "failovers": cov["failovers"], "degraded": False,
+                   "failed_shards": []}
+
+
+def test_a_dead_replica_fails_over_and_shows_in_healthz(client):
+    """Replica 0 of shard 1 is dead: calls that start there fail over to replica 1 (counted), the
+    coverage stays full, and /healthz names the lost redundancy."""
+    failovers = []
+    for _ in range(4):
+        r = client.post("/v1/retrieve", json={"question": "Who composed An American in Paris?", "k": 5})
+        assert r.status_code == 200, r.text
+        cov = r.json()["coverage"]
+        assert cov["answered"] == 2 and cov["degraded"] is False
+        failovers.append(cov["failovers"])
+    assert set(failovers) <= {0, 1} and 1 in failovers, failovers  # a search that started at the dead one
+    body = client.get("/healthz").json()
+    assert body["status"] == "degraded" and body["llm"] == "title-reader" and body["shards"] == 2
+    assert body["redundancy"] == "shard 0: 2 of 2 replicas; shard 1: 1 of 2 replicas"
+    assert "shard 1: 1 of 2 replicas live" in body["problems"]
+
+
+def test_answer_goes_through_the_reader_and_the_llm(client):
+    r = client.post("/v1/answer", json={"question": "What is the capital of Angola?", "k": 2})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["answer"] == "Luanda" and body["long_answer"] == "The documents say: Luanda."
+    assert body["evidence"][0] == {**body["evidence"][0], "titles": ["Luanda"], "used": True}
+    assert body["trace"]["prompt_tokens"] > 0 and body["trace"]["read_ms"] > 0
+
+
+def test_bad_requests_get_the_one_error_shape(client):
+    _error(client.post("/v1/retrieve", json={"question": " ", "k": 2}), 422, "invalid_request")
+    _error(client.post("/v1/retrieve", json={"question": "x", "k": 101}), 422, "invalid_request")
+    _error(client.post("/v1/retrieve", content=b'{"question": "\\ud800"}',
+                       headers={"content-type": "application/json"}), 422, "invalid_request")
+
+
+# ---------------------------------------------------------------------------- OpenAI-compatible API
+
+
+def _openai(**kw: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key=KEY, max_retries=0, **kw)
+
+
+def test_models_lists_longrag_and_longrag_dual(client):
+    models = {m.id: m for m in _openai().models.list()}
+    assert set(models) == {"longrag", "longrag-dual"}
+    assert models["longrag"].model_extra["available"] is True
+    assert models["longrag-dual"].model_extra["available"] is False  # no dual pipeline in this app
+
+
+def test_openapi_states_the_chat_limits(client):
+    schema = client.get("/openapi.json").json()
+    chat = schema["components"]["schemas"]["ChatCompletionRequest"]
+    assert chat["additionalProperties"] is False and chat["required"] == ["model", "messages"]
+    (k_int,) = [o for o in chat["properties"]["k"]["anyOf"] if o.get("type") == "integer"]
+    assert (k_int["minimum"], k_int["maximum"]) == (1, 100)
+    responses = schema["paths"]["/v1/chat/completions"]["post"]["responses"]
+    assert {"401", "404", "413", "422", "429", "503"} <= set(responses)
+    assert "text/event-stream" in responses["200"]["content"]
+
+
+def test_chat_completion_with_the_openai_client(client):
+    reply = _openai().chat.completions.create(
+        model="longrag", extra_body={"k": 2},
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me about Aruba."},
+                  {"role": "assistant", "content": "Aruba is an island."},
+                  {"role": "user", "content": "What is the capital of Angola?"}],
+    )
+    assert reply.object == "chat.completion" and reply.model == "longrag"
+    assert reply.choices[0].message.content == "Luanda" and reply.choices[0].finish_reason == "stop"
+    assert reply.usage.prompt_tokens > 0 and reply.usage.total_tokens > reply.usage.prompt_tokens
+    extra = reply.model_extra["longrag"]
+    assert extra["long_answer"] == "The documents say: Luanda."
+    assert extra["evidence"][0]["titles"] == ["Luanda"] and len(extra["evidence"]) == 2
+    assert extra["coverage"]["answered"] == 2 and extra["trace"]["read_ms"] > 0
+
+
+def test_chat_completion_streams_with_the_openai_client(client):
+    stream = _openai().chat.completions.create(
+        model="longrag", stream=True, messages=[{"role": "user", "content": "What is the capital of Angola?"}])
+    chunks = list(stream)  # the client stops at data: [DONE]
+    reasoning = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert reasoning == "The documents say: Luanda." and content == "Luanda"
+    assert sum(1 for c in chunks if c.choices[0].delta.model_extra.get("reasoning_content")) == 4  # word by word
+    last = chunks[-1]
+    assert last.choices[0].finish_reason == "stop" and last.usage.completion_tokens > 0
+    assert last.model_extra["longrag"]["evidence"][0]["titles"] == ["Luanda"]
+
+
+def test_chat_stream_ends_with_done_on_the_wire(client):
+    with client.stream("POST", "/v1/chat/completions", json={
+            "model": "longrag", "stream": True, "messages": [{"role": "user", "content": "Who wrote Animal Farm?"}]}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line]
+    assert events[-1] == "data: [DONE]" and all(e.startswith("data: ") for e in events)
+
+
+def test_chat_errors_keep_the_error_shape(client):
+    with pytest.raises(openai.NotFoundError, match="not available in this deployment"):
+        _openai().chat.completions.create(model="longrag-dual", messages=[{"role": "user", "content": "Who?"}])
+    err = _error(client.post("/v1/chat/completions", json={"model": "gpt-4", "messages": [
+        {"role": "user", "content": "x"}]}), 404, "model_not_found")
+    assert "longrag" in err["message"]
+    _error(client.post("/v1/chat/completions", json={"model": "longrag", "messages": [
+        {"role": "assistant", "content": "x"}]}), 422, "invalid_request")
+    _error(client.post("/v1/chat/completions", json={"model": "longrag", "messages": [
+        {"role": "user", "content": "x"}], "strategy": "E&F"}), 422, "invalid_request")
+
+
+def _events(r: httpx.Response) -> list[tuple[str, Any]]:
+    import json
+
+    out, name = [], None
+    for line in r.iter_lines():
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            out.append((name, json.loads(line[6:])))
+    return out
+
+
+def test_answer_streams_retrieval_tokens_then_the_trace(client):
+    with client.stream("POST", "/v1/answer", json={"question": "What is the capital of Angola?", "k": 2,
+                                                   "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = _events(r)
+    names = [n for n, _ in events]
+    assert names[0] == "retrieval" and names[-1] == "trace" and set(names[1:-1]) == {"token"}
+    retrieval = events[0][1]
+    assert retrieval["units"][0]["titles"] == ["Luanda"] and retrieval["coverage"]["answered"] == 2
+    assert "".join(d["text"] for n, d in events if n == "token") == "The documents say: Luanda."
+    final = events[-1][1]
+    assert final["answer"] == "Luanda" and final["evidence"][0]["used"] is True and final["trace"]["total_ms"] > 0
+
+
+# ---------------------------------------------------------------------------- keys, limits, CORS, metrics
+
+
+def test_api_keys_are_required_when_configured(client):
+    question = {"question": "Who wrote Animal Farm?", "k": 1}
+    with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as bare:
+        err = _error(bare.post("/v1/retrieve", json=question), 401, "unauthorized")
+        assert "API key is required" in err["message"]
+        r = bare.post("/v1/retrieve", json=question, headers={"Authorization": "Bearer wrong-key"})
+        err = _error(r, 401, "unauthorized")
+        assert r.headers["www-authenticate"] == "Bearer" and "wrong-key" not in r.text
+        assert bare.post("/v1/retrieve", json=question, headers={"X-API-Key": OTHER_KEY}).status_code == 200
+        assert bare.get("/healthz").status_code == 200  # health stays open to load balancers
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_rate_limit_answers_429_with_retry_after(client):
+    """The bucket holds 30 (one used by the test before), refilled at 2/s: of 40 requests at once,
+    the ones past it get 429."""
+    import asyncio
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{PORT}", timeout=60,
+                                     headers={"Authorization": f"Bearer {OTHER_KEY}"}) as ac:
+            return await asyncio.gather(*(ac.get("/v1/models") for _ in range(40)))
+
+    responses = asyncio.run(burst())
+    limited = [r for r in responses if r.status_code == 429]
+    assert 1 <= len(limited) <= 11, [r.status_code for r in responses]  # fewer: refilled while served
+    assert all(int(r.headers["retry-after"]) >= 1 for r in limited)
+    _error(limited[0], 429, "too_many_requests")
+    assert client.get("/v1/models").status_code == 200  # the other key has its own bucket
+
+
+def test_body_size_limit_gives_413(client):
+    big = {"question": "x" * 70_000}
+    err = _error(client.post("/v1/retrieve", json=big), 413, "payload_too_large")
+    assert "serve.max_body_bytes" in err["message"]
+
+
+def test_cors_allows_only_the_configured_origin(client):
+    pre = client.options("/v1/answer", headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+                                                "Access-Control-Request-Headers": "authorization,content-type"})
+    assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == ORIGIN
+    other = client.get("/v1/models", headers={"Origin": "http://elsewhere.example"})
+    assert "access-control-allow-origin" not in other.headers
+
+
+def test_metrics_are_exported_for_prometheus(client):
+    """Ray's metrics port serves the app's counters and histograms (exported every second here)."""
+    import time
+
+    client.post("/v1/answer", json={"question": "Who wrote the novel Animal Farm?", "k": 2})
+    client.post("/v1/retrieve", json={"question": " ", "k": 2})  # a 422
+    wanted = ["ray_longrag_requests_total", "ray_longrag_errors_total", "ray_longrag_stage_latency_ms_bucket",
+              "ray_longrag_llm_tokens_total", "ray_longrag_shard_failovers_total"]
+    deadline, text = time.time() + 60, ""
+    while time.time() < deadline:
+        text = httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).text
+        if all(name in text for name in wanted) and 'status="422"' in text:
+            break
+        time.sleep(1)
+    missing = [name for name in wanted if name not in text]
+    assert not missing, missing
+    assert 'route="/v1/answer"' in text and 'stage="read"' in text and 'kind="completion"' in text
