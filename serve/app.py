@@ -590,5 +590,5 @@ def build_app(cfg: LongRAGConfig, index: str, *, encoder_cls: Any = None, index_
         llm,
         cfg,
         LongContextReader.bind(llm, cfg.llm, cfg.mixpr, longcontext_embedding(cfg.embedding)),
-        bind_dual(cfg, llm),
+        bind_dual(cfg, llm, encoder_cls),
     )

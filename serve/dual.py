@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -124,12 +124,14 @@ class DualReader:
 
     def __init__(
         self, extractor: DeploymentHandle, filter: DeploymentHandle, generator: DeploymentHandle,  # noqa: A002
-        dual: DualConfig, embedding: EmbeddingConfig, torch_threads: int = 1,
+        dual: DualConfig, embedding: EmbeddingConfig, encoder_cls: Callable[[EmbeddingConfig], Any] | None = None,
+        torch_threads: int = 1,
     ) -> None:  # fmt: skip
         from longrag.dual.pipeline import DualPipeline
 
         self.config = dual
         self.embedding = embedding
+        self.encoder_cls = encoder_cls  # None: the bundled Embedder; tests inject a fake (tests/fakes.py)
         self.torch_threads = torch_threads
         self.pipeline = DualPipeline(None, self.config, extractor=RemoteStage(extractor), filter=RemoteStage(filter),
                                      generator=RemoteStage(generator))  # fmt: skip
@@ -153,7 +155,7 @@ class DualReader:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         torch.set_num_threads(self.torch_threads)
         device = replica_device(self.embedding.device)
-        encoder = Embedder(self.embedding.model_copy(update={"device": device}))
+        encoder = (self.encoder_cls or Embedder)(self.embedding.model_copy(update={"device": device}))
         scorer = load_reranker(self.config.reranker) if self.config.reranker else None
         return DualService(self.pipeline, encoder, scorer, self.config)
 
@@ -170,11 +172,12 @@ class DualReader:
         return await svc.over_paragraphs(units_to_paragraphs(units), question, strategy, k)
 
 
-def bind_dual(cfg: Any, llm_handle: Any) -> Any:
-    """The bound ``DualReader`` (with its three stage deployments) of an app config ``cfg``."""
+def bind_dual(cfg: Any, llm_handle: Any, encoder_cls: Any = None) -> Any:
+    """The bound ``DualReader`` (with its three stage deployments) of an app config ``cfg``;
+    ``encoder_cls`` builds its chunk encoder (None: the bundled one)."""
     from serve.longcontext import longcontext_embedding
 
     return DualReader.bind(
         DualExtractor.bind(llm_handle, cfg.llm, cfg.dual), DualFilter.bind(llm_handle, cfg.llm, cfg.dual),
-        DualGenerator.bind(llm_handle, cfg.llm, cfg.dual), cfg.dual, longcontext_embedding(cfg.embedding),
+        DualGenerator.bind(llm_handle, cfg.llm, cfg.dual), cfg.dual, longcontext_embedding(cfg.embedding), encoder_cls,
     )  # fmt: skip
