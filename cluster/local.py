@@ -20,14 +20,14 @@ from typing import Any
 
 import ray
 
+from longrag.cli import OFFLINE_ENV
+
 log = logging.getLogger(__name__)
 
 # Environment every worker gets: offline models, quiet tokenizers, one BLAS thread per worker
 # (many workers share few cores; the embedding actors set their own torch threads).
 WORKER_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
+    **OFFLINE_ENV,
     "OMP_NUM_THREADS": "1",
     "RAY_USAGE_STATS_ENABLED": "0",
 }

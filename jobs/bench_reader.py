@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from longrag.cli import number
+from longrag.cli import job_setup, number
 from longrag.config import load_config
 from longrag.data import HOTPOTQA_SAMPLE, MUSIQUE_SAMPLE, data_path
 from longrag.eval import reader_bench as rb
@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    job_setup()
     args = parse_args(argv)
     from longrag.llm.factory import build_llm
 

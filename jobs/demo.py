@@ -31,6 +31,7 @@ from typing import Any, TextIO
 import httpx
 import psutil
 
+from longrag.cli import add_config_flags, job_setup
 from longrag.data import SAMPLE_WIKI, data_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -150,7 +151,7 @@ def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], st
     from ray import serve
 
     from cluster.local import start_or_join
-    from jobs.index import build_index
+    from actors.build import build_index
     from longrag.config import load_config
     from serve.app import AppArgs, app_builder
 
@@ -246,7 +247,7 @@ def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], st
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    job_setup(logging.WARNING)
     p = argparse.ArgumentParser(prog="python -m jobs.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(ROOT / "artifacts" / "demo"), help="index build folder")
     p.add_argument("--log", default=str(ROOT / "artifacts" / "demo.log"),
@@ -257,8 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--questions", type=int, default=len(QUESTIONS))
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--num-cpus", type=float, default=4)
-    p.add_argument("--config")
-    p.add_argument("--set", action="append", default=[])
+    add_config_flags(p)
     return run(p.parse_args(argv))
 
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 
+from longrag.cli import job_setup
 from longrag.dual.train_reranker import DEFAULT_LR, KINDS, NEGATIVES, SOURCES, TrainerConfig, train_reranker
 
 
@@ -52,9 +52,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    job_setup()
     try:
         cfg = TrainerConfig(
             kind=args.kind,

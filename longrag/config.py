@@ -242,27 +242,6 @@ class LongRAGConfig(_Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-BUILD_SETTINGS: dict[str, tuple[str, ...] | None] = {
-    "embedding": ("model", "query_instruction", "max_seq_length", "normalize"),
-    "units": None,  # every field
-    "chunking": None,
-    "index": ("factory", "metric", "shards"),
-}
-"""The config fields that decide what an index build holds. Resources (batch size, device, GPUs,
-actor counts, replicas) and serving/reader settings do not: they may change between a build and
-its resume."""
-
-
-def build_settings(config: LongRAGConfig | dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The :data:`BUILD_SETTINGS` part of a config (a model or its ``model_dump``)."""
-    data = config.model_dump(mode="json") if isinstance(config, BaseModel) else config
-    out: dict[str, dict[str, Any]] = {}
-    for section, fields in BUILD_SETTINGS.items():
-        values = dict(data.get(section) or {})
-        out[section] = values if fields is None else {f: values.get(f) for f in fields}
-    return out
-
-
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> LongRAGConfig:
     cfg = LongRAGConfig.from_yaml(path) if path else LongRAGConfig()
     return cfg.with_overrides(overrides)

@@ -32,15 +32,22 @@ import yaml
 
 # Serve's status message for replicas that wait to be placed ("... taken more than 30s to be
 # scheduled ... Resources required for each replica: {...}, total resources available: {...}").
-_PENDING = re.compile(r"to be scheduled.*Resources required for each replica: (\{.*?\}), "
+# A replica with a placement group (e.g. a ray.serve.llm LLMServer) lists its bundles: [{...}, ...].
+_PENDING = re.compile(r"to be scheduled.*Resources required for each replica: (\{.*?\}|\[.*?\]), "
                       r"total resources available: (\{.*?\})", re.S)
 
 
 def _parse_resources(text: str) -> dict[str, float]:
+    """A resource dict, or the sum of a list of placement-group bundles."""
     try:
-        return {str(k): float(v) for k, v in json.loads(text).items()}
+        value = json.loads(text)
     except ValueError:
-        return {str(k): float(v) for k, v in ast.literal_eval(text).items()}
+        value = ast.literal_eval(text)
+    total: dict[str, float] = {}
+    for bundle in value if isinstance(value, list) else [value]:
+        for k, v in bundle.items():
+            total[str(k)] = total.get(str(k), 0.0) + float(v)
+    return total
 
 
 def missing_resources(message: str) -> dict[str, float] | None:

@@ -43,7 +43,7 @@ def sample_index(tmp_path_factory) -> dict:
     with the real bundled embedding model. Starts and stops its own local Ray, so test modules
     can each start theirs afterwards."""
     from cluster.local import start_or_join
-    from jobs.index import build_index
+    from actors.build import build_index
     from longrag.config import load_config
 
     out = tmp_path_factory.mktemp("sample-index") / "build"

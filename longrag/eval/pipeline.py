@@ -1,27 +1,21 @@
 """Glue between retrieval/reader outputs and the evaluation report (pure core, no Ray).
 
-The evaluation job (``jobs/evaluate.py``) retrieves units for each question (through Ray actors or
+An evaluation run (:mod:`longrag.eval.run`) retrieves units for each question (through Ray actors or
 an HTTP endpoint) and optionally runs the reader; these functions turn what it got into the
 per-question result dicts of :mod:`longrag.eval.report`, and the report's summary into the flat
-``metrics.json`` keys the issue asks for (``retrieval.recall@K``, ``qa.em`` ...). They also hold
-the index fingerprint (what decides whether an existing index build can be reused) and the
+``metrics.json`` keys the issue asks for (``retrieval.recall@K``, ``qa.em`` ...), and the
 paper-style table of retrieval by unit granularity (LongRAG, Jiang et al., 2024, "LongRAG:
 Enhancing Retrieval-Augmented Generation with Long-context LLMs", Section 4.2, Tables 1-2).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from pathlib import Path
 from functools import partial
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from longrag.eval import metrics as M
 from longrag.eval.datasets import QAExample
 from longrag.eval.report import CURVE_KEYS, QA_KEYS
-
-FINGERPRINT_VERSION = 1
 
 # Which question types count for answer recall by default (LongRAG, Section 4.2: HotpotQA bridge
 # questions only, as comparison questions have yes/no or entity answers that are trivially in or
@@ -46,64 +40,6 @@ def qa_f1_metric(dataset: str) -> Callable[[str, Sequence[str]], float]:
     if rule == "longbench_qa_f1":
         return M.longbench_qa_f1
     return partial(M.f1, hotpot_special=True)
-
-
-# --------------------------------------------------------------------------------------------- fingerprint
-
-
-def file_digest(path: str | Path, chunk_bytes: int = 1 << 20) -> dict[str, Any]:
-    """``{"path", "sha256", "bytes"}`` of a file (read in chunks)."""
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"not a file: {p}")
-    h = hashlib.sha256()
-    with open(p, "rb") as fh:
-        while block := fh.read(chunk_bytes):
-            h.update(block)
-    return {"path": str(p), "sha256": h.hexdigest(), "bytes": p.stat().st_size}
-
-
-def index_fingerprint(
-    corpus_files: Sequence[Mapping[str, Any]],
-    *,
-    unit: str,
-    links: str,
-    config: Mapping[str, Any],
-    extra: Mapping[str, Any] | None = None,
-) -> tuple[str, dict[str, Any]]:
-    """Fingerprint of an index build: the corpus files' content (sha256 + size, not their paths),
-    the unit kind, the link source (ignored unless units are grouped: only grouping reads links),
-    and the config sections that change the index (embedding model and input, units, chunking, index).
-
-    Returns ``(hex digest, the parts hashed)``; equal digests mean an existing build can be reused.
-    """
-    if unit not in ("grouped", "document", "passage"):
-        raise ValueError(f"unit must be grouped, document or passage, got {unit!r}")
-    for key in ("embedding", "units", "chunking", "index"):
-        if key not in config:
-            raise ValueError(f"config lacks the {key!r} section")
-    emb = config["embedding"]
-    units = dict(config["units"])
-    units["kind"] = unit
-    if unit != "grouped":  # budget and link symmetry only shape grouped units
-        units.pop("max_group_tokens", None)
-        units.pop("symmetric_links", None)
-    if unit != "passage":
-        units.pop("passage_words", None)
-    parts = {
-        "version": FINGERPRINT_VERSION,
-        "corpus": [{"sha256": f["sha256"], "bytes": int(f["bytes"])} for f in corpus_files],
-        "unit": unit,
-        "links": links if unit == "grouped" else "n/a",
-        # query_instruction, batch size and placement do not change the stored vectors
-        "embedding": {k: emb.get(k) for k in ("model", "max_seq_length", "normalize")},
-        "units": units,
-        "chunking": dict(config["chunking"]),
-        "index": {k: config["index"].get(k) for k in ("factory", "metric", "shards")},
-        "extra": dict(extra or {}),
-    }
-    blob = json.dumps(parts, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest(), parts
 
 
 # --------------------------------------------------------------------------------------------- results

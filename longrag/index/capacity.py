@@ -35,8 +35,15 @@ __all__ = [
     "projected_bytes_per_vector",
     "measure_factory",
     "plan_corpus",
+    "scan_cost",
+    "split_factories",
+    "sweep_for",
     "unit_recall",
+    "write_synthetic_build",
 ]
+
+SEARCH_SWEEP = {"IVF": ["nprobe=1", "nprobe=8", "nprobe=32"], "HNSW": ["efSearch=16", "efSearch=64", "efSearch=256"]}
+"""Search-time settings measured per approximate factory family (recall vs latency)."""
 
 
 def clustered_vectors(
@@ -264,3 +271,76 @@ def plan_corpus(
         busy_cores = min(nodes * node_cpus, shards * replicas)  # an actor searches on one core
         out["qps_max"] = round(busy_cores * 1000.0 / (shards * scan_ms), 1) if scan_ms > 0 else None
     return out
+
+
+# ------------------------------------------------------------------------------------- benchmark helpers
+def split_factories(spec: str, nlist: int) -> list[str]:
+    """``"Flat,IVF{nlist},Flat,HNSW32"`` -> ``["Flat", "IVF1024,Flat", "HNSW32"]`` (IVF takes the
+    next comma-separated part as its encoding)."""
+    parts = [p.strip() for p in spec.format(nlist=nlist).split(",") if p.strip()]
+    out: list[str] = []
+    i = 0
+    while i < len(parts):
+        if parts[i].startswith("IVF") and i + 1 < len(parts):
+            out.append(f"{parts[i]},{parts[i + 1]}")
+            i += 2
+        else:
+            out.append(parts[i])
+            i += 1
+    return out
+
+
+def sweep_for(factory: str) -> list[str]:
+    for prefix, params in SEARCH_SWEEP.items():
+        if factory.startswith(prefix):
+            return params
+    return [""]
+
+
+def exhaustive(factory: str) -> bool:
+    """Flat / SQ / PQ scan every vector (latency grows with the shard); IVF and HNSW do not."""
+    return not factory.startswith(("IVF", "HNSW"))
+
+
+def scan_cost(tradeoff_rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Measured ms per (vector x dim) of each exhaustive factory's one-thread search."""
+    out: dict[str, float] = {}
+    for r in tradeoff_rows:
+        if exhaustive(r["factory"]) and r["factory"] not in out:
+            out[r["factory"]] = r["search_ms_per_query"] / (r["n"] * r["dim"])
+    return out
+
+
+def write_synthetic_build(root: str, sizes: list[int], dim: int, chunk_chars: int, chunks_per_unit: int,
+                          seed: int) -> None:
+    """A complete build of ``len(sizes)`` Flat shards of synthetic chunks (text of ``chunk_chars``)."""
+    from longrag.config import LongRAGConfig
+    from longrag.index.manifest import Manifest
+    from longrag.store import ArtifactStore, write_shard
+    from longrag.text.tokens import chars_estimate
+    from longrag.types import Chunk, Unit
+
+    store = ArtifactStore.open(root)
+    manifest = Manifest.create(LongRAGConfig(), dim=dim, documents=0, argv=["jobs.bench_index"])
+    rng = np.random.default_rng(seed)
+    words = np.array(["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"])
+    offset = 0
+    for shard_id, n in enumerate(sizes):
+        vectors, _, local_units, _ = clustered_vectors(n, dim, chunks_per_unit=chunks_per_unit, n_queries=0,
+                                                       seed=seed + shard_id)
+        n_words = max(1, chunk_chars // 7)
+        chunks: list[Chunk] = []
+        for i in range(n):
+            text = " ".join(words[rng.integers(0, len(words), n_words)].tolist())[:chunk_chars]
+            chunks.append(Chunk(chunk_id=f"c{offset + i}", unit_id=f"s{shard_id}-{local_units[i]}",
+                                position=i % chunks_per_unit, text=text, n_tokens=chars_estimate(text)))
+        by_unit: dict[str, list[Chunk]] = {}
+        for c in chunks:
+            by_unit.setdefault(c.unit_id, []).append(c)
+        units = [Unit(unit_id=u, doc_ids=[u], titles=[u], text=" ".join(c.text for c in cs),
+                      n_tokens=sum(c.n_tokens for c in cs)) for u, cs in by_unit.items()]
+        index = MaxPIndex.build(vectors, [c.chunk_id for c in chunks], [c.unit_id for c in chunks])
+        manifest.add_shard(write_shard(store, shard_id, units, chunks, index))
+        offset += n
+    manifest.mark_complete()
+    store.write_manifest(manifest)

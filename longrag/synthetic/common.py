@@ -12,7 +12,6 @@ i.e. ~0.5M tokens of distinct sentences; longer documents reuse sentences in a f
 from __future__ import annotations
 
 import json
-import math
 import random
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
@@ -21,6 +20,8 @@ from typing import Any, Iterator
 
 from longrag.data import DPR_PASSAGES, HOTPOTQA_CORPUS, MUSIQUE_CORPUS, data_dir, data_path, open_text, read_text
 from longrag.text.sentences import split_sentences
+from longrag.text.tokens import CHARS_PER_TOKEN
+from longrag.text.tokens import chars_estimate as estimate_tokens
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -33,7 +34,6 @@ __all__ = [
     "place_items",
 ]
 
-CHARS_PER_TOKEN = 4
 MIN_FILLER_WORDS = 10  # BABILong keeps noise sentences of 10+ tokens
 
 
@@ -66,11 +66,6 @@ class SyntheticSample:
         d = asdict(self)
         d["needles"] = [list(x) for x in self.needles]
         return d
-
-
-def estimate_tokens(text: str) -> int:
-    """Estimated token count: ``ceil(len(text) / CHARS_PER_TOKEN)``."""
-    return math.ceil(len(text) / CHARS_PER_TOKEN)
 
 
 def bundled_file(rel: str, root: str | None = None) -> Path:

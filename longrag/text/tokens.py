@@ -4,7 +4,10 @@
 counts exactly with a Hugging Face ``tokenizers`` ``tokenizer.json`` (the embedding model's own
 tokenizer, read from a local folder, never from the network); ``WhitespaceCounter`` is a cheap
 estimate (words x factor) for places that only need an order of magnitude. Counts never include
-special tokens ([CLS]/[SEP], BOS/EOS) and are never truncated.
+special tokens ([CLS]/[SEP], BOS/EOS) and are never truncated. ``chars_estimate`` (characters / 4)
+sizes synthetic documents, where a length must mean the same in every generator.
+
+These are the only token estimators of the code base: use them rather than an inline formula.
 """
 
 from __future__ import annotations
@@ -18,9 +21,20 @@ __all__ = [
     "HFTokenCounter",
     "TokenCounter",
     "WhitespaceCounter",
+    "CHARS_PER_TOKEN",
+    "chars_estimate",
     "counter_for_model_dir",
     "find_tokenizer_file",
 ]
+
+
+CHARS_PER_TOKEN = 4
+"""The usual rate of GPT-style BPE tokenizers on English text."""
+
+
+def chars_estimate(text: str) -> int:
+    """Estimated token count: ``ceil(len(text) / CHARS_PER_TOKEN)``."""
+    return math.ceil(len(_check_str(text)) / CHARS_PER_TOKEN)
 
 
 @runtime_checkable

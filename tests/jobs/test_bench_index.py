@@ -9,12 +9,13 @@ import numpy as np
 
 from actors.index_shard import IndexShardImpl
 from jobs import bench_index
+from longrag.index.capacity import split_factories, sweep_for, write_synthetic_build
 
 
 def test_split_factories_keeps_ivf_encodings():
-    assert bench_index.split_factories("Flat,IVF{nlist},Flat,IVF{nlist},PQ8,HNSW32", 64) == [
+    assert split_factories("Flat,IVF{nlist},Flat,IVF{nlist},PQ8,HNSW32", 64) == [
         "Flat", "IVF64,Flat", "IVF64,PQ8", "HNSW32"]
-    assert bench_index.sweep_for("IVF64,Flat")[0] == "nprobe=1" and bench_index.sweep_for("SQ8") == [""]
+    assert sweep_for("IVF64,Flat")[0] == "nprobe=1" and sweep_for("SQ8") == [""]
 
 
 def test_tradeoff_and_plan_at_toy_size(tmp_path, capsys):
@@ -40,7 +41,7 @@ def test_tradeoff_and_plan_at_toy_size(tmp_path, capsys):
 
 
 def test_synthetic_build_serves_with_search_params(tmp_path):
-    bench_index.write_synthetic_build(str(tmp_path), [300, 500], 16, 120, 4, seed=0)
+    write_synthetic_build(str(tmp_path), [300, 500], 16, 120, 4, seed=0)
     shard = IndexShardImpl(str(tmp_path), 1)
     info = shard.info()
     assert info["n_chunks"] == 500 and info["rss_bytes"] > 0 and info["factory"] == "Flat"

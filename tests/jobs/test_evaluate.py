@@ -14,6 +14,7 @@ from longrag.config import LongRAGConfig
 from longrag.data import HOTPOTQA_SAMPLE, data_path
 from longrag.eval import pipeline as P
 from longrag.eval.datasets import QAExample
+from longrag.eval.plan import file_digest
 from longrag.eval.report import score_results, summarize
 
 HOTPOT = data_path(HOTPOTQA_SAMPLE)  # the bundled 100 HotpotQA questions, gzipped (data/README.md)
@@ -26,50 +27,6 @@ HOTPOT = data_path(HOTPOTQA_SAMPLE)  # the bundled 100 HotpotQA questions, gzipp
 class Hit:
     unit_id: str
     score: float
-
-
-def _digest(sha: str = "a" * 64, size: int = 10) -> dict:
-    return {"path": "/x", "sha256": sha, "bytes": size}
-
-
-def test_fingerprint_tracks_what_changes_the_index():
-    cfg = LongRAGConfig().model_dump()
-    fp, parts = P.index_fingerprint([_digest()], unit="grouped", links="titles", config=cfg)
-    assert fp == P.index_fingerprint([{**_digest(), "path": "/elsewhere"}], unit="grouped", links="titles", config=cfg)[0]
-    assert parts["links"] == "titles" and parts["unit"] == "grouped"
-    changed = {
-        "corpus": P.index_fingerprint([_digest("b" * 64)], unit="grouped", links="titles", config=cfg)[0],
-        "size": P.index_fingerprint([_digest(size=11)], unit="grouped", links="titles", config=cfg)[0],
-        "links": P.index_fingerprint([_digest()], unit="grouped", links="tfidf", config=cfg)[0],
-        "unit": P.index_fingerprint([_digest()], unit="document", links="titles", config=cfg)[0],
-        "model": P.index_fingerprint(
-            [_digest()], unit="grouped", links="titles",
-            config=LongRAGConfig().with_overrides(["embedding.model=/some/model"]).model_dump(),
-        )[0],
-        "budget": P.index_fingerprint(
-            [_digest()], unit="grouped", links="titles",
-            config=LongRAGConfig().with_overrides(["units.max_group_tokens=1024"]).model_dump(),
-        )[0],
-        "extra": P.index_fingerprint([_digest()], unit="grouped", links="titles", config=cfg, extra={"limit": 5})[0],
-    }
-    assert len({fp, *changed.values()}) == len(changed) + 1
-    # links and the group budget do not matter for document units; batch size never does
-    doc = P.index_fingerprint([_digest()], unit="document", links="titles", config=cfg)[0]
-    assert doc == P.index_fingerprint([_digest()], unit="document", links="tfidf", config=cfg)[0]
-    other = LongRAGConfig().with_overrides(["units.max_group_tokens=1024", "embedding.batch_size=7"]).model_dump()
-    assert doc == P.index_fingerprint([_digest()], unit="document", links="titles", config=other)[0]
-    with pytest.raises(ValueError, match="unit"):
-        P.index_fingerprint([_digest()], unit="chapter", links="titles", config=cfg)
-
-
-def test_file_digest(tmp_path):
-    f = tmp_path / "c.json"
-    f.write_bytes(b"abc")
-    d = P.file_digest(f)
-    assert d["bytes"] == 3
-    assert d["sha256"] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"  # sha256("abc")
-    with pytest.raises(ValueError):
-        P.file_digest(tmp_path / "missing")
 
 
 def _example(qid, answers, gold, type_="bridge"):
@@ -155,17 +112,6 @@ def test_endpoint_units_and_json_roundtrip():
     assert P.curves_from_json(row)["gold_recall"] == {1: 0.0, 16: 1.0}
 
 
-def test_settings_of():
-    from jobs.evaluate import settings_of
-
-    assert settings_of(["grouped", "document"], ["titles"]) == [
-        ("grouped", "titles", "grouped"), ("document", "titles", "document")
-    ]
-    assert settings_of(["passage", "grouped"], ["titles", "tfidf"]) == [
-        ("passage", "titles", "passage"), ("grouped", "titles", "grouped-titles"), ("grouped", "tfidf", "grouped-tfidf")
-    ]
-
-
 # --------------------------------------------------------------------------------------------- end to end
 
 
@@ -212,7 +158,7 @@ def _check_retrieval(metrics: dict, preds: list[dict], n: int) -> None:
     recall = [ret[f"recall@{k}"] for k in (1, 2, 4)]
     assert all(0.0 <= v <= 1.0 for v in recall) and recall == sorted(recall)
     assert all(0.0 <= ret[f"answer_recall@{k}"] <= 1.0 for k in (1, 2, 4))
-    assert metrics["provenance"]["data"]["sha256"] == P.file_digest(HOTPOT)["sha256"]
+    assert metrics["provenance"]["data"]["sha256"] == file_digest(HOTPOT)["sha256"]
     assert len(preds) == n
     for p in preds:
         assert len(p["retrieved"]) == 4 and all("text" not in u for u in p["retrieved"])
@@ -261,7 +207,7 @@ def test_reader_run_reuses_the_index(cluster, workdir, caplog):
         "--encode", "driver", "--out", str(out),
         "--set", "reader.few_shot_examples=2", "--set", "llm.context_window=2048",
     ]
-    with caplog.at_level(logging.INFO, logger="jobs.evaluate"):
+    with caplog.at_level(logging.INFO):
         assert main(argv) == 0
     assert any("reusing index" in rec.getMessage() for rec in caplog.records)
     metrics, preds = _read(out)
@@ -288,7 +234,8 @@ def test_reader_run_reuses_the_index(cluster, workdir, caplog):
 def test_reader_answers_checkpointed_by_a_dead_run_are_reused(cluster, workdir, caplog):
     """A run that died after reading one of two questions left that answer in its checkpoint; the
     rerun reads only the other question, writes both, and removes the checkpoint."""
-    from jobs.evaluate import checkpoint_file, main, reader_setup
+    from jobs.evaluate import main
+    from longrag.eval.plan import checkpoint_file, reader_setup
     from longrag.config import load_config
     from longrag.eval.checkpoint import ReaderCheckpoint
 
@@ -304,7 +251,7 @@ def test_reader_answers_checkpointed_by_a_dead_run_are_reused(cluster, workdir, 
         "--unit", "grouped", "--links", "titles", "--pipeline", "longrag", "--reader-k", "1",
         "--encode", "driver", "--out", str(out), *[x for o in overrides for x in ("--set", o)],
     ]
-    with caplog.at_level(logging.INFO, logger="jobs.evaluate"):
+    with caplog.at_level(logging.INFO):
         assert main(argv) == 0
     assert any("1 of 2 answers reused, 1 to read" in rec.getMessage() for rec in caplog.records)
     metrics, preds = _read(out)
@@ -333,7 +280,7 @@ def test_interrupted_index_is_resumed_not_rebuilt(cluster, workdir, caplog):
     out = workdir / "resumed"
     argv = _common(workdir, 4) + ["--unit", "document", "--pipeline", "retrieve", "--encode", "driver",
                                   "--out", str(out)]
-    with caplog.at_level(logging.INFO, logger="jobs.evaluate"):
+    with caplog.at_level(logging.INFO):
         assert main(argv) == 0
     assert any("resumed the unfinished build" in rec.getMessage() for rec in caplog.records)
     metrics, preds = _read(out)
@@ -487,7 +434,7 @@ def test_local_reader_compresses_overflowing_units_with_mixpr(monkeypatch):
     units are squeezed by MixPR: the answer sentence from the third unit (which truncation drops)
     reaches the model, and the prompt fits the window."""
     import longrag.llm.factory as factory
-    from jobs.evaluate import run_reader_local
+    from longrag.eval.run import run_reader_local
     from longrag.config import load_config
     from tests.fakes import ScriptedLLM
 

@@ -173,7 +173,9 @@ def test_bge_large_tokenizer_is_found_for_grouping_and_chunking(tmp_path, monkey
     failed in ``counter_for_model_dir`` with "no tokenizer": the job passed the hub name as a
     folder. Grouping (driver) and chunking (Ray Data worker) now count with the tokenizer in the
     model's hub cache snapshot (a stand-in cache here: bge-large is not installed)."""
+    from actors.build import ChunkUnits
     from longrag.config import load_config
+    from longrag.index.plan import group_documents
     from longrag.types import Document
     from tests.hub_cache import fake_hub_cache
 
@@ -181,9 +183,9 @@ def test_bge_large_tokenizer_is_found_for_grouping_and_chunking(tmp_path, monkey
     config = load_config(None, ["embedding.model=bge-large-en-v1.5", "units.max_group_tokens=40"])
     docs = [Document(f"d{i}", f"Topic {i}", f"Topic {i} is a subject about item {i}.", [f"Topic {i + 1}"])
             for i in range(6)]
-    units = index_job.group_documents(docs, config)
+    units = group_documents(docs, config)
     assert sum(len(u.doc_ids) for u in units) == 6 and all(0 < u.n_tokens <= 40 for u in units)
-    chunker = index_job._ChunkUnits("bge-large-en-v1.5", 8)
+    chunker = ChunkUnits("bge-large-en-v1.5", 8)
     batch = {"unit_id": [u.unit_id for u in units], "titles": [u.titles for u in units],
              "text": [u.text for u in units], "shard": [0] * len(units)}
     out = chunker(batch)

@@ -96,7 +96,7 @@ OUTSIDE = re.compile("|".join([re.escape("../" + "shared"), re.escape("/" + "wor
 PAPER_FILE = re.compile(r"\b[Pp]aper 0\d\d\b|papers/0\d\d_")
 # Files other branches own that still cite a paper by file name; the lead removes each when it is fixed.
 PAPER_FILE_KNOWN: set[str] = set()
-SKIP_DIRS = {".git", ".venv", "artifacts", "reports", "build", "dist", "__pycache__", ".pytest_cache", "full"}
+SKIP_DIRS = {".git", ".venv", ".venv-vllm", "artifacts", "reports", "build", "dist", "__pycache__", ".pytest_cache", "full"}
 
 
 def _text_files():

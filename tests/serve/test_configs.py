@@ -1,5 +1,8 @@
-"""The Serve configs hold together without a cluster: autoscaling targets within what a replica
-accepts, the CPU config within a 2-core machine, and no deployment told to use a GPU it lacks."""
+"""The Serve configs hold together without a cluster: every config (and the KubeRay RayService's
+serveConfigV2) passes Ray Serve's own schema (``ServeDeploySchema``) with LongRAG app args and
+overrides that load, autoscaling targets within what a replica accepts, the CPU config within a
+2-core machine, and no deployment told to use a GPU it lacks. (The ``ray.serve.llm`` apps'
+``llm_configs`` need vLLM to validate: tests/vllm checks them.)"""
 
 from __future__ import annotations
 
@@ -10,14 +13,18 @@ from typing import Any
 import pytest
 import yaml
 
+from ray.serve.schema import ServeDeploySchema
+
 from longrag.config import LongRAGConfig
-from serve.app import Ingress
+from serve.app import AppArgs, Ingress
 from serve.deployments import LLMServer, QueryEncoder, Reader, Retriever
 from serve.dual import DualExtractor, DualFilter, DualGenerator, DualReader
 from serve.longcontext import LongContextReader, longcontext_embedding, replica_device
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "serve" / "configs"
+CONFIG_FILES = sorted(p.name for p in CONFIGS.glob("*.yaml"))
+RAYSERVICE = ROOT / "cluster" / "kuberay" / "rayservice.yaml"
 DEPLOYMENTS = {d.name: d for d in (Ingress, QueryEncoder, Retriever, Reader, LLMServer, LongContextReader,
                                    DualReader, DualExtractor, DualFilter, DualGenerator)}
 
@@ -49,7 +56,58 @@ def _effective(app: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-@pytest.mark.parametrize("config_file", ["cpu.yaml", "gpu.yaml"])
+def _serve_configs() -> dict[str, dict[str, Any]]:
+    """Every Serve config of the repository: serve/configs/*.yaml and the RayService's serveConfigV2."""
+    configs = {name: yaml.safe_load((CONFIGS / name).read_text()) for name in CONFIG_FILES}
+    service = yaml.safe_load(RAYSERVICE.read_text())
+    configs["kuberay/rayservice.yaml"] = yaml.safe_load(service["spec"]["serveConfigV2"])
+    return configs
+
+
+def test_every_config_is_found():
+    assert {"cpu.yaml", "gpu.yaml", "vllm-cpu.yaml", "vllm-gpu.yaml"} <= set(CONFIG_FILES)
+
+
+@pytest.mark.parametrize("name", [*CONFIG_FILES, "kuberay/rayservice.yaml"])
+def test_config_passes_serve_schema_and_longrag_args_load(name):
+    """What `serve deploy` checks first (ServeDeploySchema), then what app_builder does with its args:
+    AppArgs, and every override applied to a LongRAGConfig (a typo'd field fails here, not at deploy)."""
+    config = _serve_configs()[name]
+    schema = ServeDeploySchema.model_validate(config)
+    assert len({a.route_prefix for a in schema.applications}) == len(schema.applications), name
+    longrag_apps = [a for a in config["applications"] if a["import_path"] == "serve.app:app_builder"]
+    assert len(longrag_apps) == 1, name
+    args = AppArgs.model_validate(longrag_apps[0]["args"])
+    LongRAGConfig().with_overrides(args.overrides)
+    for app in longrag_apps:
+        unknown = {d["name"] for d in app.get("deployments", [])} - set(DEPLOYMENTS)
+        assert not unknown, f"{name} names deployments the app does not have: {unknown}"
+
+
+def test_serve_schema_check_catches_a_bad_config():
+    config = _serve_configs()["cpu.yaml"]
+    config["applications"][0]["deployments"][0]["max_ongoing_requests"] = "many"
+    with pytest.raises(Exception, match="max_ongoing_requests"):
+        ServeDeploySchema.model_validate(config)
+
+
+def test_llm_base_url_points_at_the_llm_app_of_the_same_config():
+    """Where a config deploys ray.serve.llm beside LongRAG, llm.base_url is that app's route on the config's port."""
+    for name, config in _serve_configs().items():
+        llm_apps = [a for a in config["applications"] if a["import_path"].endswith(":build_openai_app")
+                    or a["import_path"] == "serve.llm_app:build_app"]  # fmt: skip
+        if not llm_apps:
+            continue
+        (rag,) = [a for a in config["applications"] if a["import_path"] == "serve.app:app_builder"]
+        cfg = LongRAGConfig().with_overrides(rag["args"]["overrides"])
+        port = (config.get("http_options") or {}).get("port", 8000)
+        assert cfg.llm.backend == "openai", name
+        assert cfg.llm.base_url == f"http://127.0.0.1:{port}{llm_apps[0]['route_prefix']}/v1", name
+        model_ids = [c["model_loading_config"]["model_id"] for c in llm_apps[0]["args"]["llm_configs"]]
+        assert cfg.llm.model in model_ids, name
+
+
+@pytest.mark.parametrize("config_file", ["cpu.yaml", "gpu.yaml", "vllm-cpu.yaml", "vllm-gpu.yaml"])
 def test_autoscaling_targets_are_within_max_ongoing_requests(config_file):
     """A target above max_ongoing_requests can never be reached: Serve would never scale up."""
     for name, opts in _effective(_longrag_app(config_file)).items():

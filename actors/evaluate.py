@@ -1,0 +1,176 @@
+"""The local retrieval of an evaluation run, on Ray: build or reuse each setting's index
+(:mod:`actors.build`), encode the questions (in the driver, or a Ray Data pool of query encoders for
+many questions) and search the ``ShardedIndex`` actors (the service's scatter/gather).
+
+Query encoding: ``encode="auto"`` encodes in the driver for up to ``DRIVER_ENCODE_MAX`` questions
+(one model load, no actor start-up: a few hundred questions take well under a second once the model
+is loaded) and with a Ray Data ``map_batches`` pool of query-encoder actors above that (spread over
+the cluster's CPUs/GPUs with ``embedding.concurrency/num_gpus``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from longrag.config import LongRAGConfig
+from longrag.eval import pipeline as P
+from longrag.eval.links import link_stats
+from longrag.eval.plan import FINGERPRINT_FILE, EvalRun, EvalSetting, file_digest, index_fingerprint, index_uri
+from longrag.eval.run import add_links
+from longrag.index.plan import BuildSettings, ResumeError
+from longrag.progress import progress as progress_bar
+from longrag.types import Document
+
+log = logging.getLogger(__name__)
+
+DRIVER_ENCODE_MAX = 2000
+SEARCH_BATCH = 32
+
+
+def ensure_index(run: EvalRun, setting: EvalSetting, docs: list[Document], corpus_files: list[str]) -> dict[str, Any]:
+    """Reuse a complete build with the same fingerprint, or build one (resuming an unfinished build
+    at the same place); returns index info."""
+    from actors.build import build_from_documents
+    from longrag.store import ArtifactStore
+
+    ev = run.eval
+    cfg = run.config_for(setting.unit)
+    digests = [file_digest(f) for f in corpus_files]
+    extra = {"dataset": ev.dataset, "pool": ev.pool, "limit": ev.limit if ev.pool == "selected" else None}
+    fp, parts = index_fingerprint(digests, BuildSettings.of(cfg), links=setting.links, extra=extra)
+    uri = index_uri(ev.index_dir, ev.dataset, setting, fp)
+    store = ArtifactStore.open(uri)
+    status = store.status()
+    info: dict[str, Any] = {"uri": uri, "fingerprint": fp, "fingerprint_parts": parts, "corpus_files": digests}
+    if status == "complete" and not ev.rebuild_index:
+        stored = json.loads(store.storage.read_bytes(FINGERPRINT_FILE)) if store.storage.exists(FINGERPRINT_FILE) else {}
+        if stored.get("fingerprint") == fp:
+            manifest = store.read_manifest()
+            log.info("reusing index %s (build %s, fingerprint %s)", uri, manifest.build_id, fp[:12])
+            report = json.loads(store.storage.read_bytes("build_report.json")) if store.storage.exists("build_report.json") else {}
+            return {**info, "reused": True, "build_id": manifest.build_id, "build_report": report, "build_s": 0.0}
+        log.warning("%s is complete but its fingerprint differs or is missing: rebuilding", uri)
+    link_tag = setting.links if setting.unit == "grouped" else "nolinks"
+    log.info("building index %s (%d documents, %s units, links=%s)", uri, len(docs), setting.unit, link_tag)
+    t0 = time.perf_counter()
+    docs = add_links(docs, setting.links) if setting.unit == "grouped" else docs
+    read_report = {"n_ok": len(docs), "n_bad": 0, "links": link_stats(docs)}
+    report = None
+    if status == "building" and not ev.rebuild_index:
+        # Same fingerprint (path): finish the interrupted build, keeping its verified shards.
+        try:
+            report = build_from_documents(docs, uri, cfg, read_report=read_report, resume=True, command=run.command)
+            log.info("resumed the unfinished build at %s: %s", uri, report.get("resume"))
+        except ResumeError as exc:
+            log.warning("%s holds an unfinished build that cannot be resumed (%s): rebuilding", uri, exc)
+    if report is None:
+        report = build_from_documents(docs, uri, cfg, read_report=read_report,
+                                      overwrite=store.status() != "absent", command=run.command)
+    store.storage.write_bytes(FINGERPRINT_FILE, json.dumps({"fingerprint": fp, "parts": parts}, indent=2).encode())
+    build_s = time.perf_counter() - t0
+    log.info("built index %s in %.1fs: %s", uri, build_s, report.get("counts"))
+    return {**info, "reused": False, "build_id": report["build_id"], "build_report": report, "build_s": round(build_s, 2)}
+
+
+def encode_queries(questions: list[str], config: LongRAGConfig, mode: str) -> tuple[np.ndarray, str]:
+    """``(n, dim)`` float32 query vectors, in question order, and the mode used."""
+    if mode == "auto":
+        mode = "driver" if len(questions) <= DRIVER_ENCODE_MAX else "ray-data"
+    emb = config.embedding
+    if mode == "driver":
+        from longrag.index.embedding import Embedder
+
+        vecs = Embedder(emb).encode_queries(questions)
+    elif mode == "ray-data":
+        import ray
+
+        from actors.embedding import ChunkEmbedder
+
+        ds = ray.data.from_items(
+            [{"i": i, "question": q} for i, q in enumerate(questions)],
+            override_num_blocks=max(1, min(len(questions) // emb.batch_size, 64)),
+        )
+        ds = ds.map_batches(
+            ChunkEmbedder,
+            fn_constructor_kwargs={"embedding_config": emb.model_dump(), "role": "query", "column": "question"},
+            batch_size=emb.batch_size,
+            concurrency=emb.concurrency,
+            num_cpus=emb.num_cpus,
+            num_gpus=emb.num_gpus,
+        )
+        rows = sorted(ds.take_all(), key=lambda r: int(r["i"]))
+        if [int(r["i"]) for r in rows] != list(range(len(questions))):
+            raise RuntimeError("Ray Data returned a different set of questions than it was given")
+        vecs = np.stack([np.asarray(r["vector"], dtype=np.float32) for r in rows])
+    else:
+        raise ValueError(f"unknown encode mode {mode!r} (choose from auto, driver, ray-data)")
+    vecs = np.ascontiguousarray(vecs, dtype=np.float32)
+    if vecs.ndim != 2 or vecs.shape[0] != len(questions):
+        raise RuntimeError(f"query vectors have shape {vecs.shape}, expected ({len(questions)}, dim)")
+    return vecs, mode
+
+
+def retrieve_local(
+    index_uri: str, questions: list[str], k: int, config: LongRAGConfig, encode_mode: str, progress: bool
+) -> tuple[list[list[dict[str, Any]]], dict[str, Any]]:
+    """Top-k units per question through ShardedIndex actors; returns (retrieved lists, stats)."""
+    from actors.sharded_index import ShardedIndex
+
+    t0 = time.perf_counter()
+    vecs, used_mode = encode_queries(questions, config, encode_mode)
+    encode_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    index = ShardedIndex.launch(
+        index_uri,
+        replicas=config.index.replicas,
+        num_cpus=config.index.shard_num_cpus,
+        timeout_s=max(config.index.search_timeout_s, 30.0),
+        search_params=config.index.search_params,
+        threads=config.index.shard_threads,
+    )
+    try:
+        infos = index.wait_ready()
+        load_s = time.perf_counter() - t1
+        out: list[list[dict[str, Any]]] = []
+        degraded = 0
+        t2 = time.perf_counter()
+        bar = progress_bar(len(questions), "retrieve", bar=progress, logger=log)
+        for start in range(0, len(questions), SEARCH_BATCH):
+            res = index.search_sync(vecs[start : start + SEARCH_BATCH], k)
+            if res.coverage.degraded:
+                degraded += 1
+                log.warning("search batch at %d was degraded: %s", start, res.coverage.to_dict())
+            rows = index.fetch_units_sync([h for hs in res.hits for h in hs])
+            out.extend(P.retrieved_from_hits(hs, rows) for hs in res.hits)
+            bar.update(len(res.hits))
+        bar.close()
+        search_s = time.perf_counter() - t2
+    finally:
+        index.kill()
+    stats = {
+        "encode_mode": used_mode,
+        "encode_s": round(encode_s, 3),
+        "shard_load_s": round(load_s, 3),
+        "search_fetch_s": round(search_s, 3),
+        "degraded_batches": degraded,
+        "shards": len(infos),
+        "corpus_units": int(sum(i["n_units"] for i in infos)) // max(1, config.index.replicas),
+        "corpus_chunks": int(sum(i["n_chunks"] for i in infos)) // max(1, config.index.replicas),
+    }
+    return out, stats
+
+
+class LocalRetrieval:
+    """:class:`longrag.eval.run.Retrieval` over a local (or ``s3://``) index built on the connected Ray cluster."""
+
+    def retrieve(self, run: EvalRun, setting: EvalSetting, docs: list[Document], corpus_files: list[str],
+                 questions: list[str], k: int) -> tuple[list[list[dict[str, Any]]], dict[str, Any]]:
+        index = ensure_index(run, setting, docs, corpus_files)
+        retrieved, stats = retrieve_local(index["uri"], questions, k, run.config_for(setting.unit), run.eval.encode,
+                                          run.eval.progress)
+        return retrieved, {"index": index, "retrieval": stats}

