@@ -386,12 +386,14 @@ def run_and_report(
     report_only: bool = False,
     torch_threads: int = 2,
     command: Sequence[str] = (),
+    data: dict[str, str | Path | None] | None = None,
 ) -> dict[str, Any]:
     """Run (or, with ``report_only``, only report the checkpointed rows of) an evaluation and write
     ``OUT/dual_eval.json``, ``OUT/rows.jsonl``, ``OUT/table3.md`` and the plot (default
     ``OUT/dual_table3.png``); returns the report with ``markdown``. The bundled encoder, the
     configured LLM and ``dual.reranker`` (when set) are loaded here. Raises ValueError /
-    FileNotFoundError on a bad reranker folder or an empty checkpoint."""
+    FileNotFoundError on a bad reranker folder or an empty checkpoint. ``data``: a QA file per
+    dataset instead of the bundled sample."""
     import asyncio
 
     import torch
@@ -418,7 +420,9 @@ def run_and_report(
     else:
         llm = build_llm(cfg.llm)
         try:
-            rows = asyncio.run(run_dual_eval(cfg, llm, encoder(), scorer, checkpoint=out / CHECKPOINT))
+            examples = {d: select_questions(d, cfg, (data or {}).get(d)) for d in cfg.datasets}
+            rows = asyncio.run(run_dual_eval(cfg, llm, encoder(), scorer, checkpoint=out / CHECKPOINT,
+                                             examples=examples))  # fmt: skip
         finally:
             asyncio.run(llm.aclose())
     summary = summarize(rows)

@@ -187,3 +187,14 @@ def test_report_from_an_unfinished_run_writes_tables_json_and_plot(tmp_path):
     assert (tmp_path / "dual_table3.png").is_file()
     with pytest.raises(ValueError, match="no rows"):
         db.run_and_report(cfg, tmp_path / "empty", report_only=True)
+
+
+def test_jobs_evaluate_pipeline_dual_checks_strategy_and_dataset(capsys, tmp_path):
+    from jobs.evaluate import main
+
+    data = "data/hotpotqa/hotpotqa_train100.json.gz"
+    assert main(["--dataset", "hotpotqa", "--data", data, "--pipeline", "dual", "--strategy", "R&B,XX",
+                 "--out", str(tmp_path)]) == 2  # fmt: skip
+    assert "valid: R&B, R&L, Ext, Fil, E&F" in capsys.readouterr().err
+    assert main(["--dataset", "nq_open", "--data", data, "--pipeline", "dual", "--out", str(tmp_path)]) == 2
+    assert "valid: ['hotpotqa', 'musique']" in capsys.readouterr().err
