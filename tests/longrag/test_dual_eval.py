@@ -196,5 +196,5 @@ def test_jobs_evaluate_pipeline_dual_checks_strategy_and_dataset(capsys, tmp_pat
     assert main(["--dataset", "hotpotqa", "--data", data, "--pipeline", "dual", "--strategy", "R&B,XX",
                  "--out", str(tmp_path)]) == 2  # fmt: skip
     assert "valid: R&B, R&L, Ext, Fil, E&F" in capsys.readouterr().err
-    assert main(["--dataset", "nq_open", "--data", data, "--pipeline", "dual", "--out", str(tmp_path)]) == 2
+    assert main(["--dataset", "nq", "--data", data, "--pipeline", "dual", "--out", str(tmp_path)]) == 2
     assert "valid: ['hotpotqa', 'musique']" in capsys.readouterr().err
