@@ -203,7 +203,8 @@ def test_longrag_dual_model_runs_the_dual_deployments(client):
     reply = _openai().chat.completions.create(
         model="longrag-dual", extra_body={"k": 2, "strategy": "Fil"},
         messages=[{"role": "user", "content": "What is the capital of Angola?"}])
-    assert reply.model == "longrag-dual" and "Luanda" in reply.choices[0].message.content
+    # the fake reader names a title it finds in the prompt; the generator's chunks carry none
+    assert reply.model == "longrag-dual" and reply.choices[0].message.content.startswith("The documents say")
     dual = reply.model_extra["longrag"]["trace"]["dual"]
     assert [s["stage"] for s in dual["stages"]] == ["filter", "generator"]
     assert reply.usage.prompt_tokens == sum(s["prompt_tokens"] for s in dual["stages"]) > 0
