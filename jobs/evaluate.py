@@ -65,7 +65,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="hyperlinks|titles|tfidf|both (grouped units only), comma-separated to compare")
     p.add_argument("--k", dest="ks", type=lambda s: sorted(set(_ks(s))), default=[1, 2, 4, 8],
                    help="retrieval depths to score, comma-separated positive integers")
-    p.add_argument("--pipeline", choices=["retrieve", "longrag"], default="retrieve")
+    p.add_argument("--pipeline", choices=["retrieve", "longrag", "dual"], default="retrieve",
+                   help="dual: dual-perspective LongRAG in the LongBench setting (each question's own paragraphs; "
+                        "longrag.eval.dual_bench, Table 3 layout); --dataset hotpotqa or musique")
+    p.add_argument("--strategy", default="R&B,R&L,Ext,Fil,E&F", help="--pipeline dual: comma list of strategies")
     p.add_argument("--reader-k", type=number(int, min_value=1), default=4, help="units given to the reader")
     p.add_argument("--reader-concurrency", type=number(int, min_value=1), default=1,
                    help="reader calls in flight (remote LLMs)")
@@ -100,6 +103,24 @@ def eval_config(args: argparse.Namespace) -> EvalConfig:
     )
 
 
+def _dual(args: argparse.Namespace, command: list[str]) -> int:
+    """``--pipeline dual``: :func:`longrag.eval.dual_bench.run_and_report` on ``--data`` (default: the
+    sample), ``--limit`` questions (default 10), every ``--strategy``."""
+    from longrag.eval import dual_bench as db
+
+    try:
+        config = config_from_args(args)
+        cfg = db.DualEvalConfig(datasets=(args.dataset,), strategies=tuple(s.strip() for s in args.strategy.split(",")
+                                                                          if s.strip()),
+                                limit=args.limit or 10, dual=config.dual, llm=config.llm, embedding=config.embedding)
+        report = db.run_and_report(cfg, args.out, command=command, data={args.dataset: args.data})
+    except (ValidationError, ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(report["markdown"])
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     job_setup()
     raw = list(sys.argv[1:] if argv is None else argv)
@@ -110,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(json.dumps(combine(args.combine, args.out, command), indent=2))
         return 0
+    if args.pipeline == "dual":
+        return _dual(args, command)
     try:  # a bad --config/--set value is refused before anything starts
         run = EvalRun(eval=eval_config(args), config=config_from_args(args), command=command)
     except (ValidationError, ValueError) as exc:

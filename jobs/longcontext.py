@@ -139,38 +139,28 @@ async def _run_dual(args: argparse.Namespace, cfg: Any) -> dict[str, Any]:
     if not args.question or not args.question.strip():
         raise InputError("--strategy needs --question")
     document = read_document(args.document, cfg.mixpr.max_document_bytes)
-    from longrag.dual.pipeline import DualPipeline, index_document
-    from longrag.dual.rerank import CrossEncoderScorer
+    from longrag.dual.pipeline import DualPipeline
+    from longrag.dual.rerank import load_reranker
+    from longrag.dual.service import DualService
 
-    if args.k is not None:
-        cfg.dual.rerank_k = args.k
     try:
-        scorer = CrossEncoderScorer(cfg.dual.reranker) if cfg.dual.reranker else None
+        scorer = load_reranker(cfg.dual.reranker) if cfg.dual.reranker else None
     except FileNotFoundError as e:
         raise InputError(str(e)) from None
-    index = index_document(document, _build_encoder(cfg, args.torch_threads), scorer, cfg.dual)
-    retrieval = index.retriever.retrieve(args.question)
-    out: dict[str, Any] = {
-        "strategy": args.strategy,
-        "chunks": [
-            {"position": c.chunk.chunk_id, "paragraph_id": c.chunk.paragraph_id, "text": c.chunk.text,
-             "score": c.score}  # fmt: skip
-            for c in retrieval.chunks
-        ],
-    }
-    if args.retrieve_only:
-        out["trace"] = {"retrieval": retrieval.trace.to_dict(), "n_paragraphs": len(index.paragraphs)}
-        return out
-    from longrag.llm.factory import build_llm
+    encoder = _build_encoder(cfg, args.torch_threads)
+    llm = None
+    if not args.retrieve_only:
+        from longrag.llm.factory import build_llm
 
-    llm = build_llm(cfg.llm)
+        llm = build_llm(cfg.llm)
     try:
-        res = await DualPipeline(llm, cfg.dual).run(args.question, retrieval, index.paragraphs, args.strategy)
+        pipe = DualPipeline(llm, cfg.dual) if llm is not None else None
+        service = DualService(pipe, encoder, scorer, cfg.dual)  # type: ignore[arg-type]
+        res = await service.over_document(document, args.question, args.strategy, args.k, args.retrieve_only)
     finally:
-        await llm.aclose()
-    d = res.to_dict()
-    out.update({k: d[k] for k in ("answer", "kept_chunk_ids", "global_information", "cot", "judgements", "trace")})
-    return out
+        if llm is not None:
+            await llm.aclose()
+    return res.to_dict()
 
 
 def main(argv: list[str] | None = None) -> int:

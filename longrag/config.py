@@ -198,6 +198,15 @@ class DualConfig(_Section):
     context_reserve_tokens: int = Field(
         64, ge=0, description="Tokens kept free in the window besides a stage's instructions and output.",
     )
+    extractor_llm: LLMConfig | None = Field(
+        None, description="Serve: the extractor deployment's own model (None: the app's llm, on the shared LLMServer).",
+    )
+    filter_llm: LLMConfig | None = Field(
+        None, description="Serve: the filter deployment's own model (None: the app's llm, on the shared LLMServer).",
+    )
+    generator_llm: LLMConfig | None = Field(
+        None, description="Serve: the generator deployment's own model (None: the app's llm, on the shared LLMServer).",
+    )
 
 
 class LongRAGConfig(_Section):

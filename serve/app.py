@@ -35,6 +35,7 @@ from serve import metrics as app_metrics
 from serve import openai_compat as oai
 from serve.deployments import BadQuestion, LLMServer, QueryEncoder, Reader, Retriever
 from serve.longcontext import LongContextReader, LongContextRequest, LongContextResponse, longcontext_embedding
+from serve.dual import bind_dual
 from serve.run import missing_resources
 from serve.schemas import (
     AnswerRequest,
@@ -238,7 +239,7 @@ class Ingress:
                  dual: DeploymentHandle | None = None) -> None:
         self.encoder, self.retriever, self.reader, self.llm = encoder, retriever, reader, llm
         self.longcontext = longcontext
-        self.dual = dual  # the dual-perspective pipeline, where the app has one (model longrag-dual)
+        self.dual = dual  # serve.dual.DualReader: strategy requests and the model longrag-dual
         self.config = config
         guards.install(guards.Guard(config))
         self.metrics = app_metrics.AppMetrics()
@@ -363,6 +364,10 @@ class Ingress:
         units = found.readable()
         if not units:
             raise ApiError(503, "no evidence could be retrieved", {"coverage": found.coverage.to_dict()})
+        if req.strategy is not None:
+            if req.stream:
+                raise ApiError(422, "stream is not available with a strategy", ["stream: not with strategy"])
+            return await self._answer_dual(req.strategy, question, found, units, trace, t0)
         if req.stream:
             return StreamingResponse(self._answer_events(question, k, found, units, req.compression, trace, t0),
                                      media_type="text/event-stream")
@@ -470,9 +475,57 @@ class Ingress:
         yield oai.DONE
 
     async def _dual_chat(self, req: oai.ChatCompletionRequest, question: str) -> Any:
-        """Model ``longrag-dual``: the dual-perspective pipeline (``self.dual``) with ``req.strategy``.
-        Reached only when the app was built with one (see :func:`serve.openai_compat.route_model`)."""
-        raise ApiError(404, "model 'longrag-dual' is not available in this deployment", code="model_not_found")
+        """Model ``longrag-dual``: the dual-perspective pipeline (``self.dual``) with ``req.strategy``
+        (default ``dual.strategy``) over the retrieved units. Reached only when the app was built with
+        one (see :func:`serve.openai_compat.route_model`). The answer comes whole (also when streamed)."""
+        t0 = time.perf_counter()
+        question, k = self._validate(RetrieveRequest(question=question, k=req.k))
+        found, trace = await self._retrieve(question, k)
+        units = found.readable()
+        if not units:
+            raise ApiError(503, "no evidence could be retrieved", {"coverage": found.coverage.to_dict()})
+        response = await self._answer_dual(req.strategy, question, found, units, trace, t0)
+        stages = response.trace["dual"]["stages"]
+        p_tok = sum(st["prompt_tokens"] for st in stages)
+        c_tok = sum(st["completion_tokens"] for st in stages)
+        usage = oai.Usage(prompt_tokens=p_tok, completion_tokens=c_tok, total_tokens=p_tok + c_tok)
+        cid, created = oai.completion_id(), oai.now()
+        if req.stream:
+            async def events():
+                yield oai.chunk(cid, req.model, created, {"role": "assistant", "content": ""})
+                yield oai.chunk(cid, req.model, created, {"content": response.answer})
+                yield oai.chunk(cid, req.model, created, {}, "stop", usage=usage.model_dump(),
+                                longrag=_extra(response).model_dump(mode="json"))
+                yield oai.DONE
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+        return oai.ChatCompletionResponse(
+            id=cid, created=created, model=req.model,
+            choices=[oai.ChatChoice(message=oai.ChatCompletionMessage(content=response.answer))],
+            usage=usage, longrag=_extra(response),
+        )
+
+    async def _answer_dual(self, strategy: str | None, question: str, found: Retrieval, units: list[Any],
+                           trace: dict[str, Any], t0: float) -> AnswerResponse:
+        """A strategy (None: the DualReader's ``dual.strategy``) over the retrieved units' paragraphs
+        (serve.dual): ``/v1/answer`` and ``longrag-dual``."""
+        if self.dual is None:
+            raise ApiError(503, "this app has no dual-perspective deployments (serve.dual); drop 'strategy'")
+        t1 = time.perf_counter()
+        try:
+            res = (await self.dual.units.remote(question, units, strategy)).to_dict()
+        except ValueError as exc:
+            raise ApiError(422, _one_line(exc), [_one_line(exc)]) from None
+        trace["dual_ms"] = _ms(t1)
+        trace["dual"] = res["trace"] | {k: res[k] for k in ("kept_chunk_ids", "global_information", "cot",
+                                                             "judgements", "chunks")}  # fmt: skip
+        kept = set(res["kept_chunk_ids"])
+        used = {c["paragraph_id"].rsplit("/", 1)[0] for c in res["chunks"] if c["position"] in kept}
+        evidence = [Evidence(unit_id=u.unit_id, titles=u.titles, score=u.score, used=u.unit_id in used)
+                    for u in found.units]
+        self._done(trace, t0)
+        return AnswerResponse(question=question, answer=res["answer"], long_answer="", evidence=evidence,
+                              coverage=found.coverage, trace=trace, strategy=res["strategy"])
 
     @api.post("/v1/longcontext", response_model=LongContextResponse,
               responses={**ERRORS, 413: {"model": ErrorResponse, "description": "Document over mixpr.max_document_bytes."}})
@@ -485,6 +538,19 @@ class Ingress:
         if req.question is not None and len(req.question.strip()) > q_limit:
             raise ApiError(422, f"question is {len(req.question.strip())} characters; the limit is {q_limit} "
                            "(serve.max_question_chars)", [f"question: longer than {q_limit} characters"])
+        if req.strategy is not None:
+            if self.dual is None:
+                raise ApiError(503, "this app has no dual-perspective deployments (serve.dual); drop 'strategy'")
+            try:
+                answer = await self.dual.document.remote(req.document, req.question.strip(), req.strategy, req.k,
+                                                         req.retrieve_only)  # fmt: skip
+                res = answer.to_dict()
+            except ValueError as exc:
+                raise ApiError(422, _one_line(exc), [_one_line(exc)]) from None
+            trace = res["trace"] | {k: res[k] for k in ("kept_chunk_ids", "global_information", "cot", "judgements")
+                                    if k in res}  # fmt: skip
+            return LongContextResponse(answer=res.get("answer"), route=None, strategy=req.strategy,
+                                       chunks=res["chunks"], trace=trace)  # fmt: skip
         try:
             return await self.longcontext.run.remote(req)
         except ValueError as exc:  # Ray re-raises the pipeline's ValueError (bad k, route, ...) as one
@@ -524,4 +590,5 @@ def build_app(cfg: LongRAGConfig, index: str, *, encoder_cls: Any = None, index_
         llm,
         cfg,
         LongContextReader.bind(llm, cfg.llm, cfg.mixpr, longcontext_embedding(cfg.embedding)),
+        bind_dual(cfg, llm, encoder_cls),
     )

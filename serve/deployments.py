@@ -185,6 +185,11 @@ class LLMServer:
                        stop: list[str] | None = None) -> ChatResult:
         return await self.llm.complete(prompt, max_tokens=max_tokens, temperature=temperature, stop=stop)
 
+    async def chat_json(self, messages: list[dict[str, str]], schema: dict[str, Any], max_tokens: int,
+                        temperature: float | None = None) -> ChatResult:
+        """:meth:`longrag.llm.base.LLM.chat_json` (the dual filter's constrained judgements)."""
+        return await self.llm.chat_json(messages, schema=schema, max_tokens=max_tokens, temperature=temperature)
+
     async def stream_chat(self, messages: list[dict[str, str]], max_tokens: int, temperature: float | None = None,
                           stop: list[str] | None = None) -> AsyncIterator[str | ChatResult]:
         """:meth:`longrag.llm.base.LLM.stream_chat` over the handle (``handle.options(stream=True)``)."""
@@ -207,6 +212,8 @@ class RemoteLLM(LLM):
         self._count = local_token_counter(config)
         self.context_window = context_window or config.context_window
         self.name = f"remote:{config.model}"
+        # both backends constrain JSON (llama.cpp grammars, OpenAI response_format)
+        self.supports_json_schema = config.backend in ("llamacpp", "openai")
 
     async def chat(self, messages, *, max_tokens, temperature=None, stop=None) -> ChatResult:  # type: ignore[override]
         return await self.handle.chat.remote(messages, max_tokens, temperature, stop)
@@ -218,6 +225,9 @@ class RemoteLLM(LLM):
         stream = self.handle.options(stream=True).stream_chat.remote(messages, max_tokens, temperature, stop)
         async for item in stream:
             yield item
+
+    async def chat_json(self, messages, *, schema, max_tokens, temperature=None) -> ChatResult:  # type: ignore[override]
+        return await self.handle.chat_json.remote(messages, schema, max_tokens, temperature)
 
     def count_tokens(self, text: str) -> int:
         return self._count(text)

@@ -14,13 +14,13 @@ import asyncio
 import os
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from longrag.config import EmbeddingConfig, LLMConfig
+from longrag.config import DualStrategy, EmbeddingConfig, LLMConfig
 from longrag.mixpr import MixPRConfig
-from serve.schemas import NOT_BLANK, check_encodable
+from serve.schemas import NOT_BLANK, STRATEGY_DESCRIPTION, check_encodable
 
 __all__ = [
     "LongContextRequest", "LongContextChunk", "LongContextResponse", "LongContextReader", "longcontext_embedding",
@@ -46,6 +46,11 @@ class LongContextRequest(BaseModel):
         "auto", description="MixPR only: auto = the LLM router decides; local = personalized PageRank; global = PageRank."
     )
     retrieve_only: bool = Field(False, description="Skip the reader: return the chunks without an answer.")
+    strategy: DualStrategy | None = Field(
+        None, description="Run dual-perspective LongRAG over the document's paragraphs instead of MixPR (needs a "
+        "question; retriever and route do not apply; k = chunks kept after reranking, default dual.rerank_k). "
+        + STRATEGY_DESCRIPTION,
+    )
 
     # "before" validators run ahead of the type check, so a lone surrogate gets a clear message.
     @field_validator("document", mode="before")
@@ -66,6 +71,16 @@ class LongContextRequest(BaseModel):
                 raise ValueError("question is empty (no non-whitespace character); omit it to use the document's end")
         return v
 
+    @model_validator(mode="after")
+    def _dual(self) -> "LongContextRequest":
+        if self.strategy is not None:
+            if self.question is None:
+                raise ValueError(f"strategy {self.strategy!r} needs a question")
+            mixpr_only = sorted({"retriever", "route"} & self.model_fields_set)
+            if mixpr_only:
+                raise ValueError(f"{' and '.join(mixpr_only)} are MixPR options; strategy runs the dual pipeline")
+        return self
+
 
 def replica_device(device: str) -> str:
     """``auto`` -> ``cuda`` only when Ray assigned this worker a GPU (``num_gpus`` in the
@@ -81,11 +96,14 @@ class LongContextChunk(BaseModel):
     position: int = Field(description="Index of the chunk among the document's chunks (document order).")
     text: str
     score: float
+    paragraph_id: str | None = Field(None, description="With a strategy: the source paragraph (doc/i) of the chunk.")
 
 
 class LongContextResponse(BaseModel):
     answer: str | None = None
-    route: Literal["local", "global"] | None = Field(description="The route taken (None for the baselines).")
+    route: Literal["local", "global"] | None = Field(
+        None, description="The route taken (None for the baselines and the dual strategies).")
+    strategy: DualStrategy | None = Field(None, description="The dual strategy that answered, if any.")
     chunks: list[LongContextChunk]
     trace: dict[str, Any]
 

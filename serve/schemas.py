@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 # The records of a search are the core's: one definition from the shard actors to the HTTP schema.
+from longrag.config import DualStrategy
 from longrag.types import Coverage, RetrievedUnit  # noqa: F401  (part of the HTTP schema)
 
 NOT_BLANK = r"\S"  # JSON Schema pattern: at least one non-whitespace character
@@ -61,6 +62,13 @@ class RetrieveRequest(_Strict):
         return v
 
 
+STRATEGY_DESCRIPTION = (
+    "Dual-perspective LongRAG (Zhao et al., 2024, Section 5.3): R&B (chunks), R&L (their source paragraphs), "
+    "Ext (extractor's global information + chunks), Fil (CoT-filtered chunks), E&F (both). The trace shows every "
+    "stage's model, calls, tokens and latency, the kept chunks and the generator's input tokens."
+)
+
+
 class AnswerRequest(RetrieveRequest):
     stream: bool = Field(
         False, description="Stream server-sent events: retrieval (units, coverage), token (the long answer as "
@@ -70,6 +78,10 @@ class AnswerRequest(RetrieveRequest):
         None,
         description="When the units exceed the reader's window: trim (truncate) or select sentences with "
         "question-seeded MixPR (mixpr). Default: reader.compression.",
+    )
+    strategy: DualStrategy | None = Field(
+        None, description="Answer the retrieved units with this dual-perspective strategy instead of the "
+        "two-turn reader. " + STRATEGY_DESCRIPTION,
     )
 
 
@@ -106,10 +118,12 @@ class Evidence(BaseModel):
 class AnswerResponse(BaseModel):
     question: str
     answer: str
-    long_answer: str
+    long_answer: str = Field(description="The reader's first-turn answer (empty with a strategy).")
     evidence: list[Evidence]
     coverage: Coverage
-    trace: dict[str, Any]
+    trace: dict[str, Any] = Field(description="Stage timings; with a strategy, trace.dual has every stage's model, "
+                                  "calls, tokens and latency, the kept chunks and generator_input_tokens.")
+    strategy: DualStrategy | None = Field(None, description="The dual strategy that answered, if any.")
 
 
 class ShardRedundancy(BaseModel):

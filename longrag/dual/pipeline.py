@@ -25,7 +25,7 @@ import json
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from longrag.config import DUAL_STRATEGIES, DualConfig
 from longrag.dual.chunking import DualChunk, SourceParagraph, chunk_paragraphs, split_document
@@ -40,6 +40,9 @@ __all__ = [
     "Judgement",
     "DualResult",
     "DualPipeline",
+    "ExtractorStage",
+    "FilterStage",
+    "GeneratorStage",
     "check_strategy",
     "map_to_paragraphs",
     "parse_judgement",
@@ -109,7 +112,8 @@ class ChunkIndex:
 
 @dataclass
 class StageTrace:
-    """One stage: LLM calls, summed tokens and call latency, the stage's wall time, notes."""
+    """One stage: the model that ran it, LLM calls, summed tokens and call latency, the stage's wall
+    time, notes."""
 
     stage: str
     calls: int = 0
@@ -118,8 +122,10 @@ class StageTrace:
     llm_ms: float = 0.0
     wall_ms: float = 0.0
     notes: list[str] = field(default_factory=list)
+    model: str | None = None
 
     def add(self, r: ChatResult) -> None:
+        self.model = r.model
         self.calls += 1
         self.prompt_tokens += r.prompt_tokens
         self.completion_tokens += r.completion_tokens
@@ -242,13 +248,46 @@ def index_document(
 # -------------------------------------------------------------------------------------------- pipeline
 
 
-class DualPipeline:
-    """Runs a strategy over retrieved chunks with one LLM (the stages may be separate deployments
-    later: each stage is its own method over plain inputs)."""
+class ExtractorStage(Protocol):
+    async def extract(
+        self, question: str, chunks: Sequence[RetrievedChunk], paragraphs: Mapping[str, SourceParagraph]
+    ) -> tuple[str, list[str], StageTrace]: ...
 
-    def __init__(self, llm: LLM, config: DualConfig | None = None):
-        self.llm = llm
+
+class FilterStage(Protocol):
+    async def filter(
+        self, question: str, chunks: Sequence[RetrievedChunk]
+    ) -> tuple[list[RetrievedChunk], str, list[Judgement], StageTrace]: ...
+
+
+class GeneratorStage(Protocol):
+    async def generate(
+        self, question: str, details: Sequence[str], global_information: str | None = None
+    ) -> tuple[str, int, StageTrace]: ...
+
+
+class DualPipeline:
+    """Runs strategies over retrieved chunks. By default every stage is this object's own method
+    with one LLM; ``extractor``, ``filter`` and ``generator`` put any stage elsewhere (another
+    ``DualPipeline`` with another model, or a remote deployment with the same method), which is how
+    the paper pairs small extractor/filter models with a stronger generator (Section 5.4)."""
+
+    def __init__(
+        self,
+        llm: LLM | None,
+        config: DualConfig | None = None,
+        *,
+        extractor: ExtractorStage | None = None,
+        filter: FilterStage | None = None,  # noqa: A002 - the paper's name for the stage
+        generator: GeneratorStage | None = None,
+    ):
+        if llm is None and None in (extractor, filter, generator):
+            raise ValueError("DualPipeline needs an llm unless extractor, filter and generator are all given")
+        self.llm = llm  # type: ignore[assignment]
         self.config = config or DualConfig()
+        self.stages: tuple[ExtractorStage, FilterStage, GeneratorStage] = (
+            extractor or self, filter or self, generator or self
+        )  # fmt: skip
 
     # -- LLM plumbing ---------------------------------------------------------------------------
 
@@ -374,61 +413,90 @@ class DualPipeline:
         strategy: str | None = None,
     ) -> DualResult:
         """Run ``strategy`` (default ``config.strategy``) over retrieved chunks."""
-        t0 = time.perf_counter()
         strategy = check_strategy(strategy or self.config.strategy)
+        return (await self.run_many(question, retrieval, paragraphs, [strategy]))[strategy]
+
+    async def run_many(
+        self,
+        question: str,
+        retrieval: Retrieval,
+        paragraphs: Mapping[str, SourceParagraph],
+        strategies: Sequence[str],
+    ) -> dict[str, DualResult]:
+        """Run several strategies over the same retrieved chunks, each stage at most once: by the
+        definitions of Section 5.3, E&F's global information is Ext's and its kept chunks are Fil's,
+        so the extractor and the filter run once for all strategies that need them (together, since
+        the two perspectives are independent) and only the generator runs per strategy. A shared
+        stage appears in every result that used it, with the same trace."""
+        t0 = time.perf_counter()
+        strategies = [check_strategy(s) for s in dict.fromkeys(strategies)]
+        if not strategies:
+            raise ValueError(f"no strategy given; valid: {', '.join(STRATEGIES)}")
         if not isinstance(question, str) or not question.strip():
             raise ValueError("question must be a non-empty str")
         chunks = list(retrieval.chunks)
         if not chunks:
             raise ValueError("no retrieved chunks to answer from")
-        stages: list[StageTrace] = []
-        notes = list(retrieval.trace.notes)
+        need_e = any(s in USES_EXTRACTOR for s in strategies)
+        need_f = any(s in USES_FILTER for s in strategies)
+        extractor, filter_, generator = self.stages
+        jobs = []
+        if need_e:
+            jobs.append(extractor.extract(question, chunks, paragraphs))
+        if need_f:
+            jobs.append(filter_.filter(question, chunks))
+        done = list(await asyncio.gather(*jobs))
         info = cot = None
-        judgements: list[Judgement] = []
         paragraph_ids: list[str] = []
-        kept = chunks
+        judgements: list[Judgement] = []
+        kept_f = chunks
+        st_e = st_f = None
+        if need_e:
+            info, paragraph_ids, st_e = done.pop(0)
+        if need_f:
+            kept_f, cot, judgements, st_f = done.pop(0)
+        shared_ms = _ms(t0)
 
-        async def _extract():
-            return await self.extract(question, chunks, paragraphs)
-
-        async def _filter():
-            return await self.filter(question, chunks)
-
-        if strategy == "E&F":  # the two perspectives are independent: run them side by side
-            (info, paragraph_ids, st_e), (kept, cot, judgements, st_f) = await asyncio.gather(_extract(), _filter())
-            stages += [st_e, st_f]
-        elif strategy == "Ext":
-            info, paragraph_ids, st_e = await _extract()
-            stages.append(st_e)
-        elif strategy == "Fil":
-            kept, cot, judgements, st_f = await _filter()
-            stages.append(st_f)
-
-        if strategy == "R&L":
-            mapped = map_to_paragraphs(chunks, paragraphs)
-            paragraph_ids = [p.id for p, _ in mapped]
-            details = [_titled(p) for p, _ in mapped]
-            notes.append(f"R&L: {len(chunks)} chunks -> {len(mapped)} source paragraphs as long context")
-        else:
-            details = [c.chunk.text for c in kept]
-        answer, gen_in, st_g = await self.generate(question, details, info)
-        stages.append(st_g)
-        return DualResult(
-            question=question,
-            strategy=strategy,
-            answer=answer,
-            retrieved=chunks,
-            kept_chunk_ids=[c.chunk.chunk_id for c in kept],
-            paragraph_ids=paragraph_ids,
-            global_information=info,
-            cot=cot,
-            judgements=judgements,
-            generator_input_tokens=gen_in,
-            retrieval=retrieval.trace.to_dict(),
-            stages=stages,
-            notes=notes,
-            total_ms=_ms(t0),
-        )
+        out: dict[str, DualResult] = {}
+        for strategy in strategies:
+            t1 = time.perf_counter()
+            notes = list(retrieval.trace.notes)
+            stages: list[StageTrace] = []
+            uses_e, uses_f = strategy in USES_EXTRACTOR, strategy in USES_FILTER
+            if uses_e:
+                stages.append(st_e)  # type: ignore[arg-type]
+            if uses_f:
+                stages.append(st_f)  # type: ignore[arg-type]
+            kept = kept_f if uses_f else chunks
+            if strategy == "R&L":
+                mapped = map_to_paragraphs(chunks, paragraphs)
+                pids = [p.id for p, _ in mapped]
+                details = [_titled(p) for p, _ in mapped]
+                notes.append(f"R&L: {len(chunks)} chunks -> {len(mapped)} source paragraphs as long context")
+            else:
+                pids = paragraph_ids if uses_e else []
+                details = [c.chunk.text for c in kept]
+            if len(strategies) > 1 and (uses_e or uses_f):
+                notes.append("extractor/filter stages shared with the other strategies of this question")
+            answer, gen_in, st_g = await generator.generate(question, details, info if uses_e else None)
+            stages.append(st_g)
+            out[strategy] = DualResult(
+                question=question,
+                strategy=strategy,
+                answer=answer,
+                retrieved=chunks,
+                kept_chunk_ids=[c.chunk.chunk_id for c in kept],
+                paragraph_ids=pids,
+                global_information=info if uses_e else None,
+                cot=cot if uses_f else None,
+                judgements=judgements if uses_f else [],
+                generator_input_tokens=gen_in,
+                retrieval=retrieval.trace.to_dict(),
+                stages=stages,
+                notes=notes,
+                total_ms=round(shared_ms + _ms(t1), 2) if (uses_e or uses_f) else _ms(t1),
+            )
+        return out
 
     async def answer(self, question: str, index: ChunkIndex, strategy: str | None = None) -> DualResult:
         """Retrieve from ``index`` and run ``strategy``."""

@@ -25,6 +25,8 @@ __all__ = [
     "PairScorer",
     "DenseEncoder",
     "CrossEncoderScorer",
+    "BiEncoderScorer",
+    "load_reranker",
     "RetrievedChunk",
     "RetrievalTrace",
     "Retrieval",
@@ -35,10 +37,12 @@ __all__ = [
 
 DENSE_ONLY = "dense only"
 CROSS_ENCODER = "cross-encoder"
+BI_ENCODER = "bi-encoder"
 
 
 class PairScorer(Protocol):
-    """Scores (query, text) pairs; higher = more relevant. ``name`` goes into traces."""
+    """Scores (query, text) pairs; higher = more relevant. ``name`` goes into traces; a scorer may
+    say its ``kind`` (``"cross-encoder"``, the default, or ``"bi-encoder"``), which names the trace's mode."""
 
     name: str
 
@@ -56,13 +60,11 @@ class DenseEncoder(Protocol):
 class CrossEncoderScorer:
     """A sentence-transformers ``CrossEncoder`` loaded from a local folder, on CPU unless told."""
 
+    kind = CROSS_ENCODER
+
     def __init__(self, folder: str | Path, device: str = "cpu", batch_size: int = 32, max_length: int = 256):
         path = Path(folder).expanduser()
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"reranker folder {str(path)!r} has no config.json: give a sentence-transformers cross-encoder "
-                "folder (python -m jobs.train_reranker writes one) or set dual.reranker=null for dense only"
-            )
+        _check_folder(path)
         from sentence_transformers import CrossEncoder
 
         self.model = CrossEncoder(str(path), device=device, max_length=max_length, local_files_only=True)
@@ -76,6 +78,55 @@ class CrossEncoderScorer:
             [(query, t) for t in texts], batch_size=self.batch_size, show_progress_bar=False, convert_to_numpy=True
         )
         return [float(s) for s in np.asarray(scores).reshape(-1)]
+
+
+def _check_folder(path: Path) -> None:
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"reranker folder {str(path)!r} has no config.json: give a sentence-transformers cross-encoder or "
+            "sentence-encoder folder (python -m jobs.train_reranker writes one) or set dual.reranker=null for dense only"
+        )
+
+
+class BiEncoderScorer:
+    """A fine-tuned sentence-transformers encoder (``python -m jobs.train_reranker --kind bi-encoder``)
+    that rescores the dense candidates by its own cosine of question and chunk."""
+
+    kind = BI_ENCODER
+
+    def __init__(self, folder: str | Path, device: str = "cpu", batch_size: int = 32):
+        path = Path(folder).expanduser()
+        _check_folder(path)
+        from sentence_transformers import SentenceTransformer
+
+        self.model = SentenceTransformer(str(path), device=device, local_files_only=True)
+        self.name = str(path)
+        self.batch_size = batch_size
+
+    def score(self, query: str, texts: Sequence[str]) -> list[float]:
+        if not texts:
+            return []
+        kw = dict(normalize_embeddings=True, show_progress_bar=False, convert_to_numpy=True)
+        q = self.model.encode([query], **kw).reshape(-1)
+        p = self.model.encode(list(texts), batch_size=self.batch_size, **kw)
+        return [float(x) for x in p @ q]
+
+
+def load_reranker(folder: str | Path, device: str = "cpu") -> "CrossEncoderScorer | BiEncoderScorer":
+    """The scorer a folder holds: a sentence-transformers CrossEncoder (``model_type`` CrossEncoder
+    in ``config_sentence_transformers.json``, or a plain sequence-classification model) or a
+    sentence encoder (a ``modules.json`` with a pooling module)."""
+    import json
+
+    path = Path(folder).expanduser()
+    _check_folder(path)
+    st_cfg = path / "config_sentence_transformers.json"
+    model_type = json.loads(st_cfg.read_text()).get("model_type") if st_cfg.is_file() else None
+    modules = path / "modules.json"
+    pooled = modules.is_file() and "Pooling" in modules.read_text()
+    if model_type == "CrossEncoder" or not pooled:
+        return CrossEncoderScorer(path, device=device)
+    return BiEncoderScorer(path, device=device)
 
 
 @dataclass
@@ -96,9 +147,10 @@ class RetrievedChunk:
 
 @dataclass
 class RetrievalTrace:
-    """How the chunks were found: ``mode`` is ``"cross-encoder"`` or ``"dense only"``."""
+    """How the chunks were found: ``mode`` is ``"cross-encoder"``, ``"bi-encoder"`` (a fine-tuned
+    encoder rescored the dense candidates) or ``"dense only"``."""
 
-    mode: Literal["cross-encoder", "dense only"]
+    mode: Literal["cross-encoder", "bi-encoder", "dense only"]
     reranker: str | None
     n_chunks: int
     candidates: int
@@ -133,7 +185,8 @@ def rerank(
     question: str, candidates: Sequence[RetrievedChunk], k: int, scorer: PairScorer | None
 ) -> tuple[list[RetrievedChunk], str]:
     """The best ``k`` candidates by the scorer (stable for ties), or the first ``k`` in their dense
-    order when ``scorer`` is None; returns them and the mode (``"cross-encoder"`` / ``"dense only"``)."""
+    order when ``scorer`` is None; returns them and the mode (the scorer's ``kind``, default
+    ``"cross-encoder"``, or ``"dense only"``)."""
     if not isinstance(k, int) or k <= 0:
         raise ValueError(f"k must be a positive int, got {k!r}")
     if scorer is None:
@@ -143,7 +196,7 @@ def rerank(
         raise RuntimeError(f"reranker {scorer.name!r} returned {len(scores)} scores for {len(candidates)} chunks")
     scored = [RetrievedChunk(c.chunk, c.dense_score, float(s)) for c, s in zip(candidates, scores)]
     order = sorted(range(len(scored)), key=lambda i: (-scored[i].rerank_score, i))
-    return [scored[i] for i in order[:k]], CROSS_ENCODER
+    return [scored[i] for i in order[:k]], getattr(scorer, "kind", CROSS_ENCODER)
 
 
 class DualRetriever:
@@ -177,24 +230,27 @@ class DualRetriever:
         if self.vectors.shape[0] != len(self.chunks):
             raise RuntimeError(f"encoder returned {self.vectors.shape[0]} vectors for {len(self.chunks)} chunks")
 
-    def retrieve(self, question: str, k: int | None = None) -> Retrieval:
+    def retrieve(self, question: str, k: int | None = None, *, scorer: Any = "configured") -> Retrieval:
+        """Top ``k`` chunks (default ``self.k``) for ``question``. ``scorer`` overrides the configured
+        reranker for this call (``None``: dense only), so one index can compare both orders."""
         if not isinstance(question, str) or not question.strip():
             raise ValueError("question must be a non-empty str")
         k = self.k if k is None else k
+        scorer = self.scorer if isinstance(scorer, str) and scorer == "configured" else scorer
         t0 = time.perf_counter()
         q = np.asarray(self.encoder.encode_queries([question]), dtype=np.float32).reshape(-1)
         scores = self.vectors @ q
         top = dense_top(scores, self.dense_candidates)
         candidates = [RetrievedChunk(self.chunks[i], float(scores[i])) for i in top]
         t1 = time.perf_counter()
-        kept, mode = rerank(question, candidates, k, self.scorer)
+        kept, mode = rerank(question, candidates, k, scorer)
         t2 = time.perf_counter()
         notes = []
         if mode == DENSE_ONLY:
             notes.append("no reranker configured (dual.reranker is null): chunks ranked by dense scores only")
         trace = RetrievalTrace(
             mode=mode,  # type: ignore[arg-type]
-            reranker=None if self.scorer is None else self.scorer.name,
+            reranker=None if scorer is None else scorer.name,
             n_chunks=len(self.chunks),
             candidates=len(candidates),
             k=k,

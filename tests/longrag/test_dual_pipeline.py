@@ -236,3 +236,20 @@ def test_answer_over_an_index_retrieves_then_runs():
     llm = ScriptedLLM([_stage_reply()])
     res = asyncio.run(DualPipeline(llm, cfg).answer("Where was Marie Curie born?", index, "R&B"))
     assert len(res.retrieved) == 2 and res.retrieval["mode"] == "dense only"
+
+
+def test_stages_can_run_on_other_models():
+    """Section 5.4: small models for the extractor and filter, another for the generator; each
+    stage's trace names its model, and the pipeline's own LLM is not needed."""
+    small = ScriptedLLM([], name="small")
+    small._next = lambda messages: _stage_reply()(messages)  # type: ignore[method-assign]
+    big = ScriptedLLM([], default="Poland", name="big")
+    cfg = DualConfig()
+    e_and_f = DualPipeline(small, cfg)
+    pipe = DualPipeline(None, cfg, extractor=e_and_f, filter=e_and_f, generator=DualPipeline(big, cfg))
+    res = asyncio.run(pipe.run("In which country was Marie Curie born?", _retrieval(), PARAS, "E&F"))
+    assert [(st.stage, st.model) for st in res.stages] == [("extractor", "small"), ("filter", "small"),
+                                                            ("generator", "big")]  # fmt: skip
+    assert res.answer == "Poland" and len(big.calls) == 1 and _kinds(small).count("gen") == 0
+    with pytest.raises(ValueError, match="needs an llm"):
+        DualPipeline(None, cfg, extractor=e_and_f)

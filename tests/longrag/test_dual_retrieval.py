@@ -182,3 +182,26 @@ def test_dual_config_defaults_and_overrides():
     assert (cfg.dual.chunk_words, cfg.dual.rerank_k, cfg.dual.strategy) == (500, 3, "R&L")
     with pytest.raises(ValueError, match="strategy"):
         load_config(None, ["dual.strategy=bogus"])
+
+
+def test_trace_names_the_scorer_kind_and_a_call_can_override_the_scorer():
+    class _Bi(_LengthScorer):
+        kind = "bi-encoder"
+        name = "fake-bi"
+
+    chunks = chunk_paragraphs(_paras(), max_words=200)
+    retriever = DualRetriever(chunks, _BagEncoder(), _Bi(), dense_candidates=3, k=1)
+    r = retriever.retrieve("capital of Germany?")
+    assert r.trace.mode == "bi-encoder" and r.trace.reranker == "fake-bi"
+    assert r.chunks[0].chunk.paragraph_id == "p/2"  # the longest text
+    dense = retriever.retrieve("capital of Germany?", scorer=None)
+    assert dense.trace.mode == DENSE_ONLY and dense.chunks[0].chunk.paragraph_id == "p/1"
+    assert DualRetriever(chunks, _BagEncoder(), None, k=1).retrieve("x y", scorer=_LengthScorer()).trace.mode == CROSS_ENCODER
+
+
+def test_load_reranker_refuses_a_folder_without_a_model(tmp_path):
+    from longrag.dual.rerank import load_reranker
+
+    (tmp_path / "modules.json").write_text("[]")
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        load_reranker(tmp_path)

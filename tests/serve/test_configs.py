@@ -18,13 +18,15 @@ from ray.serve.schema import ServeDeploySchema
 from longrag.config import LongRAGConfig
 from serve.app import AppArgs, Ingress
 from serve.deployments import LLMServer, QueryEncoder, Reader, Retriever
+from serve.dual import DualExtractor, DualFilter, DualGenerator, DualReader
 from serve.longcontext import LongContextReader, longcontext_embedding, replica_device
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "serve" / "configs"
 CONFIG_FILES = sorted(p.name for p in CONFIGS.glob("*.yaml"))
 RAYSERVICE = ROOT / "cluster" / "kuberay" / "rayservice.yaml"
-DEPLOYMENTS = {d.name: d for d in (Ingress, QueryEncoder, Retriever, Reader, LLMServer, LongContextReader)}
+DEPLOYMENTS = {d.name: d for d in (Ingress, QueryEncoder, Retriever, Reader, LLMServer, LongContextReader,
+                                   DualReader, DualExtractor, DualFilter, DualGenerator)}
 
 
 def _longrag_app(config_file: str) -> dict[str, Any]:
@@ -153,3 +155,15 @@ def test_gpu_config_longcontext_encoder_loads_without_a_gpu():
     embedder = Embedder(emb.model_copy(update={"device": replica_device(emb.device)}))
     vectors = embedder.encode_queries(["Who wrote Animal Farm?"])
     assert vectors.shape == (1, embedder.dim) and np.isfinite(vectors).all()
+
+
+@pytest.mark.parametrize("config_file", ["cpu.yaml", "gpu.yaml"])
+def test_dual_stages_have_their_own_autoscaling_and_the_gpu_config_gives_e_and_f_a_small_model(config_file):
+    app = _longrag_app(config_file)
+    named = {d["name"]: d for d in app["deployments"]}
+    for name in ("DualReader", "DualExtractor", "DualFilter", "DualGenerator"):
+        assert "autoscaling_config" in named[name], (config_file, name)
+    cfg = LongRAGConfig().with_overrides(app["args"].get("overrides", []))
+    if config_file == "gpu.yaml":
+        assert cfg.dual.extractor_llm.model == cfg.dual.filter_llm.model == "small" != cfg.llm.model
+        assert cfg.dual.generator_llm is None  # the generator uses the app's (stronger) reader model

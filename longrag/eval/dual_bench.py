@@ -1,0 +1,452 @@
+"""Dual-perspective LongRAG in the paper's LongBench setting: Table 3 (F1 per strategy), the
+generator's input tokens (Figure 3) and the reranker's effect, on the bundled QA samples.
+
+"LongRAG: A Dual-Perspective Retrieval-Augmented Generation Paradigm for Long-Context Question
+Answering" (Zhao et al., 2024), Section 5.3 and Table 3: every question comes with its own long
+context (here the question's own paragraphs: the supporting ones and the distractors), which is
+chunked, retrieved (dense, optionally reranked) and answered by each strategy R&B, R&L, Ext, Fil
+and E&F. Per question the strategies share one retrieval, and the extractor and the filter run once
+for all strategies that use them (E&F = Ext's global information + Fil's kept chunks:
+:meth:`longrag.dual.pipeline.DualPipeline.run_many`); only the generator runs per strategy.
+
+Questions are by default the held-out part of the reranker's training split
+(:func:`longrag.dual.train_reranker.split_by_question`, same fraction and seed), so a reranker from
+``python -m jobs.train_reranker`` is measured on questions it did not train on. Rows are appended to
+a checkpoint as each question finishes (:class:`longrag.eval.checkpoint.ReaderCheckpoint`), so a
+rerun resumes. Answers are scored with the SQuAD / HotpotQA F1 (:func:`longrag.eval.metrics.f1`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Literal, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from longrag.config import DUAL_STRATEGIES, DualConfig, EmbeddingConfig, LLMConfig
+from longrag.data import HOTPOTQA_SAMPLE, MUSIQUE_SAMPLE, data_path
+from longrag.dual.chunking import SourceParagraph
+from longrag.dual.pipeline import DualPipeline, DualResult, index_paragraphs
+from longrag.dual.rerank import DENSE_ONLY, DenseEncoder, PairScorer, Retrieval
+from longrag.eval.checkpoint import ReaderCheckpoint
+from longrag.eval.datasets import QAExample, load_qa
+from longrag.eval.metrics import exact_match, f1
+from longrag.llm.base import LLM
+
+__all__ = [
+    "DATASETS",
+    "DualEvalConfig",
+    "select_questions",
+    "question_paragraphs",
+    "support_recall",
+    "run_dual_eval",
+    "checkpoint_rows",
+    "retrieval_effect",
+    "summarize",
+    "table3_markdown",
+    "tokens_markdown",
+    "reranker_markdown",
+    "plot_table3",
+    "run_and_report",
+]
+
+log = logging.getLogger(__name__)
+
+#: Bundled datasets of the evaluation: name -> data file under ``data/``.
+DATASETS: dict[str, str] = {"musique": MUSIQUE_SAMPLE, "hotpotqa": HOTPOTQA_SAMPLE}
+RERANKED = "reranked"
+
+
+class DualEvalConfig(BaseModel):
+    """What a dual-perspective evaluation runs; saved with its report."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    datasets: tuple[str, ...] = Field(("musique", "hotpotqa"), description="Bundled datasets (Table 3 columns).")
+    strategies: tuple[str, ...] = Field(DUAL_STRATEGIES, description="Strategies (Table 3 rows).")
+    limit: int = Field(10, gt=0, description="Questions per dataset.")
+    start: int = Field(0, ge=0, description="Skip this many selected questions first (split a run across processes).")
+    questions: Literal["heldout", "first"] = Field(
+        "heldout", description="heldout: the reranker split's held-out questions; first: the file's first ones."
+    )
+    heldout_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Same as jobs.train_reranker's.")
+    seed: int = Field(0, description="Same as jobs.train_reranker's.")
+    reranked_strategies: tuple[str, ...] = Field(
+        ("R&B",), description="Strategies also answered over the reranked chunks (needs dual.reranker)."
+    )
+    dual: DualConfig = Field(default_factory=DualConfig)
+    llm: LLMConfig = Field(default_factory=LLMConfig)
+    embedding: EmbeddingConfig = Field(default_factory=lambda: EmbeddingConfig(device="cpu"))
+
+    @field_validator("datasets")
+    @classmethod
+    def _datasets(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [d for d in v if d not in DATASETS]
+        if bad or not v:
+            raise ValueError(f"unknown datasets {bad or list(v)!r}; valid: {sorted(DATASETS)}")
+        return tuple(dict.fromkeys(v))
+
+    @field_validator("strategies", "reranked_strategies")
+    @classmethod
+    def _strategies(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [s for s in v if s not in DUAL_STRATEGIES]
+        if bad:
+            raise ValueError(f"unknown strategies {bad!r}; valid: {', '.join(DUAL_STRATEGIES)}")
+        return tuple(dict.fromkeys(v))
+
+
+# -------------------------------------------------------------------------------------------- data
+
+
+def select_questions(dataset: str, cfg: DualEvalConfig, path: str | Path | None = None) -> list[QAExample]:
+    """The ``cfg.limit`` questions of ``dataset`` with paragraphs and support labels, after the first
+    ``cfg.start``: of the reranker split's held-out part (``questions="heldout"``) or of the file."""
+    from longrag.dual.train_reranker import split_by_question
+
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown dataset {dataset!r}; valid: {sorted(DATASETS)}")
+    loaded = load_qa(path or data_path(DATASETS[dataset]), dataset)  # type: ignore[arg-type]
+    usable = [ex for ex in loaded.examples if ex.paragraphs and any(p.is_supporting for p in ex.paragraphs)]
+    if cfg.questions == "heldout":
+        _, held = split_by_question([(dataset, ex) for ex in usable], cfg.heldout_fraction, cfg.seed)
+        usable = [ex for _, ex in held]
+    return usable[cfg.start : cfg.start + cfg.limit]
+
+
+def question_paragraphs(ex: QAExample) -> tuple[list[SourceParagraph], set[str]]:
+    """The question's own paragraphs as the long context (ids ``qid/i``) and the supporting ids."""
+    paras = [SourceParagraph(f"{ex.qid}/{i}", p.text, p.title) for i, p in enumerate(ex.paragraphs)]
+    support = {sp.id for sp, p in zip(paras, ex.paragraphs) if p.is_supporting}
+    return paras, support
+
+
+def support_recall(retrieval: Retrieval, support: set[str]) -> float:
+    """Share of the supporting paragraphs that at least one retrieved chunk comes from."""
+    if not support:
+        return float("nan")
+    found = {c.chunk.paragraph_id for c in retrieval.chunks}
+    return len(found & support) / len(support)
+
+
+# -------------------------------------------------------------------------------------------- run
+
+
+def _row(dataset: str, ex: QAExample, retrieval_label: str, recall: float, res: DualResult) -> dict[str, Any]:
+    stages = {st.stage: st for st in res.stages}
+    return {
+        "dataset": dataset,
+        "qid": ex.qid,
+        "question": ex.question,
+        "golds": list(ex.answers),
+        "strategy": res.strategy,
+        "retrieval": retrieval_label,
+        "answer": res.answer,
+        "em": exact_match(res.answer, ex.answers),
+        "f1": f1(res.answer, ex.answers),
+        "support_recall": recall,
+        "generator_input_tokens": res.generator_input_tokens,
+        "llm_calls": sum(st.calls for st in res.stages),
+        "prompt_tokens": sum(st.prompt_tokens for st in res.stages),
+        "completion_tokens": sum(st.completion_tokens for st in res.stages),
+        "stage_ms": {name: st.wall_ms for name, st in stages.items()},
+        "retrieved": len(res.retrieved),
+        "kept": len(res.kept_chunk_ids),
+        "notes": [n for st in res.stages for n in st.notes] + res.notes,
+    }
+
+
+def setup_of(cfg: DualEvalConfig) -> dict[str, Any]:
+    """What decides a row's answer besides its question and strategy (the checkpoint's setup). The
+    reranker is in the reranked rows' keys instead, so adding one later reuses the dense rows."""
+    return {
+        "llm": cfg.llm.model_dump(),
+        "dual": cfg.dual.model_dump(exclude={"strategy", "reranker", "extractor_llm", "filter_llm", "generator_llm"}),
+        "embedding": cfg.embedding.model_dump(),
+    }
+
+
+async def run_dual_eval(
+    cfg: DualEvalConfig,
+    llm: LLM,
+    encoder: DenseEncoder,
+    scorer: PairScorer | None = None,
+    *,
+    checkpoint: str | Path | None = None,
+    examples: dict[str, list[QAExample]] | None = None,
+    progress: Callable[[str], None] = log.info,
+) -> list[dict[str, Any]]:
+    """Answer every selected question with every strategy; one row per (dataset, question,
+    strategy, retrieval). Question-major, datasets interleaved: a question's strategies share its
+    index, retrieval, extraction and filter. With ``scorer``, ``cfg.reranked_strategies`` are also answered over the
+    reranked chunks (retrieval ``"reranked"``) and every row records the support recall of its
+    chunks. ``examples`` overrides :func:`select_questions` (tests)."""
+    if examples is None:
+        examples = {d: select_questions(d, cfg) for d in cfg.datasets}
+    ckpt = ReaderCheckpoint(checkpoint, setup_of(cfg)) if checkpoint is not None else None
+    pipe = DualPipeline(llm, cfg.dual)
+    plan: list[tuple[str, Any, tuple[str, ...]]] = [(DENSE_ONLY, None, cfg.strategies)]
+    if scorer is not None and cfg.reranked_strategies:
+        plan.append((RERANKED, scorer, cfg.reranked_strategies))
+    total = sum(len(v) for v in examples.values()) * sum(len(s) for _, _, s in plan)
+    rows: list[dict[str, Any]] = []
+    t_start, n_new = time.perf_counter(), 0
+    # Datasets interleaved (1st of each, then 2nd of each, ...): a run cut short covers all of them.
+    order = [(d, exs[i]) for i in range(max(map(len, examples.values()), default=0))
+             for d, exs in examples.items() if i < len(exs)]  # fmt: skip
+    for dataset, ex in order:
+        paras, support = question_paragraphs(ex)
+        index = None
+        for label, sc, strategies in plan:
+            keys = {s: [dataset, s, label if sc is None else f"{label}:{sc.name}"] for s in strategies}
+            cached = {s: ckpt.get(ex.qid, ex.question, keys[s]) for s in strategies} if ckpt else {}
+            missing = [s for s in strategies if cached.get(s) is None]
+            if missing:
+                if index is None:
+                    index = index_paragraphs(paras, encoder, None, cfg.dual)
+                retrieval = index.retriever.retrieve(ex.question, scorer=sc)
+                recall = support_recall(retrieval, support)
+                results = await pipe.run_many(ex.question, retrieval, index.paragraphs, missing)
+                for s in missing:
+                    row = _row(dataset, ex, label, recall, results[s])
+                    cached[s] = row
+                    n_new += 1
+                    if ckpt:
+                        ckpt.add(ex.qid, ex.question, keys[s], row)
+            rows.extend(cached[s] for s in strategies)  # type: ignore[misc]
+        progress(f"{len(rows)}/{total} rows ({n_new} answered now), {time.perf_counter() - t_start:.0f}s")
+    return rows
+
+
+def retrieval_effect(
+    cfg: DualEvalConfig, encoder: DenseEncoder, scorer: PairScorer, examples: dict[str, list[QAExample]] | None = None,
+    ks: Sequence[int] = (2, 7),
+) -> list[dict[str, Any]]:
+    """The reranker's effect without the LLM: per dataset and k, the mean support recall (x100) of
+    the top-k chunks in dense order and reranked, over the same questions as the strategies."""
+    if examples is None:
+        examples = {d: select_questions(d, cfg) for d in cfg.datasets}
+    out = []
+    for dataset, exs in examples.items():
+        rec: dict[tuple[str, int], list[float]] = {}
+        for ex in exs:
+            paras, support = question_paragraphs(ex)
+            index = index_paragraphs(paras, encoder, None, cfg.dual)
+            for label, sc in ((DENSE_ONLY, None), (RERANKED, scorer)):
+                for k in ks:
+                    r = index.retriever.retrieve(ex.question, k=k, scorer=sc)
+                    rec.setdefault((label, k), []).append(support_recall(r, support))
+        for k in ks:
+            out.append({"dataset": dataset, "k": k, "questions": len(exs), "reranker": scorer.name,
+                        "dense_recall": round(100 * _mean(rec[(DENSE_ONLY, k)]), 1),
+                        "reranked_recall": round(100 * _mean(rec[(RERANKED, k)]), 1)})  # fmt: skip
+    return out
+
+
+def checkpoint_rows(checkpoint: str | Path) -> list[dict[str, Any]]:
+    """The rows a (possibly unfinished) run has appended to its checkpoint, in file order."""
+    return list(ReaderCheckpoint(checkpoint, {}).entries.values())
+
+
+# -------------------------------------------------------------------------------------------- report
+
+
+def _mean(xs: Iterable[float]) -> float:
+    v = [x for x in xs if x == x]  # drop NaN
+    return float(np.mean(v)) if v else float("nan")
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (retrieval, strategy, dataset): questions, EM and F1 (x100), generator input tokens,
+    LLM calls and prompt tokens per question (shared stages counted for every strategy that uses
+    them: what the strategy costs alone) and the support recall of the chunks (x100)."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["retrieval"], r["strategy"], r["dataset"]), []).append(r)
+    order = {s: i for i, s in enumerate(DUAL_STRATEGIES)}
+    out = []
+    for (ret, strat, ds), rs in sorted(groups.items(), key=lambda kv: (kv[0][0] != DENSE_ONLY, order[kv[0][1]], kv[0][2])):
+        out.append({
+            "retrieval": ret, "strategy": strat, "dataset": ds, "questions": len(rs),
+            "em": round(100 * _mean(r["em"] for r in rs), 1),
+            "f1": round(100 * _mean(r["f1"] for r in rs), 1),
+            "generator_input_tokens": round(_mean(r["generator_input_tokens"] for r in rs)),
+            "llm_calls": round(_mean(r["llm_calls"] for r in rs), 1),
+            "prompt_tokens": round(_mean(r["prompt_tokens"] for r in rs)),
+            "support_recall": round(100 * _mean(r["support_recall"] for r in rs), 1),
+            "kept_of_retrieved": f"{_mean(r['kept'] for r in rs):.1f}/{_mean(r['retrieved'] for r in rs):.1f}",
+        })  # fmt: skip
+    return out
+
+
+def _cell(summary: Sequence[dict[str, Any]], ret: str, strat: str, ds: str, key: str) -> Any:
+    for s in summary:
+        if (s["retrieval"], s["strategy"], s["dataset"]) == (ret, strat, ds):
+            return s[key]
+    return None
+
+
+def _strategies(summary: Sequence[dict[str, Any]], ret: str) -> list[str]:
+    return [s for s in DUAL_STRATEGIES if any(x["strategy"] == s and x["retrieval"] == ret for x in summary)]
+
+
+def _datasets(summary: Sequence[dict[str, Any]]) -> list[str]:
+    return [d for d in DATASETS if any(x["dataset"] == d for x in summary)]
+
+
+def table3_markdown(summary: Sequence[dict[str, Any]], retrieval: str = DENSE_ONLY) -> str:
+    """The paper's Table 3 layout: strategies as rows, F1 per dataset and their average."""
+    ds = _datasets(summary)
+    n = {d: _cell(summary, retrieval, _strategies(summary, retrieval)[0], d, "questions") for d in ds}
+    head = "| strategy | " + " | ".join(f"{d} F1 ({n[d]} q)" for d in ds) + " | avg F1 |"
+    lines = [head, "| --- |" + " --- |" * (len(ds) + 1)]
+    for s in _strategies(summary, retrieval):
+        vals = [_cell(summary, retrieval, s, d, "f1") for d in ds]
+        avg = round(float(np.mean([v for v in vals if v is not None])), 1)
+        lines.append(f"| {s} | " + " | ".join(str(v) for v in vals) + f" | {avg} |")
+    return "\n".join(lines)
+
+
+def tokens_markdown(summary: Sequence[dict[str, Any]], retrieval: str = DENSE_ONLY) -> str:
+    """Generator input tokens (Figure 3), LLM calls and all prompt tokens per question."""
+    ds = _datasets(summary)
+    head = ("| strategy | " + " | ".join(f"{d}: generator input / LLM calls / all prompt tokens" for d in ds)
+            + " | kept chunks (filter) |")
+    lines = [head, "| --- |" + " --- |" * (len(ds) + 1)]
+    for s in _strategies(summary, retrieval):
+        cells = [
+            f"{_cell(summary, retrieval, s, d, 'generator_input_tokens'):,} / {_cell(summary, retrieval, s, d, 'llm_calls')}"
+            f" / {_cell(summary, retrieval, s, d, 'prompt_tokens'):,}"
+            for d in ds
+        ]
+        kept = ", ".join(f"{d} {_cell(summary, retrieval, s, d, 'kept_of_retrieved')}" for d in ds)
+        lines.append(f"| {s} | " + " | ".join(cells) + f" | {kept} |")
+    return "\n".join(lines)
+
+
+def reranker_markdown(summary: Sequence[dict[str, Any]]) -> str:
+    """Dense only vs reranked: support recall of the k chunks and F1 of the reranked strategies."""
+    ds = _datasets(summary)
+    head = "| retrieval | strategy | " + " | ".join(f"{d} support recall / F1" for d in ds) + " |"
+    lines = [head, "| --- | --- |" + " --- |" * len(ds)]
+    for s in _strategies(summary, RERANKED):
+        for ret in (DENSE_ONLY, RERANKED):
+            cells = [f"{_cell(summary, ret, s, d, 'support_recall')} / {_cell(summary, ret, s, d, 'f1')}" for d in ds]
+            lines.append(f"| {ret} | {s} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_table3(summary: Sequence[dict[str, Any]], path: str | Path, title: str = "") -> Path:
+    """Two panels: F1 per strategy and dataset (bars), generator input tokens per strategy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ds, strats = _datasets(summary), _strategies(summary, DENSE_ONLY)
+    x = np.arange(len(strats))
+    w = 0.8 / max(len(ds), 1)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, d in enumerate(ds):
+        f1s = [_cell(summary, DENSE_ONLY, s, d, "f1") or 0.0 for s in strats]
+        toks = [_cell(summary, DENSE_ONLY, s, d, "generator_input_tokens") or 0 for s in strats]
+        a1.bar(x + i * w - 0.4 + w / 2, f1s, w, label=d)
+        a2.bar(x + i * w - 0.4 + w / 2, toks, w, label=d)
+    for ax, ylabel in ((a1, "F1"), (a2, "generator input tokens")):
+        ax.set_xticks(x, strats)
+        ax.set_ylabel(ylabel)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    a1.set_title("F1 by strategy (Table 3 layout)")
+    a2.set_title("generator input tokens (Figure 3)")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# -------------------------------------------------------------------------------------------- run + write
+
+
+CHECKPOINT = ".dual-checkpoint.jsonl"
+
+
+def run_and_report(
+    cfg: DualEvalConfig,
+    out: str | Path,
+    *,
+    plot: str | Path | None = None,
+    report_only: bool = False,
+    torch_threads: int = 2,
+    command: Sequence[str] = (),
+    data: dict[str, str | Path | None] | None = None,
+) -> dict[str, Any]:
+    """Run (or, with ``report_only``, only report the checkpointed rows of) an evaluation and write
+    ``OUT/dual_eval.json``, ``OUT/rows.jsonl``, ``OUT/table3.md`` and the plot (default
+    ``OUT/dual_table3.png``); returns the report with ``markdown``. The bundled encoder, the
+    configured LLM and ``dual.reranker`` (when set) are loaded here. Raises ValueError /
+    FileNotFoundError on a bad reranker folder or an empty checkpoint. ``data``: a QA file per
+    dataset instead of the bundled sample."""
+    import asyncio
+
+    import torch
+
+    from longrag.dual.rerank import load_reranker
+    from longrag.index.embedding import Embedder
+    from longrag.llm.factory import build_llm
+
+    torch.set_num_threads(torch_threads)
+    out = Path(out)
+    scorer = load_reranker(cfg.dual.reranker) if cfg.dual.reranker else None
+    t0 = time.perf_counter()
+    encoders: list[Embedder] = []
+
+    def encoder() -> Embedder:  # built once, and only when needed
+        if not encoders:
+            encoders.append(Embedder(cfg.embedding))
+        return encoders[0]
+
+    if report_only:
+        rows = checkpoint_rows(out / CHECKPOINT)
+        if not rows:
+            raise ValueError(f"no rows in {out / CHECKPOINT}: nothing to report")
+    else:
+        llm = build_llm(cfg.llm)
+        try:
+            examples = {d: select_questions(d, cfg, (data or {}).get(d)) for d in cfg.datasets}
+            rows = asyncio.run(run_dual_eval(cfg, llm, encoder(), scorer, checkpoint=out / CHECKPOINT,
+                                             examples=examples))  # fmt: skip
+        finally:
+            asyncio.run(llm.aclose())
+    summary = summarize(rows)
+    effect = retrieval_effect(cfg, encoder(), scorer) if scorer is not None else []
+    md = [table3_markdown(summary), "", tokens_markdown(summary)]
+    if any(s["retrieval"] == RERANKED for s in summary):
+        md += ["", reranker_markdown(summary)]
+    if effect:
+        md += ["", "| dataset | k | questions | support recall dense | reranked |", "| --- | --- | --- | --- | --- |"]
+        md += [f"| {e['dataset']} | {e['k']} | {e['questions']} | {e['dense_recall']} | {e['reranked_recall']} |"
+               for e in effect]  # fmt: skip
+    report = {
+        "config": cfg.model_dump(mode="json"),
+        "summary": summary,
+        "retrieval_effect": effect,
+        "questions": {d: sorted({r["qid"] for r in rows if r["dataset"] == d}) for d in cfg.datasets},
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "command": list(command),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "dual_eval.json").write_text(json.dumps(report, indent=2))
+    with open(out / "rows.jsonl", "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    (out / "table3.md").write_text("\n".join(md) + "\n")
+    plot_table3(summary, plot or out / "dual_table3.png",
+                title=f"{cfg.llm.model}, dense only, {cfg.dual.chunk_words} words x k={cfg.dual.rerank_k}")  # fmt: skip
+    return report | {"markdown": "\n".join(md)}
