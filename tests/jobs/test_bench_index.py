@@ -46,6 +46,6 @@ def test_synthetic_build_serves_with_search_params(tmp_path):
     info = shard.info()
     assert info["n_chunks"] == 500 and info["rss_bytes"] > 0 and info["factory"] == "Flat"
     hits = shard.search(np.ones((1, 16), dtype=np.float32), 3)
-    assert len(hits[0]) == 3 and all(h["shard"] == 1 for h in hits[0])
-    unit = shard.get_units([hits[0][0]["unit_id"]])[0]
+    assert len(hits[0]) == 3 and all(h.shard == 1 for h in hits[0])
+    unit = shard.get_units([hits[0][0].unit_id])[0]
     assert len(unit["text"]) > 120  # a unit joins several 120-character chunks
