@@ -181,7 +181,7 @@ def test_dual_strategies_in_process_over_vllm(served, hf_model):
     batches their calls); the filter's judgements are JSON-constrained by vLLM's structured outputs."""
     from longrag.config import DualConfig, EmbeddingConfig, LLMConfig
     from longrag.dual.pipeline import STRATEGIES, DualPipeline, index_document
-    from longrag.embedding import Embedder
+    from longrag.index.embedding import Embedder
     from longrag.llm import build_llm
     from tests.longrag.test_dual_real import DOCUMENT, QUESTION
 
