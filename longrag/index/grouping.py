@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "UNIT_SEPARATOR",
+    "adjacency_csr",
     "build_adjacency",
     "csr_from_edges",
     "document_text",
@@ -93,13 +94,7 @@ def group_documents(n_tokens: Sequence[int], adjacency: Sequence[Sequence[int]],
     n = int(sizes.shape[0])
     if len(adjacency) != n:
         raise ValueError(f"adjacency has {len(adjacency)} rows but n_tokens has {n} documents")
-    lengths = np.fromiter((len(row) for row in adjacency), dtype=np.int64, count=n)
-    try:
-        dst = np.fromiter(chain.from_iterable(adjacency), dtype=np.int64, count=int(lengths.sum()))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"adjacency must hold integer document indices: {exc}") from None
-    src = np.repeat(np.arange(n, dtype=np.int64), lengths)
-    indptr, indices = csr_from_edges(n, src, dst, symmetric=False, what="adjacency")
+    indptr, indices = adjacency_csr(adjacency, n)
     return groups_from_labels(group_csr(sizes, indptr, indices, budget))
 
 
@@ -237,15 +232,20 @@ def groups_from_labels(labels: np.ndarray) -> list[list[int]]:
     return [g.tolist() for g in np.split(order, bounds)]
 
 
-def _clean_adjacency(adjacency: Sequence[Sequence[int]], n: int) -> list[list[int]]:
-    """Rows of distinct related documents, self-loops removed, indices checked (vectorized)."""
+def adjacency_csr(adjacency: Sequence[Sequence[int]], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """List-of-lists related documents -> CSR ``(indptr, indices)`` (:func:`csr_from_edges`, not symmetrized)."""
     lengths = np.fromiter((len(row) for row in adjacency), dtype=np.int64, count=n)
     try:
         dst = np.fromiter(chain.from_iterable(adjacency), dtype=np.int64, count=int(lengths.sum()))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"adjacency must hold integer document indices: {exc}") from None
     src = np.repeat(np.arange(n, dtype=np.int64), lengths)
-    indptr, indices = csr_from_edges(n, src, dst, symmetric=False, what="adjacency")
+    return csr_from_edges(n, src, dst, symmetric=False, what="adjacency")
+
+
+def _clean_adjacency(adjacency: Sequence[Sequence[int]], n: int) -> list[list[int]]:
+    """Rows of distinct related documents, self-loops removed, indices checked (vectorized)."""
+    indptr, indices = adjacency_csr(adjacency, n)
     bounds = indptr.tolist()
     dst_list = indices.tolist()
     return [dst_list[bounds[i] : bounds[i + 1]] for i in range(n)]
