@@ -25,6 +25,7 @@ from actors.index_shard import IndexShardImpl
 from cluster.local import start_or_join
 from serve.run import deploy, wait_running
 from serve.run import main as run_main
+from tests.http_server import wait_healthy
 
 SHARD_CLASS = IndexShardImpl.__name__  # the class name Ray records for IndexShard actors
 PORT = 8323
@@ -65,10 +66,7 @@ def client(sample_index):
         reason = wait_running([APP], schedule_timeout_s=0, ready_timeout_s=420)
         assert reason is None, reason
         with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=180) as c:
-            deadline = time.time() + 120
-            while c.get("/healthz").status_code != 200:
-                assert time.time() < deadline, c.get("/healthz").text
-                time.sleep(1)
+            wait_healthy(c)
             yield c
     finally:
         serve.shutdown()

@@ -20,6 +20,8 @@ import pytest
 import yaml
 
 from longrag.llm.hf_export import CHATML_TEMPLATE, STAMP, export_hf_model
+from tests.http_server import wait_healthy
+from tests.dual_expected import EXPECTED_STAGES
 
 pytestmark = pytest.mark.vllm
 
@@ -116,10 +118,7 @@ def served(sample_index, hf_model):
         reason = wait_running([LLM_APP, RAG_APP], schedule_timeout_s=60, ready_timeout_s=900)
         assert reason is None, reason
         with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=600) as client:
-            deadline = time.time() + 120
-            while client.get("/healthz").status_code != 200:
-                assert time.time() < deadline, client.get("/healthz").text
-                time.sleep(1)
+            wait_healthy(client)
             yield client
     finally:
         serve.shutdown()
@@ -202,10 +201,7 @@ def test_dual_strategies_in_process_over_vllm(served, hf_model):
         return dict(zip(STRATEGIES, results))
 
     res = asyncio.run(all_strategies())
-    expected_stages = {
-        "R&B": ["generator"], "R&L": ["generator"], "Ext": ["extractor", "generator"],
-        "Fil": ["filter", "generator"], "E&F": ["extractor", "filter", "generator"],
-    }  # fmt: skip
+    expected_stages = EXPECTED_STAGES
     for s, r in res.items():
         assert r.strategy == s and r.answer.strip(), s
         assert [st.stage for st in r.stages] == expected_stages[s]
