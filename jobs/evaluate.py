@@ -69,6 +69,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="dual: dual-perspective LongRAG in the LongBench setting (each question's own paragraphs; "
                         "longrag.eval.dual_bench, Table 3 layout); --dataset hotpotqa or musique")
     p.add_argument("--strategy", default="R&B,R&L,Ext,Fil,E&F", help="--pipeline dual: comma list of strategies")
+    p.add_argument("--exclude-trained", metavar="LRG_DIR",
+                   help="--pipeline dual: leave out the questions of this LRGinstruction build's train split")
+    p.add_argument("--baseline", metavar="RUN_DIR",
+                   help="--pipeline dual: an earlier run over the same questions (e.g. the base model); "
+                        "writes OUT/comparison.md with F1 and filter precision/recall side by side")
     p.add_argument("--reader-k", type=number(int, min_value=1), default=4, help="units given to the reader")
     p.add_argument("--reader-concurrency", type=number(int, min_value=1), default=1,
                    help="reader calls in flight (remote LLMs)")
@@ -107,13 +112,20 @@ def _dual(args: argparse.Namespace, command: list[str]) -> int:
     """``--pipeline dual``: :func:`longrag.eval.dual_bench.run_and_report` on ``--data`` (default: the
     sample), ``--limit`` questions (default 10), every ``--strategy``."""
     from longrag.eval import dual_bench as db
+    from longrag.lrg.records import trained_question_ids
 
     try:
         config = config_from_args(args)
+        excluded = sorted(trained_question_ids(args.exclude_trained)) if args.exclude_trained else []
         cfg = db.DualEvalConfig(datasets=(args.dataset,), strategies=tuple(s.strip() for s in args.strategy.split(",")
                                                                           if s.strip()),
-                                limit=args.limit or 10, dual=config.dual, llm=config.llm, embedding=config.embedding)
+                                limit=args.limit or 10, dual=config.dual, llm=config.llm, embedding=config.embedding,
+                                exclude_qids=tuple(excluded))
+        baseline = db.load_report(args.baseline) if args.baseline else None
         report = db.run_and_report(cfg, args.out, command=command, data={args.dataset: args.data})
+        if baseline is not None:
+            md = db.write_comparison(baseline, report, args.out)
+            report["markdown"] += "\n\n" + md
     except (ValidationError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

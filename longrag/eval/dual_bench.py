@@ -78,6 +78,9 @@ class DualEvalConfig(BaseModel):
     reranked_strategies: tuple[str, ...] = Field(
         ("R&B",), description="Strategies also answered over the reranked chunks (needs dual.reranker)."
     )
+    exclude_qids: tuple[str, ...] = Field(
+        (), description="Questions left out before the selection (e.g. those a fine-tuned model trained on)."
+    )
     dual: DualConfig = Field(default_factory=DualConfig)
     llm: LLMConfig = Field(default_factory=LLMConfig)
     embedding: EmbeddingConfig = Field(default_factory=lambda: EmbeddingConfig(device="cpu"))
@@ -114,6 +117,9 @@ def select_questions(dataset: str, cfg: DualEvalConfig, path: str | Path | None 
     if cfg.questions == "heldout":
         _, held = split_by_question([(dataset, ex) for ex in usable], cfg.heldout_fraction, cfg.seed)
         usable = [ex for _, ex in held]
+    if cfg.exclude_qids:
+        excluded = set(cfg.exclude_qids)
+        usable = [ex for ex in usable if ex.qid not in excluded]
     return usable[cfg.start : cfg.start + cfg.limit]
 
 
@@ -135,8 +141,10 @@ def support_recall(retrieval: Retrieval, support: set[str]) -> float:
 # -------------------------------------------------------------------------------------------- run
 
 
-def _row(dataset: str, ex: QAExample, retrieval_label: str, recall: float, res: DualResult) -> dict[str, Any]:
+def _row(dataset: str, ex: QAExample, retrieval_label: str, recall: float, res: DualResult,
+         support: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
     stages = {st.stage: st for st in res.stages}
+    from_support = {c.chunk.chunk_id for c in res.retrieved if c.chunk.paragraph_id in support}
     return {
         "dataset": dataset,
         "qid": ex.qid,
@@ -155,6 +163,10 @@ def _row(dataset: str, ex: QAExample, retrieval_label: str, recall: float, res: 
         "stage_ms": {name: st.wall_ms for name, st in stages.items()},
         "retrieved": len(res.retrieved),
         "kept": len(res.kept_chunk_ids),
+        # The filter judged against the support labels: chunks from supporting paragraphs among
+        # those retrieved and among those kept.
+        "retrieved_supporting": len(from_support),
+        "kept_supporting": len(from_support & set(res.kept_chunk_ids)),
         "notes": [n for st in res.stages for n in st.notes] + res.notes,
     }
 
@@ -211,7 +223,7 @@ async def run_dual_eval(
                 recall = support_recall(retrieval, support)
                 results = await pipe.run_many(ex.question, retrieval, index.paragraphs, missing)
                 for s in missing:
-                    row = _row(dataset, ex, label, recall, results[s])
+                    row = _row(dataset, ex, label, recall, results[s], support)
                     cached[s] = row
                     n_new += 1
                     if ckpt:
@@ -278,8 +290,52 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "prompt_tokens": round(_mean(r["prompt_tokens"] for r in rs)),
             "support_recall": round(100 * _mean(r["support_recall"] for r in rs), 1),
             "kept_of_retrieved": f"{_mean(r['kept'] for r in rs):.1f}/{_mean(r['retrieved'] for r in rs):.1f}",
+            **filter_quality(rs),
         })  # fmt: skip
     return out
+
+
+def filter_quality(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The kept chunks judged against the support labels, pooled over ``rows`` (x100):
+    ``filter_precision`` = kept chunks from supporting paragraphs / kept chunks,
+    ``filter_recall`` = kept chunks from supporting paragraphs / retrieved ones. Without a filter
+    (R&B, R&L, Ext keep every chunk) precision is the share of supporting chunks retrieved and
+    recall is 100. NaN when no row has the counts (rows from before they were recorded)."""
+    rs = [r for r in rows if "kept_supporting" in r]
+    kept, kept_sup = sum(r["kept"] for r in rs), sum(r["kept_supporting"] for r in rs)
+    ret_sup = sum(r["retrieved_supporting"] for r in rs)
+    return {
+        "filter_precision": round(100 * kept_sup / kept, 1) if kept else float("nan"),
+        "filter_recall": round(100 * kept_sup / ret_sup, 1) if ret_sup else float("nan"),
+    }
+
+
+def compare_summaries(
+    baseline: Sequence[dict[str, Any]], candidate: Sequence[dict[str, Any]], labels: tuple[str, str] = ("base", "tuned"),
+    retrieval: str = DENSE_ONLY,
+) -> tuple[list[dict[str, Any]], str]:
+    """Two runs over the same questions side by side (e.g. a base model and its fine-tuned
+    adapter): per strategy and dataset, F1, EM and the filter's precision/recall in each, and the
+    F1 difference. Returns the rows and a markdown table."""
+    rows = []
+    for s in _strategies(candidate, retrieval):
+        for d in _datasets(candidate):
+            a = {k: _cell(baseline, retrieval, s, d, k) for k in ("questions", "em", "f1", "filter_precision", "filter_recall")}
+            b = {k: _cell(candidate, retrieval, s, d, k) for k in ("questions", "em", "f1", "filter_precision", "filter_recall")}
+            if a["questions"] is None or b["questions"] is None:
+                continue
+            rows.append({"strategy": s, "dataset": d, "questions": b["questions"],
+                         **{f"{k}_{labels[0]}": a[k] for k in ("em", "f1", "filter_precision", "filter_recall")},
+                         **{f"{k}_{labels[1]}": b[k] for k in ("em", "f1", "filter_precision", "filter_recall")},
+                         "f1_delta": round(b["f1"] - a["f1"], 1)})  # fmt: skip
+    x, y = labels
+    md = [f"| strategy | dataset | q | F1 {x} -> {y} (delta) | EM {x} -> {y} | filter precision {x} -> {y} "
+          f"| filter recall {x} -> {y} |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        md.append(f"| {r['strategy']} | {r['dataset']} | {r['questions']} | {r[f'f1_{x}']} -> {r[f'f1_{y}']} "
+                  f"({r['f1_delta']:+.1f}) | {r[f'em_{x}']} -> {r[f'em_{y}']} | {r[f'filter_precision_{x}']} -> "
+                  f"{r[f'filter_precision_{y}']} | {r[f'filter_recall_{x}']} -> {r[f'filter_recall_{y}']} |")
+    return rows, "\n".join(md)
 
 
 def _cell(summary: Sequence[dict[str, Any]], ret: str, strat: str, ds: str, key: str) -> Any:
@@ -450,3 +506,29 @@ def run_and_report(
     plot_table3(summary, plot or out / "dual_table3.png",
                 title=f"{cfg.llm.model}, dense only, {cfg.dual.chunk_words} words x k={cfg.dual.rerank_k}")  # fmt: skip
     return report | {"markdown": "\n".join(md)}
+
+
+def load_report(run_dir: str | Path) -> dict[str, Any]:
+    """The ``dual_eval.json`` of an earlier run (``run_dir`` or the file itself)."""
+    path = Path(run_dir)
+    if path.is_dir():
+        path = path / "dual_eval.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no dual_eval.json (the --out folder of a dual evaluation)")
+    return json.loads(path.read_text())
+
+
+def write_comparison(baseline: dict[str, Any], report: dict[str, Any], out: str | Path,
+                     labels: tuple[str, str] = ("base", "tuned")) -> str:
+    """Write ``OUT/comparison.{md,json}`` of two runs; ValueError unless they answered the same
+    questions (a comparison over different questions would be meaningless)."""
+    if baseline.get("questions") != report.get("questions"):
+        raise ValueError(f"the baseline answered other questions: {baseline.get('questions')} vs {report.get('questions')}")
+    rows, md = compare_summaries(baseline["summary"], report["summary"], labels)
+    head = (f"{labels[0]}: {baseline['config']['llm']['model']} (lora {baseline['config']['llm'].get('lora_path')}); "
+            f"{labels[1]}: {report['config']['llm']['model']} (lora {report['config']['llm'].get('lora_path')})")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "comparison.md").write_text(head + "\n\n" + md + "\n")
+    (out / "comparison.json").write_text(json.dumps({"labels": labels, "rows": rows}, indent=2))
+    return head + "\n\n" + md

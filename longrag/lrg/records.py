@@ -7,6 +7,7 @@ Answering" (Zhao et al., 2024), Section 3.2 and Appendix C.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -150,6 +151,18 @@ class InstructionRecord(_Model):
     split: Split
     messages: list[Message]
     provenance: Provenance
+
+
+def trained_question_ids(data: str | Path) -> set[str]:
+    """The source question ids of the training split of an LRGinstruction build (``data`` is the
+    build folder or its ``train.jsonl``): an evaluation of a model tuned on it leaves them out."""
+    path = Path(data)
+    if path.is_dir():
+        path = path / "train.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no LRGinstruction train.jsonl (the output folder of jobs.lrg_instruct)")
+    with open(path, encoding="utf-8") as fh:
+        return {InstructionRecord.model_validate_json(line).provenance.question_id for line in fh if line.strip()}
 
 
 class Outcome(_Model):

@@ -198,3 +198,77 @@ def test_jobs_evaluate_pipeline_dual_checks_strategy_and_dataset(capsys, tmp_pat
     assert "valid: R&B, R&L, Ext, Fil, E&F" in capsys.readouterr().err
     assert main(["--dataset", "nq", "--data", data, "--pipeline", "dual", "--out", str(tmp_path)]) == 2
     assert "valid: ['hotpotqa', 'musique']" in capsys.readouterr().err
+
+
+def _judging_llm(judge) -> ScriptedLLM:
+    llm = ScriptedLLM([], default="x")
+    llm._next = lambda messages: _stage_reply(judge)(messages)  # type: ignore[method-assign]
+    return llm
+
+
+def test_filter_precision_and_recall_against_the_support_labels():
+    # 3 of 4 paragraphs retrieved (k=3): Curie and Warsaw support, one distractor does not. The
+    # filter keeps the Warsaw chunk and a distractor: precision 1/2, recall 1/2; R&B keeps all 3.
+    cfg = db.DualEvalConfig(dual=DualConfig(rerank_k=3, dense_candidates=4), datasets=("hotpotqa",),
+                            strategies=("R&B", "Fil"))  # fmt: skip
+    keep = lambda p: '{"status": true}' if ("Warsaw," in p or "Bananas" in p or "Everest" in p) else '{"status": false}'
+    rows = asyncio.run(db.run_dual_eval(cfg, _judging_llm(keep), _BagEncoder(), None,
+                                        examples={"hotpotqa": [_example("q1")]}))  # fmt: skip
+    by = {r["strategy"]: r for r in rows}
+    assert by["R&B"]["retrieved"] == 3 and by["R&B"]["retrieved_supporting"] == 2
+    assert by["R&B"]["kept"] == 3 and by["R&B"]["kept_supporting"] == 2
+    assert by["Fil"]["kept"] == 2 and by["Fil"]["kept_supporting"] == 1
+    s = {x["strategy"]: x for x in db.summarize(rows)}
+    assert (s["Fil"]["filter_precision"], s["Fil"]["filter_recall"]) == (50.0, 50.0)
+    assert (s["R&B"]["filter_precision"], s["R&B"]["filter_recall"]) == (66.7, 100.0)
+    # rows checkpointed before the counts existed give NaN, not an error
+    old = [{k: v for k, v in r.items() if k not in ("kept_supporting", "retrieved_supporting")} for r in rows]
+    q = db.filter_quality(old)
+    assert q["filter_precision"] != q["filter_precision"] and q["filter_recall"] != q["filter_recall"]
+
+
+def test_exclude_qids_leaves_trained_questions_out_before_the_limit():
+    cfg = db.DualEvalConfig(limit=4, datasets=("musique",))
+    held = db.select_questions("musique", cfg)
+    without = db.select_questions("musique", cfg.model_copy(update={"exclude_qids": (held[1].qid,)}))
+    assert [ex.qid for ex in without] == [held[0].qid, *[ex.qid for ex in held[2:]],
+                                          db.select_questions("musique", cfg.model_copy(update={"limit": 5}))[4].qid]
+
+
+def test_trained_question_ids_reads_the_train_split_only(tmp_path):
+    from longrag.lrg.records import InstructionRecord, trained_question_ids
+
+    def rec(i: int, qid: str, split: str) -> str:
+        return InstructionRecord.model_validate({
+            "id": f"r{i}", "kind": "task", "split": split,
+            "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+            "provenance": {"teacher": None, "prompts_sha": "x", "source": "hotpotqa_train100", "question_id": qid,
+                           "paragraph_titles": []},
+        }).model_dump_json()  # fmt: skip
+
+    (tmp_path / "train.jsonl").write_text(rec(1, "qa", "train") + "\n" + rec(2, "qb", "train") + "\n")
+    (tmp_path / "heldout.jsonl").write_text(rec(3, "qc", "heldout") + "\n")
+    assert trained_question_ids(tmp_path) == {"qa", "qb"} == trained_question_ids(tmp_path / "train.jsonl")
+    with pytest.raises(FileNotFoundError, match="jobs.lrg_instruct"):
+        trained_question_ids(tmp_path / "nowhere")
+
+
+def test_comparison_of_two_runs_over_the_same_questions(tmp_path):
+    cfg = db.DualEvalConfig(dual=DualConfig(rerank_k=3, dense_candidates=4), datasets=("hotpotqa",),
+                            strategies=("R&B", "Fil"))  # fmt: skip
+    ex = {"hotpotqa": [_example("q1")]}
+    keep_all = lambda p: '{"status": true}'
+    keep_gold = lambda p: '{"status": true}' if ("Curie was" in p or "Warsaw," in p) else '{"status": false}'
+    reports = []
+    for name, judge in (("base", keep_all), ("tuned", keep_gold)):
+        asyncio.run(db.run_dual_eval(cfg, _judging_llm(judge), _BagEncoder(), None, checkpoint=tmp_path / name / db.CHECKPOINT,
+                                     examples=ex))  # fmt: skip
+        reports.append(db.run_and_report(cfg, tmp_path / name, report_only=True, torch_threads=1))
+    md = db.write_comparison(db.load_report(tmp_path / "base"), reports[1], tmp_path / "tuned")
+    assert "| Fil | hotpotqa | 1 | 100.0 -> 100.0 (+0.0) | 100.0 -> 100.0 | 66.7 -> 100.0 | 100.0 -> 100.0 |" in md
+    assert (tmp_path / "tuned" / "comparison.md").is_file() and (tmp_path / "tuned" / "comparison.json").is_file()
+    other = dict(reports[1], questions={"hotpotqa": ["q9"]})
+    with pytest.raises(ValueError, match="other questions"):
+        db.write_comparison(reports[0], other, tmp_path / "x")
+    with pytest.raises(FileNotFoundError, match="dual_eval.json"):
+        db.load_report(tmp_path / "missing")
