@@ -71,20 +71,24 @@ STAGE_CPUS = 0.05
 chunks): small, so they always fit beside the pool sized by :func:`actors.embedding.pool_options`."""
 
 
-def read_staged_units(batch: dict[str, np.ndarray], store_uri: str, rows: int = 64) -> Iterator[dict[str, list[Any]]]:
-    """Ray Data generator: shard ids -> that shard's staged units as rows for :class:`ChunkUnits`."""
+def read_staged_units(batch: dict[str, np.ndarray], store_uri: str) -> dict[str, list[Any]]:
+    """Ray Data callable: ``(shard, part)`` -> that staged part's units as rows for :class:`ChunkUnits`."""
+    import io
+
     import pyarrow.parquet as pq
 
     from longrag.index.distplan import staged_units_key
     from longrag.store import ArtifactStore
 
     store = ArtifactStore.open(store_uri)
-    for shard in batch["shard"]:
-        shard = int(shard)
-        with store.storage.open_read(staged_units_key(shard), seekable=True) as fh:
-            for part in pq.ParquetFile(fh).iter_batches(batch_size=rows, columns=["unit_id", "titles", "text"]):
-                cols = part.to_pydict()
-                yield {**cols, "shard": [shard] * len(cols["unit_id"])}
+    out: dict[str, list[Any]] = {"unit_id": [], "titles": [], "text": [], "shard": []}
+    for shard, part in zip(batch["shard"], batch["part"]):
+        data = store.storage.read_bytes(staged_units_key(int(shard), int(part)))
+        cols = pq.read_table(io.BytesIO(data), columns=["unit_id", "titles", "text"]).to_pydict()
+        for c in ("unit_id", "titles", "text"):
+            out[c].extend(cols[c])
+        out["shard"].extend([int(shard)] * len(cols["unit_id"]))
+    return out
 
 
 def stage_chunks(batch: dict[str, np.ndarray], store_uri: str) -> dict[str, list[int]]:
@@ -127,12 +131,13 @@ def build_staged_shard(store_uri: str, shard: int, factory: str, metric: str) ->
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from longrag.index.distplan import staged_chunks_prefix, staged_units_key
+    from longrag.index.distplan import staged_chunks_prefix, staged_units_prefix
     from longrag.index.maxp import MaxPIndex
     from longrag.store import ArtifactStore, write_shard
 
     store = ArtifactStore.open(store_uri)
-    units = [Unit.from_row(r) for r in pq.read_table(io.BytesIO(store.storage.read_bytes(staged_units_key(shard)))).to_pylist()]
+    units = [Unit.from_row(r) for k in sorted(store.storage.list(staged_units_prefix(shard)))
+             for r in pq.read_table(io.BytesIO(store.storage.read_bytes(k))).to_pylist()]
     parts = [pq.read_table(io.BytesIO(store.storage.read_bytes(k)))
              for k in sorted(store.storage.list(staged_chunks_prefix(shard)))]
     if not parts:
@@ -155,11 +160,10 @@ def build_staged_shard(store_uri: str, shard: int, factory: str, metric: str) ->
 def stage_units(store: Any, plan: BuildPlan, shards: list[int]) -> None:
     """Write the units of ``shards`` of an in-driver plan to the staging area, as the distributed
     assembly (:mod:`actors.distbuild`) does."""
-    from longrag.index.distplan import staged_units_key
-    from longrag.store import units_to_parquet
+    from longrag.index.distplan import stage_shard_units
 
     for s in shards:
-        store.storage.write_bytes(staged_units_key(s), units_to_parquet(plan.units_by_shard[s]))
+        stage_shard_units(store.storage, s, plan.units_by_shard[s])
 
 
 def clear_staging(store: Any) -> None:
@@ -169,13 +173,18 @@ def clear_staging(store: Any) -> None:
         store.storage.delete(key)
 
 
-def build_shards(out: str, config: LongRAGConfig, max_tokens: int, pending: list[int]) -> list[ShardEntry]:
+def build_shards(out: str, config: LongRAGConfig, max_tokens: int, pending: dict[int, int]) -> list[ShardEntry]:
     """Chunk, embed and build the ``pending`` shards whose units are staged in the store at ``out``:
     Ray Data reads the staged units, chunks them (one actor) and embeds them (an actor pool sized from
     the cluster, :func:`actors.embedding.pool_options`), writing embedded chunks back to staging; then
     one task per shard builds its index, all shards at once within the cluster's resources."""
+    from longrag.index.distplan import staged_parts
+
+    if not pending:
+        return []
     emb = config.embedding
-    ds = ray.data.from_items([{"shard": s} for s in pending], override_num_blocks=len(pending))
+    parts = [{"shard": s, "part": k} for s, n in sorted(pending.items()) for k in range(staged_parts(n))]
+    ds = ray.data.from_items(parts, override_num_blocks=len(parts))
     ds = ds.map_batches(read_staged_units, batch_size=1, fn_kwargs={"store_uri": out}, num_cpus=STAGE_CPUS)
     ds = ds.map_batches(
         ChunkUnits,
@@ -187,9 +196,9 @@ def build_shards(out: str, config: LongRAGConfig, max_tokens: int, pending: list
     ds = ds.map_batches(ChunkEmbedder, batch_size=emb.batch_size, **pool_options(emb))
     ds = ds.map_batches(stage_chunks, fn_kwargs={"store_uri": out}, batch_format="numpy", num_cpus=STAGE_CPUS)
     staged = sum(int(n) for b in ds.iter_batches(batch_size=None, batch_format="numpy") for n in b["n_chunks"])
-    log.info("embedded %d chunks of shards %s", staged, pending)
+    log.info("embedded %d chunks of shards %s", staged, sorted(pending))
     refs = [build_staged_shard.options(num_cpus=1).remote(out, s, config.index.factory, config.index.metric)
-            for s in pending]
+            for s in sorted(pending)]
     return [ShardEntry.model_validate_json(r) for r in ray.get(refs)]
 
 
@@ -222,7 +231,7 @@ def build_from_documents(
     start = start_build(store, plan, resume=resume, command=command)
     t0 = time.perf_counter()
     stage_units(store, plan, start.pending)
-    built = build_shards(out, config, plan.max_tokens, start.pending) if start.pending else []
+    built = build_shards(out, config, plan.max_tokens, {s: len(plan.units_by_shard[s]) for s in start.pending})
     timings["chunk_embed_shard_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - t_all + timings.get("parse_s", 0.0)
     report = finish_build(store, out, plan, start, built, read_report=read_report, timings=timings, resume=resume)

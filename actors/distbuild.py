@@ -232,15 +232,15 @@ def assemble_shard(group: dict[str, np.ndarray], store_uri: str, kind: str, mode
                    passage_words: int) -> dict[str, list[Any]]:
     """Ray Data ``map_groups``: one shard's document rows -> its units, staged in the store;
     returns the shard's unit count and plan digest."""
-    from longrag.index.distplan import assemble_units, staged_units_key
+    from longrag.index.distplan import assemble_units, stage_shard_units
     from longrag.index.manifest import shard_plan
-    from longrag.store import ArtifactStore, units_to_parquet
+    from longrag.store import ArtifactStore
 
     shard = int(group["shard"][0])
     cols = ("unit", "pos", "doc_id", "title", "text", "n_tokens")
     rows = [dict(zip(cols, vals)) for vals in zip(*(group[c].tolist() for c in cols))]
     units = assemble_units(kind, rows, _counter(model), passage_words)
-    ArtifactStore.open(store_uri).storage.write_bytes(staged_units_key(shard), units_to_parquet(units))
+    stage_shard_units(ArtifactStore.open(store_uri).storage, shard, units)
     return {"shard": [shard], "n_units": [len(units)], "digest": [shard_plan({shard: units})[str(shard)]],
             "text_bytes": [sum(len(u.text.encode("utf-8")) for u in units)]}
 
@@ -360,7 +360,7 @@ def build_corpus_index(sources: str | list[str], fmt: str, out: str, config: Lon
     if not resume:
         store.write_manifest(start.manifest)
     t0 = time.perf_counter()
-    built = build_shards(out, config, plan.max_tokens, start.pending) if start.pending else []
+    built = build_shards(out, config, plan.max_tokens, {s: plan.shard_units[s] for s in start.pending})
     timings["chunk_embed_shard_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - t_all
     report = finish_build(store, out, plan, start, built, read_report=read_report, timings=timings, resume=resume)

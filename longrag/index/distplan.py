@@ -44,9 +44,34 @@ DOCUMENTS_PREFIX = "documents/"
 STAGING_PREFIX = "staging/"
 
 
-def staged_units_key(shard: int) -> str:
-    """Store key of a shard's assembled units before the shard is built."""
-    return f"{STAGING_PREFIX}units/shard-{shard:05d}.parquet"
+UNITS_PER_PART = 64
+"""Units per staged parquet part: the grain at which the chunk + embed stage spreads a shard's
+units over the embedding actors."""
+
+
+def staged_units_prefix(shard: int) -> str:
+    """Store prefix of a shard's assembled units (parquet parts) before the shard is built."""
+    return f"{STAGING_PREFIX}units/shard-{shard:05d}/"
+
+
+def staged_units_key(shard: int, part: int) -> str:
+    return f"{staged_units_prefix(shard)}part-{part:05d}.parquet"
+
+
+def staged_parts(n_units: int) -> int:
+    """Number of staged parts of a shard of ``n_units`` units."""
+    return -(-n_units // UNITS_PER_PART)
+
+
+def stage_shard_units(storage: Any, shard: int, units: Sequence[Unit]) -> int:
+    """Write a shard's units to the staging area in parts of :data:`UNITS_PER_PART`; returns the
+    number of parts."""
+    from longrag.store import units_to_parquet
+
+    n = staged_parts(len(units))
+    for k in range(n):
+        storage.write_bytes(staged_units_key(shard, k), units_to_parquet(list(units[k * UNITS_PER_PART : (k + 1) * UNITS_PER_PART])))
+    return n
 
 
 def staged_chunks_prefix(shard: int) -> str:
