@@ -1,13 +1,17 @@
-"""The parallel part of an index build, on Ray Data: parse pages in read tasks, chunk + embed in an
-actor pool, build one FAISS index per shard (``map_groups`` by shard), from the plan of
-:mod:`longrag.index.plan`.
+"""Chunk + embed + shard on Ray Data, and the build from documents held in memory.
 
-Ray Data parses pages in parallel and runs the chunk + embed step in an actor pool (GPUs per actor
-from ``embedding.num_gpus``); grouping (LongRAG, Jiang et al., 2024, Section 3.1, Algorithm 1) runs
-on the driver between them (:func:`longrag.index.plan.plan_build`), as it needs the whole link
-graph. Each shard is built by one task from its own chunks (units never span shards) and written to
-the artifact store with checksums; the manifest is written last and marked complete, so a reader
-never sees half a build. An existing build at ``out`` is refused unless ``overwrite`` is given.
+:func:`build_shards` is the last stage of every build: the units of each pending shard are staged
+in the store (by the distributed assembly of :mod:`actors.distbuild`, or by :func:`stage_units`
+from an in-driver plan); Ray Data reads them part by part, chunks them (one actor) and embeds them in
+an actor pool sized from the cluster (:func:`actors.embedding.pool_options`), writing embedded chunks
+back to staging; then one Ray task per shard builds its FAISS index and writes the shard with
+checksums -- all shards at once, as many as the cluster has CPUs for. The manifest is written last
+and marked complete, so a reader never sees half a build.
+
+:func:`build_from_documents` builds from documents already in memory (the evaluation's corpora):
+grouping (LongRAG, Jiang et al., 2024, Section 3.1, Algorithm 1) runs on the driver
+(:func:`longrag.index.plan.plan_build`). :func:`build_index` reads a corpus from files with the driver
+holding metadata only (:func:`actors.distbuild.build_corpus_index`).
 
 An interrupted build (status ``building``) continues with ``resume``: the units are recomputed
 from the same source and config, and a shard already written is kept when its plan digest (the
@@ -17,10 +21,8 @@ embedded and built (:func:`longrag.index.plan.resume_decision`).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np

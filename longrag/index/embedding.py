@@ -123,15 +123,15 @@ def embedding_pool(config: EmbeddingConfig, cpus: float, gpus: float = 0.0) -> E
     fields set in ``config`` (``concurrency``, ``num_cpus``, ``torch_threads``) win.
 
     With GPUs (``num_gpus`` > 0): one actor per ``num_gpus`` share, one CPU and one thread each. On
-    CPUs: one single-threaded actor per core left after the feeding stages' share, each asking for an
-    equal part of those cores, so every core runs one torch thread (on a 2-core machine: 2 actors x
+    CPUs: one single-threaded actor per core, the actors sharing the CPUs left after the feeding
+    stages' share (a logical reservation: every core still runs one torch thread) (on a 2-core machine: 2 actors x
     1 thread, measured faster than 1 actor x 2 threads by ``python -m jobs.bench_scale``)."""
     if config.num_gpus > 0:
         actors = config.concurrency or max(1, int(gpus // config.num_gpus))
         return EmbeddingPool(actors, config.num_cpus or 1.0, config.num_gpus, config.torch_threads or 1)
     usable = max(cpus - FEEDER_CPUS, 0.5)
     threads = config.torch_threads or 1
-    actors = config.concurrency or max(1, int(usable // threads))
+    actors = config.concurrency or max(1, int(round(cpus)) // threads)  # a torch thread per core
     num_cpus = config.num_cpus or round(max(min(float(threads), usable / actors), 0.1), 3)
     return EmbeddingPool(actors, num_cpus, 0.0, threads)
 
