@@ -107,12 +107,12 @@ def parse_tasks(batch: dict[str, np.ndarray], store_uri: str, text_mode: str, mo
                 elif rec.kind == "redirect":
                     report["redirects"].append([rec.title, rec.target])
                 else:
-                    report["bad"].append({"source": task.source, "line": rec.line, "reason": rec.reason,
-                                          "record": rec.record})
+                    report["bad"].append({"source": task.source, "line": rec.line, "title": rec.title or None,
+                                          "reason": rec.reason, "record": rec.record})
         except ValueError as exc:  # a malformed export: keep the pages read before, say so
             if task.fmt != "wikixml":
                 raise
-            report["bad"].append({"source": task.source, "line": None, "reason": str(exc), "record": None})
+            report["bad"].append({"source": task.source, "line": None, "title": None, "reason": str(exc), "record": None})
         last = flush() if docs else None
         store.storage.write_bytes(f"{READ_REPORTS}task-{task.task_id:05d}.json", json.dumps(report).encode())
         if last is not None:
@@ -287,7 +287,7 @@ def plan_corpus(sources: str | list[str], fmt: str, out: str, config: LongRAGCon
     order, dups = order_documents(meta, fmt)
     redirects = {t: target for r in reports for t, target in r["redirects"]}
     bad = [b for r in reports for b in r["bad"]]
-    bad += [{"source": None, "line": None, "reason": "duplicate doc_id", "record": d} for _, d in dups]
+    bad += [{"source": None, "line": None, "title": None, "reason": "duplicate doc_id", "record": d} for _, d in dups]
     read_report: dict[str, Any] = {"sources": files, "fmt": fmt, "read_tasks": n_tasks,
                                    "n_ok": int(order.shape[0]), "n_bad": len(bad), "bad": bad[:20]}
     if fmt == "wikixml":

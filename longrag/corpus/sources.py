@@ -57,7 +57,7 @@ class ReadTask:
 class TaskRecord:
     """What reading a task yields, in source order: a ``doc``, a ``redirect`` (wiki exports:
     ``title`` -> ``target``, both normalized) or a ``bad`` record (``line``: 1-based JSONL line or
-    parquet row of the file; ``record``: its id or title when known)."""
+    parquet row of the file; ``record``: its id or title when known; ``title``: a wiki page's title)."""
 
     kind: Literal["doc", "redirect", "bad"]
     doc: Document | None = None
@@ -229,7 +229,7 @@ def _wiki_records(task: ReadTask, text_mode: str) -> Iterator[TaskRecord]:
             continue
         doc, reason = wikitext.try_parse_page(raw, text_mode=text_mode)
         if doc is None:
-            yield TaskRecord("bad", reason=reason or "unknown", record=raw.page_id or raw.title)
+            yield TaskRecord("bad", title=raw.title, reason=reason or "unknown", record=raw.page_id or raw.title)
         else:
             yield TaskRecord("doc", doc=doc)
 

@@ -66,6 +66,8 @@ def test_sample_units_equal_the_in_driver_path(tmp_path, cluster):
     table = pa.concat_tables([pq.read_table(out / p.key) for p in corpus.parts])
     assert set(table.column_names) >= {"doc_id", "title", "text", "links", "n_tokens"}
     assert report["redirects"] > 0 and report["read_tasks"] == 1
+    # the skipped page is reported by title, as the demo prints it
+    assert [b["title"] for b in report["bad"]] == ["List of anthropologists"] and report["n_bad"] == 1
 
 
 def test_multistream_dump_is_read_stream_by_stream(tmp_path, cluster):
