@@ -16,7 +16,8 @@ corpus (``write_wikilike_corpus``) is planned by the distributed index build in 
 process (``actors.distbuild.plan_corpus``: read + parse + token counts in Ray Data, links, grouping,
 unit assembly and staging; the chunk + embed stage is left out, ``--skip-embed`` of the issue), whose
 peak RSS above its start (Ray and imports loaded) is reported per 1K documents beside the corpus'
-text bytes per 1K documents: the driver holds metadata, never text.
+text bytes per 1K documents: the driver holds metadata, never text. ``--text-scale-control 4`` reruns
+the smallest size with texts 4x longer and the same metadata: the driver's memory must stay.
 
 Embedding (``--embed-chunks 1200``): the same chunk texts (real Wikipedia sentences, ~250 tokens)
 encoded by raw ``SentenceTransformer.encode`` in this process with torch using every CPU, then by
@@ -140,24 +141,27 @@ def driver_memory_run(corpus: str, n_docs: int, cpus: int) -> dict[str, Any]:
     }
 
 
-def driver_memory(sizes: list[int], cpus: int, seed: int) -> list[dict[str, Any]]:
-    """One generated corpus and one fresh driver process per size."""
+def driver_memory(sizes: list[int], cpus: int, seed: int, text_scale: int = 0) -> list[dict[str, Any]]:
+    """One generated corpus and one fresh driver process per size; with ``text_scale``, the smallest
+    size once more with texts ``text_scale`` times longer (same documents, titles and links: the same
+    metadata), the control that tells metadata from text."""
     import subprocess
     import tempfile
 
     from longrag.synthetic.wikigraph import write_wikilike_corpus
 
     rows = []
-    for n in sizes:
+    runs = [(n, 1) for n in sizes] + ([(sizes[0], text_scale)] if text_scale > 1 else [])
+    for n, scale in runs:
         with tempfile.TemporaryDirectory(prefix="bench-scale-corpus-") as tmp:
-            log(f"driver memory: generating {n:,} documents ...")
-            write_wikilike_corpus(tmp, n, n_files=max(2, min(16, n // 20_000)), seed=seed)
+            log(f"driver memory: generating {n:,} documents (text x{scale}) ...")
+            write_wikilike_corpus(tmp, n, n_files=max(2, min(16, n // 20_000)), seed=seed, chars_per_token=4.0 * scale)
             log(f"driver memory: planning {n:,} documents in a fresh driver ...")
             proc = subprocess.run([sys.executable, "-m", "jobs.bench_scale", "--_driver-run", tmp, "--_driver-docs", str(n),
                                    "--cpus", str(cpus)], capture_output=True, text=True)
             if proc.returncode != 0:
                 raise RuntimeError(f"driver run for {n} documents failed:\n{proc.stderr[-3000:]}")
-            rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            rows.append({**json.loads(proc.stdout.strip().splitlines()[-1]), "text_scale": scale})
             log(json.dumps(rows[-1]))
     return rows
 
@@ -253,6 +257,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the goal for 1M documents / 10M links on one core, CPU seconds (default 30)")
     p.add_argument("--driver-memory-sizes", type=int_list(min_value=1000), default=[],
                    help="generated corpus sizes for the driver-memory runs, e.g. 10000,100000,300000 (default: none)")
+    p.add_argument("--text-scale-control", type=number(int, min_value=0), default=0,
+                   help="rerun the smallest driver-memory size with texts N times longer, same metadata (e.g. 4)")
     p.add_argument("--embed-chunks", type=number(int, min_value=0), default=0,
                    help="chunks for the embedding throughput comparison (default 0: skipped; e.g. 1200)")
     p.add_argument("--embed-pools", default="auto",
@@ -288,9 +294,10 @@ def main(argv: list[str] | None = None) -> int:
         print(" | ".join(f"{r[c]:,}" if isinstance(r[c], int) else str(r[c]) for c in cols))
     proj = project(rows, WIKIPEDIA_ARTICLES)
     print(f"projected for {proj['docs']:,} articles: {proj['cpu_s']} CPU s (log-log slope {proj['slope']})")
-    memory = driver_memory(args.driver_memory_sizes, args.cpus, args.seed) if args.driver_memory_sizes else []
+    memory = (driver_memory(args.driver_memory_sizes, args.cpus, args.seed, args.text_scale_control)
+              if args.driver_memory_sizes else [])
     if memory:
-        cols = ["docs", "units", "wall_s", "driver_extra_mb", "driver_extra_mb_per_1k_docs", "unit_text_mb",
+        cols = ["docs", "text_scale", "units", "wall_s", "driver_extra_mb", "driver_extra_mb_per_1k_docs", "unit_text_mb",
                 "unit_text_mb_per_1k_docs"]
         print(" | ".join(cols))
         for r in memory:
@@ -307,11 +314,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     if memory:
         summary["driver_memory"] = memory
-        big, small = memory[-1], memory[0]
+        plain = [r for r in memory if r["text_scale"] == 1]
+        big, small = plain[-1], plain[0]
         # extra driver MB per extra 1K documents between the smallest and largest run, vs the text
         slope = (big["driver_extra_mb"] - small["driver_extra_mb"]) / max(big["docs"] - small["docs"], 1) * 1000
         summary["driver_mb_per_1k_docs_slope"] = round(slope, 3)
         summary["driver_growth_over_text_ratio"] = round(slope / max(big["unit_text_mb_per_1k_docs"], 1e-9), 4)
+        control = next((r for r in memory if r["text_scale"] > 1), None)
+        if control:  # same metadata, N times the text: driver memory should not follow the text
+            summary["driver_extra_mb_text_scaled_over_plain"] = round(control["driver_extra_mb"] / max(small["driver_extra_mb"], 1e-9), 3)
+            summary["text_scaled_over_plain"] = round(control["unit_text_mb"] / max(small["unit_text_mb"], 1e-9), 3)
     if embed:
         summary["embedding"] = embed
         auto = next((r for r in embed["pools"] if r["pool"] == "auto"), embed["pools"][0])
