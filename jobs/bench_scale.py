@@ -198,12 +198,14 @@ def embedding_throughput(n_chunks: int, cpus: int, seed: int, pools: list[str]) 
     torch.set_num_threads(cpus)
     embedder = Embedder(emb)
     embedder.encode_passages(texts[: emb.batch_size])  # warm-up
+    load_raw = os.getloadavg()[0]
     t0 = time.perf_counter()
     raw_vecs = embedder.encode_passages(texts)
     raw_s = time.perf_counter() - t0
     del embedder
     out: dict[str, Any] = {"chunks": n_chunks, "cpus": cpus, "torch_threads_raw": cpus,
-                           "raw_chunks_per_s": round(n_chunks / raw_s, 2), "pools": []}
+                           "raw_chunks_per_s": round(n_chunks / raw_s, 2), "raw_load_avg_1m": round(load_raw, 2),
+                           "pools": []}
     log(f"embedding: raw encode {n_chunks / raw_s:.1f} chunks/s on {cpus} threads")
     import ray
 
@@ -237,7 +239,7 @@ def embedding_throughput(n_chunks: int, cpus: int, seed: int, pools: list[str]) 
                    "chunks_per_s_end_to_end": round(n_chunks / total_s, 2),
                    "ratio_steady": round(steady / (n_chunks / raw_s), 3),
                    "ratio_end_to_end": round((n_chunks / total_s) / (n_chunks / raw_s), 3),
-                   "max_abs_vector_diff": max_diff}
+                   "max_abs_vector_diff": max_diff, "load_avg_1m": round(os.getloadavg()[0], 2)}
             out["pools"].append(row)
             log(f"embedding: Ray Data pool {spec}: {json.dumps(row)}")
     finally:
