@@ -1,13 +1,17 @@
-"""The parallel part of an index build, on Ray Data: parse pages in read tasks, chunk + embed in an
-actor pool, build one FAISS index per shard (``map_groups`` by shard), from the plan of
-:mod:`longrag.index.plan`.
+"""Chunk + embed + shard on Ray Data, and the build from documents held in memory.
 
-Ray Data parses pages in parallel and runs the chunk + embed step in an actor pool (GPUs per actor
-from ``embedding.num_gpus``); grouping (LongRAG, Jiang et al., 2024, Section 3.1, Algorithm 1) runs
-on the driver between them (:func:`longrag.index.plan.plan_build`), as it needs the whole link
-graph. Each shard is built by one task from its own chunks (units never span shards) and written to
-the artifact store with checksums; the manifest is written last and marked complete, so a reader
-never sees half a build. An existing build at ``out`` is refused unless ``overwrite`` is given.
+:func:`build_shards` is the last stage of every build: the units of each pending shard are staged
+in the store (by the distributed assembly of :mod:`actors.distbuild`, or by :func:`stage_units`
+from an in-driver plan); Ray Data reads them part by part, chunks them (one actor) and embeds them in
+an actor pool sized from the cluster (:func:`actors.embedding.pool_options`), writing embedded chunks
+back to staging; then one Ray task per shard builds its FAISS index and writes the shard with
+checksums -- all shards at once, as many as the cluster has CPUs for. The manifest is written last
+and marked complete, so a reader never sees half a build.
+
+:func:`build_from_documents` builds from documents already in memory (the evaluation's corpora):
+grouping (LongRAG, Jiang et al., 2024, Section 3.1, Algorithm 1) runs on the driver
+(:func:`longrag.index.plan.plan_build`). :func:`build_index` reads a corpus from files with the driver
+holding metadata only (:func:`actors.distbuild.build_corpus_index`).
 
 An interrupted build (status ``building``) continues with ``resume``: the units are recomputed
 from the same source and config, and a shard already written is kept when its plan digest (the
@@ -17,7 +21,6 @@ embedded and built (:func:`longrag.index.plan.resume_decision`).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
@@ -25,55 +28,14 @@ from typing import Any
 import numpy as np
 import ray
 
-from actors.embedding import ChunkEmbedder
+from actors.embedding import ChunkEmbedder, pool_options
 from longrag.config import LongRAGConfig
 from longrag.index.manifest import ShardEntry
+from longrag.index.embedding import CHUNKER_CPUS
 from longrag.index.plan import BuildPlan, check_out, finish_build, plan_build, start_build
 from longrag.types import Chunk, Document, Unit
 
 log = logging.getLogger(__name__)
-
-
-def read_corpus(source: str, fmt: str, text_mode: str) -> tuple[list[Document], dict[str, Any]]:
-    """Documents from the source; wikitext pages are parsed in parallel by Ray Data.
-
-    Pages that cannot be parsed (no text left, say) are counted and reported with their reason,
-    never dropped silently."""
-    from longrag.corpus import documents, wikitext
-
-    if fmt != "wikixml":
-        if text_mode != "full":
-            raise ValueError(f"units.text_mode={text_mode!r} needs sections: it applies to --format wikixml only")
-        docs, report = documents.read_documents(source, fmt, text_mode="full")
-        return docs, report.to_dict()
-
-    redirects: dict[str, str] = {}
-    pages: list[dict[str, Any]] = []
-    for page in wikitext.iter_pages(source):
-        if page.redirect:
-            redirects[wikitext.normalize_title(page.title)] = wikitext.normalize_title(page.redirect)
-        else:
-            pages.append(page.to_row())
-    log.info("read %d pages and %d redirects from %s", len(pages), len(redirects), source)
-    report: dict[str, Any] = {"source": source, "fmt": fmt, "pages": len(pages), "redirects": len(redirects)}
-    if not pages:
-        return [], {**report, "n_ok": 0, "n_bad": 0, "bad": []}
-
-    def parse(row: dict[str, Any]) -> dict[str, Any]:
-        doc, reason = wikitext.try_parse_page(wikitext.RawPage.from_row(row), text_mode=text_mode)
-        if doc is None:
-            return {"ok": False, "title": row["title"], "reason": reason, "doc": None}
-        return {"ok": True, "title": row["title"], "reason": None, "doc": json.dumps(doc.to_row())}
-
-    blocks = max(1, min(len(pages) // 8, 64))
-    rows = ray.data.from_items(pages, override_num_blocks=blocks).map(parse).take_all()
-    docs = [Document.from_row(json.loads(r["doc"])) for r in rows if r["ok"]]
-    bad = [{"title": r["title"], "reason": r["reason"]} for r in rows if not r["ok"]]
-    for b in bad:
-        log.warning("skipped page %r: %s", b["title"], b["reason"])
-    docs.sort(key=lambda d: (len(d.doc_id), d.doc_id))
-    docs = wikitext.resolve_redirects(docs, redirects)
-    return docs, {**report, "n_ok": len(docs), "n_bad": len(bad), "bad": bad[:20]}
 
 
 class ChunkUnits:
@@ -106,79 +68,140 @@ class ChunkUnits:
         }
 
 
-class BuildShard:
-    """Ray Data ``map_groups`` callable: all chunks of one shard -> FAISS index + files in the store."""
-
-    def __init__(self, store_uri: str, units_ref: list[Any], factory: str, metric: str) -> None:
-        from longrag.store import ArtifactStore
-
-        self.store = ArtifactStore.open(store_uri)
-        self.units_by_shard: dict[int, list[Unit]] = ray.get(units_ref[0])
-        self.factory, self.metric = factory, metric
-
-    def __call__(self, group: dict[str, np.ndarray]) -> dict[str, list[Any]]:
-        from longrag.index.maxp import MaxPIndex
-        from longrag.store import write_shard
-
-        shard = int(group["shard"][0])
-        order = np.lexsort((group["position"], group["unit_id"]))
-        vectors = np.ascontiguousarray(np.stack(group["vector"][order]), dtype=np.float32)
-        chunks = [
-            Chunk(
-                chunk_id=str(group["chunk_id"][i]),
-                unit_id=str(group["unit_id"][i]),
-                position=int(group["position"][i]),
-                text=str(group["text"][i]),
-                n_tokens=int(group["n_tokens"][i]),
-            )
-            for i in order
-        ]
-        index = MaxPIndex.build(
-            vectors,
-            chunk_ids=[c.chunk_id for c in chunks],
-            unit_ids=[c.unit_id for c in chunks],
-            factory=self.factory,
-            metric=self.metric,
-        )
-        entry = write_shard(self.store, shard, self.units_by_shard[shard], chunks, index)
-        return {"shard": [shard], "entry": [json.dumps(entry.model_dump())]}
+STAGE_CPUS = 0.05
+"""CPUs of the light stages around the embedding pool (reading staged units, writing embedded
+chunks): small, so they always fit beside the pool sized by :func:`actors.embedding.pool_options`."""
 
 
-def build_shards(out: str, plan: BuildPlan, pending: list[int]) -> list[ShardEntry]:
-    """Chunk, embed and build the ``pending`` shards of ``plan`` with Ray Data; their manifest entries."""
-    config = plan.config
-    rows = plan.rows(pending)
+def read_staged_units(batch: dict[str, np.ndarray], store_uri: str) -> dict[str, list[Any]]:
+    """Ray Data callable: ``(shard, part)`` -> that staged part's units as rows for :class:`ChunkUnits`."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from longrag.index.distplan import staged_units_key
+    from longrag.store import ArtifactStore
+
+    store = ArtifactStore.open(store_uri)
+    out: dict[str, list[Any]] = {"unit_id": [], "titles": [], "text": [], "shard": []}
+    for shard, part in zip(batch["shard"], batch["part"]):
+        data = store.storage.read_bytes(staged_units_key(int(shard), int(part)))
+        cols = pq.read_table(io.BytesIO(data), columns=["unit_id", "titles", "text"]).to_pydict()
+        for c in ("unit_id", "titles", "text"):
+            out[c].extend(cols[c])
+        out["shard"].extend([int(shard)] * len(cols["unit_id"]))
+    return out
+
+
+def stage_chunks(batch: dict[str, np.ndarray], store_uri: str) -> dict[str, list[int]]:
+    """Ray Data callable: embedded chunks -> one parquet part per shard in the batch, under the
+    shard's staging prefix; returns the chunk count per shard."""
+    import uuid
+
+    import pyarrow as pa
+
+    from longrag.index.distplan import staged_chunks_prefix
+    from longrag.store import ArtifactStore, _table_bytes
+
+    store = ArtifactStore.open(store_uri)
+    shards = np.asarray(batch["shard"], dtype=np.int64)
+    out_shard, out_n = [], []
+    for shard in np.unique(shards).tolist():
+        sel = np.flatnonzero(shards == shard)
+        vectors = np.ascontiguousarray(np.stack(batch["vector"][sel]), dtype=np.float32)
+        table = pa.table({
+            "chunk_id": pa.array([str(x) for x in batch["chunk_id"][sel]]),
+            "unit_id": pa.array([str(x) for x in batch["unit_id"][sel]]),
+            "position": pa.array(np.asarray(batch["position"][sel], dtype=np.int64)),
+            "text": pa.array([str(x) for x in batch["text"][sel]]),
+            "n_tokens": pa.array(np.asarray(batch["n_tokens"][sel], dtype=np.int64)),
+            "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), vectors.shape[1]),
+        })
+        store.storage.write_bytes(f"{staged_chunks_prefix(int(shard))}part-{uuid.uuid4().hex}.parquet", _table_bytes(table))
+        out_shard.append(int(shard))
+        out_n.append(len(sel))
+    return {"shard": out_shard, "n_chunks": out_n}
+
+
+@ray.remote
+def build_staged_shard(store_uri: str, shard: int, factory: str, metric: str) -> str:
+    """One shard from its staged units and embedded chunks -> FAISS index + files in the store;
+    returns its manifest entry as JSON. One task per shard: the shards of a build run in parallel,
+    as many at a time as the cluster has the task's resources for."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from longrag.index.distplan import staged_chunks_prefix, staged_units_prefix
+    from longrag.index.maxp import MaxPIndex
+    from longrag.store import ArtifactStore, write_shard
+
+    store = ArtifactStore.open(store_uri)
+    units = [Unit.from_row(r) for k in sorted(store.storage.list(staged_units_prefix(shard)))
+             for r in pq.read_table(io.BytesIO(store.storage.read_bytes(k))).to_pylist()]
+    parts = [pq.read_table(io.BytesIO(store.storage.read_bytes(k)))
+             for k in sorted(store.storage.list(staged_chunks_prefix(shard)))]
+    if not parts:
+        raise RuntimeError(f"shard {shard}: no embedded chunks were staged (no chunks?)")
+    table = pa.concat_tables(parts)
+    unit_ids = np.asarray(table.column("unit_id").to_pylist(), dtype=object)
+    positions = table.column("position").to_numpy()
+    order = np.lexsort((positions, unit_ids))
+    table = table.take(pa.array(order))
+    dim = table.schema.field("vector").type.list_size
+    vectors = np.ascontiguousarray(table.column("vector").combine_chunks().flatten().to_numpy().reshape(-1, dim),
+                                   dtype=np.float32)
+    chunks = [Chunk.from_row(r) for r in table.drop_columns(["vector"]).to_pylist()]
+    index = MaxPIndex.build(vectors, chunk_ids=[c.chunk_id for c in chunks], unit_ids=[c.unit_id for c in chunks],
+                            factory=factory, metric=metric)
+    entry = write_shard(store, shard, units, chunks, index)
+    return entry.model_dump_json()
+
+
+def stage_units(store: Any, plan: BuildPlan, shards: list[int]) -> None:
+    """Write the units of ``shards`` of an in-driver plan to the staging area, as the distributed
+    assembly (:mod:`actors.distbuild`) does."""
+    from longrag.index.distplan import stage_shard_units
+
+    for s in shards:
+        stage_shard_units(store.storage, s, plan.units_by_shard[s])
+
+
+def clear_staging(store: Any) -> None:
+    from longrag.index.distplan import STAGING_PREFIX
+
+    for key in store.storage.list(STAGING_PREFIX):
+        store.storage.delete(key)
+
+
+def build_shards(out: str, config: LongRAGConfig, max_tokens: int, pending: dict[int, int]) -> list[ShardEntry]:
+    """Chunk, embed and build the ``pending`` shards whose units are staged in the store at ``out``:
+    Ray Data reads the staged units, chunks them (one actor) and embeds them (an actor pool sized from
+    the cluster, :func:`actors.embedding.pool_options`), writing embedded chunks back to staging; then
+    one task per shard builds its index, all shards at once within the cluster's resources."""
+    from longrag.index.distplan import staged_parts
+
+    if not pending:
+        return []
     emb = config.embedding
-    ds = ray.data.from_items(rows, override_num_blocks=max(1, min(len(rows) // 16, 200)))
+    parts = [{"shard": s, "part": k} for s, n in sorted(pending.items()) for k in range(staged_parts(n))]
+    ds = ray.data.from_items(parts, override_num_blocks=len(parts))
+    ds = ds.map_batches(read_staged_units, batch_size=1, fn_kwargs={"store_uri": out}, num_cpus=STAGE_CPUS)
     ds = ds.map_batches(
         ChunkUnits,
-        fn_constructor_kwargs={"model": emb.model, "max_tokens": plan.max_tokens},
+        fn_constructor_kwargs={"model": emb.model, "max_tokens": max_tokens},
         batch_size=16,
         concurrency=1,
-        num_cpus=0.25,
+        num_cpus=CHUNKER_CPUS,
     )
-    ds = ds.map_batches(
-        ChunkEmbedder,
-        fn_constructor_kwargs={"embedding_config": emb.model_dump()},
-        batch_size=emb.batch_size,
-        concurrency=emb.concurrency,
-        num_cpus=emb.num_cpus,
-        num_gpus=emb.num_gpus,
-    )
-    units_ref = ray.put({s: plan.units_by_shard[s] for s in pending})
-    built = ds.groupby("shard", num_partitions=len(pending)).map_groups(
-        BuildShard,
-        fn_constructor_kwargs={
-            "store_uri": out,
-            "units_ref": [units_ref],
-            "factory": config.index.factory,
-            "metric": config.index.metric,
-        },
-        batch_format="numpy",
-        concurrency=1,
-        num_cpus=0.25,
-    )
-    return [ShardEntry.model_validate(json.loads(r["entry"])) for r in built.iter_rows()]
+    ds = ds.map_batches(ChunkEmbedder, batch_size=emb.batch_size, **pool_options(emb))
+    ds = ds.map_batches(stage_chunks, fn_kwargs={"store_uri": out}, batch_format="numpy", num_cpus=STAGE_CPUS)
+    staged = sum(int(n) for b in ds.iter_batches(batch_size=None, batch_format="numpy") for n in b["n_chunks"])
+    log.info("embedded %d chunks of shards %s", staged, sorted(pending))
+    refs = [build_staged_shard.options(num_cpus=1).remote(out, s, config.index.factory, config.index.metric)
+            for s in sorted(pending)]
+    return [ShardEntry.model_validate_json(r) for r in ray.get(refs)]
 
 
 def build_from_documents(
@@ -204,18 +227,22 @@ def build_from_documents(
     if overwrite:
         for key in store.storage.list(""):
             store.storage.delete(key)
+    clear_staging(store)
     plan = plan_build(docs, config)
     timings["group_s"] = plan.group_s
     start = start_build(store, plan, resume=resume, command=command)
     t0 = time.perf_counter()
-    built = build_shards(out, plan, start.pending) if start.pending else []
+    stage_units(store, plan, start.pending)
+    built = build_shards(out, config, plan.max_tokens, {s: len(plan.units_by_shard[s]) for s in start.pending})
     timings["chunk_embed_shard_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - t_all + timings.get("parse_s", 0.0)
-    return finish_build(store, out, plan, start, built, read_report=read_report, timings=timings, resume=resume)
+    report = finish_build(store, out, plan, start, built, read_report=read_report, timings=timings, resume=resume)
+    clear_staging(store)
+    return report
 
 
 def build_index(
-    source: str,
+    source: str | list[str],
     fmt: str,
     out: str,
     config: LongRAGConfig,
@@ -224,13 +251,9 @@ def build_index(
     resume: bool = False,
     command: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Read ``source`` and build its index on the connected Ray cluster; returns the build report."""
-    check_out(out, overwrite, resume)
-    t0 = time.perf_counter()
-    docs, read_report = read_corpus(source, fmt, config.units.text_mode)
-    parse_s = time.perf_counter() - t0
-    if not docs:
-        raise ValueError(f"no documents could be read from {source} ({read_report})")
-    log.info("parsed %d documents in %.1fs", len(docs), parse_s)
-    return build_from_documents(docs, out, config, read_report=read_report, overwrite=overwrite,
-                                resume=resume, command=command, timings={"parse_s": parse_s})
+    """Read ``source`` (one or many files, local or ``s3://``) and build its index on the connected
+    Ray cluster, the driver holding document metadata only (:func:`actors.distbuild.build_corpus_index`);
+    returns the build report."""
+    from actors.distbuild import build_corpus_index
+
+    return build_corpus_index(source, fmt, out, config, overwrite=overwrite, resume=resume, command=command)

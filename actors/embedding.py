@@ -32,3 +32,20 @@ class ChunkEmbedder:
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         batch["vector"] = self.encode([str(t) for t in batch[self.column]])
         return batch
+
+
+def pool_options(embedding_config: Any) -> dict[str, Any]:
+    """``map_batches`` options for :class:`ChunkEmbedder`: the pool sized from the CPUs/GPUs the
+    connected Ray cluster offers (:func:`longrag.index.embedding.embedding_pool`)."""
+    import ray
+
+    from longrag.index.embedding import embedding_pool
+
+    res = ray.cluster_resources()
+    pool = embedding_pool(embedding_config, float(res.get("CPU", 1.0)), float(res.get("GPU", 0.0)))
+    return {
+        "fn_constructor_kwargs": {"embedding_config": embedding_config.model_dump(), "torch_threads": pool.torch_threads},
+        "concurrency": pool.actors,
+        "num_cpus": pool.num_cpus,
+        "num_gpus": pool.num_gpus,
+    }

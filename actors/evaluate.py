@@ -5,7 +5,7 @@ many questions) and search the ``ShardedIndex`` actors (the service's scatter/ga
 Query encoding: ``encode="auto"`` encodes in the driver for up to ``DRIVER_ENCODE_MAX`` questions
 (one model load, no actor start-up: a few hundred questions take well under a second once the model
 is loaded) and with a Ray Data ``map_batches`` pool of query-encoder actors above that (spread over
-the cluster's CPUs/GPUs with ``embedding.concurrency/num_gpus``).
+the cluster's CPUs/GPUs: ``actors.embedding.pool_options``).
 """
 
 from __future__ import annotations
@@ -89,20 +89,15 @@ def encode_queries(questions: list[str], config: LongRAGConfig, mode: str) -> tu
     elif mode == "ray-data":
         import ray
 
-        from actors.embedding import ChunkEmbedder
+        from actors.embedding import ChunkEmbedder, pool_options
 
         ds = ray.data.from_items(
             [{"i": i, "question": q} for i, q in enumerate(questions)],
             override_num_blocks=max(1, min(len(questions) // emb.batch_size, 64)),
         )
-        ds = ds.map_batches(
-            ChunkEmbedder,
-            fn_constructor_kwargs={"embedding_config": emb.model_dump(), "role": "query", "column": "question"},
-            batch_size=emb.batch_size,
-            concurrency=emb.concurrency,
-            num_cpus=emb.num_cpus,
-            num_gpus=emb.num_gpus,
-        )
+        opts = pool_options(emb)
+        opts["fn_constructor_kwargs"].update(role="query", column="question")
+        ds = ds.map_batches(ChunkEmbedder, batch_size=emb.batch_size, **opts)
         rows = sorted(ds.take_all(), key=lambda r: int(r["i"]))
         if [int(r["i"]) for r in rows] != list(range(len(questions))):
             raise RuntimeError("Ray Data returned a different set of questions than it was given")

@@ -10,6 +10,20 @@ size: wall seconds and CPU seconds of the process (CPU seconds are one core's wo
 single-threaded, and they hold on a busy machine where wall time does not), the driver's extra
 memory, groups and documents per unit. The 6M projection extrapolates the CPU time along the
 log-log slope between the two largest sizes.
+
+Driver memory (``--driver-memory-sizes 10000,100000``): per size, a generated Wikipedia-like JSONL
+corpus (``write_wikilike_corpus``) is planned by the distributed index build in a fresh driver
+process (``actors.distbuild.plan_corpus``: read + parse + token counts in Ray Data, links, grouping,
+unit assembly and staging; the chunk + embed stage is left out, ``--skip-embed`` of the issue), whose
+peak RSS above its start (Ray and imports loaded) is reported per 1K documents beside the corpus'
+text bytes per 1K documents: the driver holds metadata, never text. ``--text-scale-control 4`` reruns
+the smallest size with texts 4x longer and the same metadata: the driver's memory must stay.
+
+Embedding (``--embed-chunks 1200``): the same chunk texts (real Wikipedia sentences, ~250 tokens)
+encoded by raw ``SentenceTransformer.encode`` in this process with torch using every CPU, then by
+the Ray Data embedding pool sized from those CPUs (``actors.embedding.pool_options``); the ratio is
+Ray Data chunks/s over raw chunks/s (steady state: after each actor's first batch; end to end:
+actor start and model load included).
 """
 
 from __future__ import annotations
@@ -79,6 +93,160 @@ def project(rows: list[dict[str, Any]], target: int) -> dict[str, Any]:
     return {"docs": target, "slope": round(slope, 3), "cpu_s": round(b["cpu_s"] * (target / b["docs"]) ** slope, 1)}
 
 
+# ---------------------------------------------------------------------------------------- driver memory
+def driver_memory_run(corpus: str, n_docs: int, cpus: int) -> dict[str, Any]:
+    """In this (fresh) process: start Ray, plan the corpus with the distributed build and report the
+    driver's memory. Run through ``--_driver-run`` so each size gets its own process."""
+    import tempfile
+    import threading
+
+    from actors.distbuild import plan_corpus
+    from cluster.local import start_or_join
+    from longrag.config import load_config
+
+    handle = start_or_join(None, num_cpus=cpus)
+    config = load_config(None, ["units.kind=grouped", "index.shards=4"])
+    base = rss_mb()
+    peak = [base]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.05):
+            peak[0] = max(peak[0], rss_mb())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    t0 = time.perf_counter()
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-scale-build-") as out:
+            plan, report, corpus_art = plan_corpus(corpus, "jsonl", out, config)
+    finally:
+        done.set()
+        sampler.join()
+        handle.shutdown()
+    peak[0] = max(peak[0], rss_mb())
+    text_bytes = int(plan.grouping["text_bytes"])
+    return {
+        "docs": n_docs,
+        "units": int(plan.grouping["n_units"]),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "timings_s": {k: round(v, 1) for k, v in report["timings_s"].items()},
+        "driver_base_mb": round(base, 1),
+        "driver_peak_mb": round(peak[0], 1),
+        "driver_extra_mb": round(peak[0] - base, 1),
+        "driver_extra_mb_per_1k_docs": round((peak[0] - base) / n_docs * 1000, 3),
+        "unit_text_mb": round(text_bytes / 2**20, 1),
+        "unit_text_mb_per_1k_docs": round(text_bytes / 2**20 / n_docs * 1000, 3),
+        "documents_artifact_mb": round(sum(p.bytes for p in corpus_art.parts) / 2**20, 1),
+    }
+
+
+def driver_memory(sizes: list[int], cpus: int, seed: int, text_scale: int = 0) -> list[dict[str, Any]]:
+    """One generated corpus and one fresh driver process per size; with ``text_scale``, the smallest
+    size once more with texts ``text_scale`` times longer (same documents, titles and links: the same
+    metadata), the control that tells metadata from text."""
+    import subprocess
+    import tempfile
+
+    from longrag.synthetic.wikigraph import write_wikilike_corpus
+
+    rows = []
+    runs = [(n, 1) for n in sizes] + ([(sizes[0], text_scale)] if text_scale > 1 else [])
+    for n, scale in runs:
+        with tempfile.TemporaryDirectory(prefix="bench-scale-corpus-") as tmp:
+            log(f"driver memory: generating {n:,} documents (text x{scale}) ...")
+            write_wikilike_corpus(tmp, n, n_files=max(2, min(16, n // 20_000)), seed=seed, chars_per_token=4.0 * scale)
+            log(f"driver memory: planning {n:,} documents in a fresh driver ...")
+            proc = subprocess.run([sys.executable, "-m", "jobs.bench_scale", "--_driver-run", tmp, "--_driver-docs", str(n),
+                                   "--cpus", str(cpus)], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"driver run for {n} documents failed:\n{proc.stderr[-3000:]}")
+            rows.append({**json.loads(proc.stdout.strip().splitlines()[-1]), "text_scale": scale})
+            log(json.dumps(rows[-1]))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------- embedding
+def embed_texts(n_chunks: int, seed: int) -> list[str]:
+    """``n_chunks`` chunk texts of real Wikipedia sentences, each close to the model's input limit."""
+    import random
+
+    from longrag.index.chunking import chunk_text
+    from longrag.index.embedding import tokenizer_dir
+    from longrag.synthetic.common import wikipedia_sentences
+    from longrag.text.tokens import counter_for_model_dir
+
+    counter = counter_for_model_dir(tokenizer_dir("all-MiniLM-L6-v2"))
+    pool = wikipedia_sentences()
+    rng = random.Random(seed)
+    text = " ".join(pool[rng.randrange(len(pool))] for _ in range(n_chunks * 14))
+    chunks = chunk_text(text, 254, counter)
+    if len(chunks) < n_chunks:
+        raise RuntimeError(f"made {len(chunks)} chunks, wanted {n_chunks}")
+    return chunks[:n_chunks]
+
+
+def embedding_throughput(n_chunks: int, cpus: int, seed: int, pools: list[str]) -> dict[str, Any]:
+    """Raw ``SentenceTransformer.encode`` vs the Ray Data pool on the same ``cpus`` and model."""
+    import torch
+
+    from longrag.config import EmbeddingConfig
+    from longrag.index.embedding import Embedder
+
+    texts = embed_texts(n_chunks, seed)
+    emb = EmbeddingConfig()
+    torch.set_num_threads(cpus)
+    embedder = Embedder(emb)
+    embedder.encode_passages(texts[: emb.batch_size])  # warm-up
+    load_raw = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    raw_vecs = embedder.encode_passages(texts)
+    raw_s = time.perf_counter() - t0
+    del embedder
+    out: dict[str, Any] = {"chunks": n_chunks, "cpus": cpus, "torch_threads_raw": cpus,
+                           "raw_chunks_per_s": round(n_chunks / raw_s, 2), "raw_load_avg_1m": round(load_raw, 2),
+                           "pools": []}
+    log(f"embedding: raw encode {n_chunks / raw_s:.1f} chunks/s on {cpus} threads")
+    import ray
+
+    from actors.embedding import ChunkEmbedder, pool_options
+    from cluster.local import start_or_join
+
+    handle = start_or_join(None, num_cpus=cpus)
+    try:
+        for spec in pools:
+            cfg = emb if spec == "auto" else emb.model_copy(update=dict(zip(
+                ("concurrency", "torch_threads"), (int(x) for x in spec.split("x")))))
+            opts = pool_options(cfg)
+            ds = ray.data.from_items([{"i": i, "text": t} for i, t in enumerate(texts)],
+                                     override_num_blocks=max(1, n_chunks // emb.batch_size))
+            ds = ds.map_batches(ChunkEmbedder, batch_size=emb.batch_size, **opts)
+            t0 = time.perf_counter()
+            stamps, vecs, ids = [], [], []
+            for b in ds.iter_batches(batch_size=None, batch_format="numpy"):
+                stamps.append((time.perf_counter(), len(b["i"])))
+                ids.extend(b["i"].tolist())
+                vecs.append(np.stack(b["vector"]))
+            total_s = time.perf_counter() - t0
+            order = np.argsort(np.asarray(ids))
+            max_diff = float(np.abs(np.concatenate(vecs)[order] - raw_vecs).max())
+            actors = opts["concurrency"]
+            first = stamps[min(actors, len(stamps)) - 1][0]  # each actor's first batch is done
+            rest = sum(n for t, n in stamps[actors:])
+            steady = rest / max(stamps[-1][0] - first, 1e-9) if rest else n_chunks / total_s
+            row = {"pool": spec, "actors": actors, "torch_threads": opts["fn_constructor_kwargs"]["torch_threads"],
+                   "num_cpus_per_actor": opts["num_cpus"], "chunks_per_s_steady": round(steady, 2),
+                   "chunks_per_s_end_to_end": round(n_chunks / total_s, 2),
+                   "ratio_steady": round(steady / (n_chunks / raw_s), 3),
+                   "ratio_end_to_end": round((n_chunks / total_s) / (n_chunks / raw_s), 3),
+                   "max_abs_vector_diff": max_diff, "load_avg_1m": round(os.getloadavg()[0], 2)}
+            out["pools"].append(row)
+            log(f"embedding: Ray Data pool {spec}: {json.dumps(row)}")
+    finally:
+        handle.shutdown()
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m jobs.bench_scale", description=__doc__.split("\n\n")[0])
     p.add_argument("--grouping-sizes", type=int_list(min_value=1000, min_len=2), default=[100_000, 1_000_000],
@@ -89,7 +257,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=number(int, min_value=0), default=0)
     p.add_argument("--target-s", type=number(float, min_value=0.0), default=30.0,
                    help="the goal for 1M documents / 10M links on one core, CPU seconds (default 30)")
+    p.add_argument("--driver-memory-sizes", type=int_list(min_value=1000), default=[],
+                   help="generated corpus sizes for the driver-memory runs, e.g. 10000,100000,300000 (default: none)")
+    p.add_argument("--text-scale-control", type=number(int, min_value=0), default=0,
+                   help="rerun the smallest driver-memory size with texts N times longer, same metadata (e.g. 4)")
+    p.add_argument("--embed-chunks", type=number(int, min_value=0), default=0,
+                   help="chunks for the embedding throughput comparison (default 0: skipped; e.g. 1200)")
+    p.add_argument("--embed-pools", default="auto",
+                   help="Ray Data pools to measure, comma-separated: auto (sized from the CPUs) or "
+                        "ACTORSxTHREADS such as 1x2 (default auto)")
+    p.add_argument("--cpus", type=number(int, min_value=1), default=os.cpu_count() or 1,
+                   help="CPUs for the Ray runs and raw encode (default: this machine's)")
+    p.add_argument("--_driver-run", dest="driver_run", help=argparse.SUPPRESS)
+    p.add_argument("--_driver-docs", dest="driver_docs", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    pools = [x.strip() for x in args.embed_pools.split(",") if x.strip()]
+    bad = [x for x in pools if x != "auto" and not (len(x.split("x")) == 2 and all(v.isdigit() and int(v) > 0 for v in x.split("x")))]
+    if bad or not pools:
+        p.error(f"--embed-pools: {bad[0] if bad else args.embed_pools!r} is not 'auto' or ACTORSxTHREADS (e.g. 2x1)")
+    args.embed_pools = pools
     if args.grouping_sizes != sorted(args.grouping_sizes) or len(set(args.grouping_sizes)) < 2:
         p.error("--grouping-sizes: give at least two distinct sizes in increasing order")
     return args
@@ -97,6 +283,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.driver_run:  # the child process of a driver-memory run
+        print(json.dumps(driver_memory_run(args.driver_run, args.driver_docs, args.cpus)))
+        return 0
     rows = []
     for n in args.grouping_sizes:
         log(f"grouping {n:,} documents ...")
@@ -107,6 +296,15 @@ def main(argv: list[str] | None = None) -> int:
         print(" | ".join(f"{r[c]:,}" if isinstance(r[c], int) else str(r[c]) for c in cols))
     proj = project(rows, WIKIPEDIA_ARTICLES)
     print(f"projected for {proj['docs']:,} articles: {proj['cpu_s']} CPU s (log-log slope {proj['slope']})")
+    memory = (driver_memory(args.driver_memory_sizes, args.cpus, args.seed, args.text_scale_control)
+              if args.driver_memory_sizes else [])
+    if memory:
+        cols = ["docs", "text_scale", "units", "wall_s", "driver_extra_mb", "driver_extra_mb_per_1k_docs", "unit_text_mb",
+                "unit_text_mb_per_1k_docs"]
+        print(" | ".join(cols))
+        for r in memory:
+            print(" | ".join(str(r[c]) for c in cols))
+    embed = embedding_throughput(args.embed_chunks, args.cpus, args.seed, args.embed_pools) if args.embed_chunks else None
     at_1m = next((r for r in rows if r["docs"] == 1_000_000), None)
     summary = {
         "bench": "scale",
@@ -116,6 +314,23 @@ def main(argv: list[str] | None = None) -> int:
         "grouping_1m_cpu_s_over_target": round(at_1m["cpu_s"] / args.target_s, 3) if at_1m else None,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
+    if memory:
+        summary["driver_memory"] = memory
+        plain = [r for r in memory if r["text_scale"] == 1]
+        big, small = plain[-1], plain[0]
+        # extra driver MB per extra 1K documents between the smallest and largest run, vs the text
+        slope = (big["driver_extra_mb"] - small["driver_extra_mb"]) / max(big["docs"] - small["docs"], 1) * 1000
+        summary["driver_mb_per_1k_docs_slope"] = round(slope, 3)
+        summary["driver_growth_over_text_ratio"] = round(slope / max(big["unit_text_mb_per_1k_docs"], 1e-9), 4)
+        control = next((r for r in memory if r["text_scale"] > 1), None)
+        if control:  # same metadata, N times the text: driver memory should not follow the text
+            summary["driver_extra_mb_text_scaled_over_plain"] = round(control["driver_extra_mb"] / max(small["driver_extra_mb"], 1e-9), 3)
+            summary["text_scaled_over_plain"] = round(control["unit_text_mb"] / max(small["unit_text_mb"], 1e-9), 3)
+    if embed:
+        summary["embedding"] = embed
+        auto = next((r for r in embed["pools"] if r["pool"] == "auto"), embed["pools"][0])
+        summary["embedding_ray_over_raw_ratio"] = auto["ratio_steady"]
+        summary["embedding_ray_over_raw_ratio_end_to_end"] = auto["ratio_end_to_end"]
     print(json.dumps(summary))
     return 0
 

@@ -5,6 +5,10 @@
 
     ray job submit --working-dir . -- python -m jobs.index --source ... --out s3://bucket/builds/wiki
 
+Reading, parsing, token counting and unit assembly run in Ray Data workers; the driver holds only
+the documents' metadata and link graph (:mod:`actors.distbuild`), and the parsed documents are kept
+as the build's ``documents/`` parquet artifact.
+
 The plan (units, shards, resume decision) is :mod:`longrag.index.plan`; the Ray Data execution is
 :mod:`actors.build`. An existing build at ``--out`` is refused unless ``--overwrite`` is given: two
 builds are never mixed. An interrupted build (status ``building``) continues with ``--resume``: a
@@ -35,7 +39,9 @@ CONFIG_FLAGS = {
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m jobs.index", description=__doc__.split("\n\n")[0])
-    p.add_argument("--source", required=True, help="wiki XML dump (.xml/.xml.bz2), JSONL or parquet documents")
+    p.add_argument("--source", required=True, nargs="+",
+                   help="one or many files or folders, local or s3://: wiki XML dumps (.xml/.xml.bz2; a "
+                        "multistream dump with its index is read stream by stream), JSONL or parquet documents")
     p.add_argument("--format", choices=["wikixml", "jsonl", "parquet"], required=True)
     p.add_argument("--out", required=True, help="build directory or s3://bucket/prefix")
     p.add_argument("--shards", type=number(int, min_value=1), help="number of index shards (index.shards)")

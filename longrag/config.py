@@ -34,9 +34,14 @@ class EmbeddingConfig(_Section):
     batch_size: int = 32
     normalize: bool = True
     device: str = Field("auto", description="auto picks cuda when a GPU is visible, else cpu.")
-    num_gpus: float = Field(0.0, description="GPUs per embedding actor in the Ray Data pool.")
-    num_cpus: float = Field(0.5, description="CPUs per embedding actor (fractional keeps read tasks alive).")
-    concurrency: int = Field(1, description="Embedding actors in the Ray Data pool.")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per embedding actor in the Ray Data pool.")
+    num_cpus: float | None = Field(
+        None, gt=0, description="CPUs per embedding actor; None = sized from the CPUs Ray offers "
+        "(longrag.index.embedding.embedding_pool).")
+    concurrency: int | None = Field(
+        None, ge=1, description="Embedding actors in the Ray Data pool; None = sized from the CPUs (or GPUs) Ray offers.")
+    torch_threads: int | None = Field(
+        None, ge=1, description="Torch threads per embedding actor; None = sized with the pool.")
 
 
 class UnitConfig(_Section):

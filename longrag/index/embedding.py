@@ -101,6 +101,43 @@ def tokenizer_dir(model: str | ModelSpec) -> str:
     return str(folder)
 
 
+@dataclass(frozen=True)
+class EmbeddingPool:
+    """How the Ray Data embedding stage runs: ``actors`` actors of ``num_cpus`` CPUs and
+    ``num_gpus`` GPUs, each encoding with ``torch_threads`` threads."""
+
+    actors: int
+    num_cpus: float
+    num_gpus: float
+    torch_threads: int
+
+
+CHUNKER_CPUS = 0.25
+"""CPUs held by the chunking actor that feeds the embedding pool (it runs beside it)."""
+FEEDER_CPUS = CHUNKER_CPUS + 0.1
+"""CPUs held beside the pool: the chunker and the two light stages around it (0.05 each)."""
+
+
+def embedding_pool(config: EmbeddingConfig, cpus: float, gpus: float = 0.0) -> EmbeddingPool:
+    """Size the embedding actor pool from the resources the cluster offers (``cpus``, ``gpus``);
+    fields set in ``config`` (``concurrency``, ``num_cpus``, ``torch_threads``) win.
+
+    With GPUs (``num_gpus`` > 0): one actor per ``num_gpus`` share, one CPU and one thread each. On
+    CPUs: one single-threaded actor per core, the actors sharing the CPUs left after the feeding
+    stages' share (a logical reservation: every core still runs one torch thread). On a 2-core
+    machine: 2 actors x 1 thread (1.14x raw encode end to end, 1 actor x 2 threads 0.82x, README
+    Benchmarks); ``python -m jobs.bench_scale --embed-chunks 400 --embed-pools
+    auto,1x2`` compares it with 1 actor x 2 threads and with raw ``SentenceTransformer.encode``."""
+    if config.num_gpus > 0:
+        actors = config.concurrency or max(1, int(gpus // config.num_gpus))
+        return EmbeddingPool(actors, config.num_cpus or 1.0, config.num_gpus, config.torch_threads or 1)
+    usable = max(cpus - FEEDER_CPUS, 0.5)
+    threads = config.torch_threads or 1
+    actors = config.concurrency or max(1, int(round(cpus)) // threads)  # a torch thread per core
+    num_cpus = config.num_cpus or round(max(min(float(threads), usable / actors), 0.1), 3)
+    return EmbeddingPool(actors, num_cpus, 0.0, threads)
+
+
 def resolve_device(device: str) -> str:
     """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; anything else is passed through."""
     if device == "auto":

@@ -32,11 +32,13 @@ __all__ = [
     "adjacency_csr",
     "build_adjacency",
     "csr_from_edges",
+    "document_passages",
     "document_text",
     "group_csr",
     "group_documents",
     "groups_from_labels",
     "grouping_stats",
+    "grouping_stats_arrays",
     "make_units",
     "make_units_from_config",
     "normalize_title",
@@ -281,6 +283,20 @@ def units_from_groups(
     ]
 
 
+def document_passages(doc: Document, passage_words: int = 100) -> list[str]:
+    """The passage texts of one document: consecutive ``passage_words``-word pieces, each written
+    ``Title\\nwords`` (one title-only passage for a document without words)."""
+    if passage_words <= 0:
+        raise ValueError(f"passage_words must be > 0, got {passage_words}")
+    words = doc.text.split()
+    pieces = [words[i : i + passage_words] for i in range(0, len(words), passage_words)] or [[]]
+    out = []
+    for piece in pieces:
+        body = " ".join(piece)
+        out.append(f"{doc.title}\n{body}" if doc.title else body)
+    return out
+
+
 def passage_units(docs: Sequence[Document], counter: TokenCounter, passage_words: int = 100) -> list[Unit]:
     """The passage granularity: consecutive ``passage_words``-word pieces of each document (the last
     one shorter), each written ``Title\\nwords``. A document without words gives one title-only unit."""
@@ -289,11 +305,8 @@ def passage_units(docs: Sequence[Document], counter: TokenCounter, passage_words
     meta: list[tuple[str, str]] = []
     texts: list[str] = []
     for d in docs:
-        words = d.text.split()
-        pieces = [words[i : i + passage_words] for i in range(0, len(words), passage_words)] or [[]]
-        for piece in pieces:
-            body = " ".join(piece)
-            texts.append(f"{d.title}\n{body}" if d.title else body)
+        for text in document_passages(d, passage_words):
+            texts.append(text)
             meta.append((d.doc_id, d.title))
     counts = counter.count_batch(texts)
     return [
@@ -354,21 +367,28 @@ def grouping_stats(units: Sequence[Unit], budget: int | None = None) -> dict:
     (and units over ``budget`` when given)."""
     n_docs = np.asarray([len(u.doc_ids) for u in units], dtype=np.int64)
     toks = np.asarray([u.n_tokens for u in units], dtype=np.int64)
-    hist: dict[int, int] = {}
-    for k in n_docs.tolist():
-        hist[k] = hist.get(k, 0) + 1
+    return grouping_stats_arrays(n_docs, toks, budget)
+
+
+def grouping_stats_arrays(n_docs: np.ndarray, toks: np.ndarray, budget: int | None = None) -> dict:
+    """:func:`grouping_stats` from per-unit arrays: documents and tokens of each unit."""
+    n_docs = np.asarray(n_docs, dtype=np.int64)
+    toks = np.asarray(toks, dtype=np.int64)
+    n = int(n_docs.shape[0])
+    sizes, counts = np.unique(n_docs, return_counts=True)
+    hist = {int(k): int(c) for k, c in zip(sizes.tolist(), counts.tolist())}
     out: dict = {
-        "n_units": len(units),
+        "n_units": n,
         "n_docs": int(n_docs.sum()),
         "docs_per_unit": dict(sorted(hist.items())),
-        "docs_per_unit_mean": float(n_docs.mean()) if len(units) else 0.0,
+        "docs_per_unit_mean": float(n_docs.mean()) if n else 0.0,
         "tokens": {
             "total": int(toks.sum()),
-            "min": int(toks.min()) if len(units) else 0,
-            "mean": float(toks.mean()) if len(units) else 0.0,
-            "p50": float(np.percentile(toks, 50)) if len(units) else 0.0,
-            "p90": float(np.percentile(toks, 90)) if len(units) else 0.0,
-            "max": int(toks.max()) if len(units) else 0,
+            "min": int(toks.min()) if n else 0,
+            "mean": float(toks.mean()) if n else 0.0,
+            "p50": float(np.percentile(toks, 50)) if n else 0.0,
+            "p90": float(np.percentile(toks, 90)) if n else 0.0,
+            "max": int(toks.max()) if n else 0,
         },
     }
     if budget is not None:

@@ -67,6 +67,25 @@ class Provenance(_Model):
     command: list[str] = Field(default_factory=list)
 
 
+class CorpusPart(_Model):
+    key: str
+    rows: int = Field(ge=0)
+    sha256: str
+    bytes: int = Field(ge=0)
+
+
+class CorpusArtifact(_Model):
+    """The parsed documents of a build (``documents/part-*.parquet``: doc_id, title, text, links,
+    n_tokens) and where they came from. Absent in builds made from documents held in memory."""
+
+    sources: list[str]
+    fmt: str
+    text_mode: str
+    read_tasks: int = Field(ge=0)
+    documents: int = Field(ge=0)
+    parts: list[CorpusPart] = Field(default_factory=list)
+
+
 class Manifest(_Model):
     schema_version: int = SCHEMA_VERSION
     build_id: str
@@ -81,6 +100,7 @@ class Manifest(_Model):
     config: dict[str, Any] = Field(default_factory=dict)
     provenance: Provenance = Field(default_factory=Provenance)
     plan: dict[str, str] = Field(default_factory=dict)  # shard id -> digest of its units (resume)
+    corpus: CorpusArtifact | None = None  # the parsed-documents artifact (distributed builds)
 
     @classmethod
     def create(

@@ -142,13 +142,17 @@ def group_documents(docs: list[Document], config: LongRAGConfig) -> list[Unit]:
 
 
 def assign_shards(units: list[Unit], n_shards: int) -> list[int]:
-    """Balance shards by tokens: largest unit first onto the lightest shard (deterministic)."""
-    load = [0] * n_shards
+    """Balance shards by tokens: largest unit first onto the lightest shard (deterministic; units
+    in id order, as :func:`longrag.index.grouping.make_units` numbers them)."""
+    import numpy as np
+
+    from longrag.index.distplan import assign_shards_array
+
+    order = sorted(range(len(units)), key=lambda i: units[i].unit_id)
+    toks = np.asarray([units[i].n_tokens for i in order], dtype=np.int64)
     shard_of = [0] * len(units)
-    for i in sorted(range(len(units)), key=lambda i: (-units[i].n_tokens, units[i].unit_id)):
-        s = min(range(n_shards), key=lambda s: (load[s], s))
-        shard_of[i] = s
-        load[s] += units[i].n_tokens
+    for i, s in zip(order, assign_shards_array(toks, n_shards).tolist()):
+        shard_of[i] = int(s)
     return shard_of
 
 
@@ -185,6 +189,9 @@ class BuildPlan:
     def n_shards(self) -> int:
         return len(self.units_by_shard)
 
+    def units_per_shard(self) -> dict[int, int]:
+        return {s: len(u) for s, u in self.units_by_shard.items()}
+
     def rows(self, shards: set[int] | list[int]) -> list[dict[str, Any]]:
         """The units of ``shards`` as rows for the chunk + embed step (id, titles, text, shard)."""
         todo = set(shards)
@@ -212,6 +219,34 @@ def plan_build(docs: list[Document], config: LongRAGConfig) -> BuildPlan:
                      model_max=model_max, max_tokens=max_tokens, grouping=grouping_stats(units), group_s=group_s)
 
 
+@dataclass
+class StagedPlan:
+    """The plan of a distributed build (:mod:`longrag.index.distplan`): units were assembled and
+    staged per shard by workers, which sent back each shard's unit count and plan digest; the driver
+    never held a text. Read by :func:`start_build`, :func:`resume_decision` and :func:`finish_build`
+    like a :class:`BuildPlan`."""
+
+    config: LongRAGConfig
+    settings: BuildSettings
+    documents: int
+    shard_units: dict[int, int]
+    digests: dict[str, str]
+    model_max: int
+    max_tokens: int
+    grouping: dict[str, Any] = field(default_factory=dict)
+    group_s: float = 0.0
+
+    @property
+    def n_shards(self) -> int:
+        return len(self.shard_units)
+
+    def units_per_shard(self) -> dict[int, int]:
+        return dict(self.shard_units)
+
+
+AnyPlan = BuildPlan | StagedPlan
+
+
 # ------------------------------------------------------------------------------------------ resume
 def check_out(out: str, overwrite: bool, resume: bool = False) -> None:
     """Refuse to write into an existing build (complete or partial) unless ``overwrite``; with
@@ -235,7 +270,7 @@ def check_out(out: str, overwrite: bool, resume: bool = False) -> None:
         )
 
 
-def resume_decision(store: Any, manifest: Manifest, plan: BuildPlan) -> tuple[dict[int, ShardEntry], dict[int, str]]:
+def resume_decision(store: Any, manifest: Manifest, plan: AnyPlan) -> tuple[dict[int, ShardEntry], dict[int, str]]:
     """For a resume: (shards to keep, {shard: why it is rebuilt}). Raises ResumeError when the
     interrupted build has other :class:`BuildSettings` or gives other units."""
     from longrag.store import ChecksumError, verify_shard
@@ -257,8 +292,7 @@ def resume_decision(store: Any, manifest: Manifest, plan: BuildPlan) -> tuple[di
     keep: dict[int, ShardEntry] = {}
     redo: dict[int, str] = {}
     done = store.completed_shards()
-    for shard_id in sorted(plan.units_by_shard):
-        planned = len(plan.units_by_shard[shard_id])
+    for shard_id, planned in sorted(plan.units_per_shard().items()):
         entry = done.get(shard_id)
         if entry is None:
             redo[shard_id] = "not written"
@@ -286,7 +320,7 @@ class BuildStart:
     pending: list[int]
 
 
-def start_build(store: Any, plan: BuildPlan, *, resume: bool, command: list[str] | None) -> BuildStart:
+def start_build(store: Any, plan: AnyPlan, *, resume: bool, command: list[str] | None) -> BuildStart:
     """Write the ``building`` manifest (or, with ``resume``, take the interrupted one and decide which
     shards to keep)."""
     from longrag.index.embedding import resolve_embedding_model
@@ -315,7 +349,7 @@ def start_build(store: Any, plan: BuildPlan, *, resume: bool, command: list[str]
     return BuildStart(manifest=manifest, kept=kept, redo=redo, pending=pending)
 
 
-def finish_build(store: Any, out: str, plan: BuildPlan, start: BuildStart, built: list[ShardEntry], *,
+def finish_build(store: Any, out: str, plan: AnyPlan, start: BuildStart, built: list[ShardEntry], *,
                  read_report: dict[str, Any], timings: dict[str, float], resume: bool) -> dict[str, Any]:
     """Record every shard, mark the manifest complete (written last) and return the build report.
     A planned shard that produced no entry fails the build, naming it."""

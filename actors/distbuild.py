@@ -1,0 +1,368 @@
+"""An index build with no corpus on the driver, on Ray Data (issue: cluster-scale indexing).
+
+1. Read + parse (Ray Data tasks, one per read task of :func:`longrag.corpus.sources.plan_read_tasks`:
+   a file, a parquet row group, a bz2 stream of a multistream dump): pages/records become documents,
+   token-counted with the embedding model's tokenizer, written as the build's ``documents/`` parquet
+   parts; the driver gets back per document only ``(part, row, id, title, tokens)``.
+2. Links (Ray Data actors, grouped units only): each part's links are resolved to document positions
+   against the broadcast titles (and redirects); the driver gets ``(src, dst)`` integer arrays.
+3. Plan (driver, :mod:`longrag.index.distplan`): corpus order, grouping (LongRAG, Jiang et al.,
+   2024, Section 3.1, Algorithm 1) on arrays, shards balanced by tokens.
+4. Assembly (Ray Data): the plan table (first unit of each document, shard of each unit) goes to
+   the workers; document rows are grouped by shard and each shard's units are built, staged in the
+   store and digested (the manifest's resume plan).
+5. Chunk + embed + build (:func:`actors.build.build_shards`): one task per shard.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import logging
+import time
+from dataclasses import asdict
+from typing import Any, Iterator
+
+import numpy as np
+import ray
+
+from actors.build import build_shards, clear_staging
+from longrag.config import LongRAGConfig
+from longrag.index.distplan import DOCUMENTS_PREFIX, DocMeta, UnitPlan
+from longrag.index.manifest import CorpusArtifact, CorpusPart
+from longrag.index.plan import StagedPlan, check_out, chunk_limits, finish_build, start_build
+
+log = logging.getLogger(__name__)
+
+PART_ROWS = 2048
+"""Documents per parquet part of ``documents/``."""
+READ_REPORTS = f"{DOCUMENTS_PREFIX}_read/"
+
+
+@functools.lru_cache(maxsize=4)
+def _counter(model: str) -> Any:
+    from longrag.index.embedding import tokenizer_dir
+    from longrag.text.tokens import counter_for_model_dir
+
+    return counter_for_model_dir(tokenizer_dir(model))
+
+
+def _part_key(task: int, k: int) -> str:
+    return f"{DOCUMENTS_PREFIX}part-{task:05d}-{k:04d}.parquet"
+
+
+def _part_code(task: int, k: int) -> int:
+    return task * 65536 + k
+
+
+# ---------------------------------------------------------------------------------------- 1. parse
+def parse_tasks(batch: dict[str, np.ndarray], store_uri: str, text_mode: str, model: str, kind: str,
+                passage_words: int) -> Iterator[dict[str, Any]]:
+    """Ray Data generator: read tasks -> documents written as parquet parts; yields their metadata.
+    Redirects, bad records and the parts written go to a small JSON report per task."""
+    import pyarrow as pa
+
+    from longrag.corpus.documents import documents_to_table
+    from longrag.corpus.sources import ReadTask, read_task_records
+    from longrag.index.grouping import document_passages, document_text
+    from longrag.store import ArtifactStore, _table_bytes, sha256_bytes
+
+    store = ArtifactStore.open(store_uri)
+    counter = _counter(model)
+    fields = list(ReadTask.__dataclass_fields__)
+    for i in range(len(batch["task_id"])):
+        task = ReadTask(**{f: batch[f][i].item() if hasattr(batch[f][i], "item") else batch[f][i] for f in fields})
+        report: dict[str, Any] = {"task": asdict(task), "redirects": [], "bad": [], "parts": [], "n_ok": 0}
+        docs: list[Any] = []
+        seqs: list[int] = []
+
+        def flush() -> dict[str, Any]:
+            k = len(report["parts"])
+            n_tok = counter.count_batch([document_text(d) for d in docs])
+            table = documents_to_table(docs).append_column("n_tokens", pa.array(n_tok, type=pa.int64()))
+            data = _table_bytes(table)
+            store.storage.write_bytes(_part_key(task.task_id, k), data)
+            report["parts"].append({"key": _part_key(task.task_id, k), "rows": len(docs),
+                                    "sha256": sha256_bytes(data), "bytes": len(data)})
+            out = {"part": [_part_code(task.task_id, k)] * len(docs), "row": list(range(len(docs))),
+                   "task": [task.task_id] * len(docs), "seq": list(seqs), "doc_id": [d.doc_id for d in docs],
+                   "title": [d.title for d in docs], "n_tokens": n_tok}
+            if kind == "passage":
+                out["passage_tokens"] = [counter.count_batch(document_passages(d, passage_words)) for d in docs]
+            docs.clear()
+            seqs.clear()
+            return out
+
+        seq = 0
+        try:
+            for rec in read_task_records(task, text_mode):
+                seq += 1
+                if rec.kind == "doc":
+                    docs.append(rec.doc)
+                    seqs.append(seq)
+                    report["n_ok"] += 1
+                    if len(docs) >= PART_ROWS:
+                        yield flush()
+                elif rec.kind == "redirect":
+                    report["redirects"].append([rec.title, rec.target])
+                else:
+                    report["bad"].append({"source": task.source, "line": rec.line, "title": rec.title or None,
+                                          "reason": rec.reason, "record": rec.record})
+        except ValueError as exc:  # a malformed export: keep the pages read before, say so
+            if task.fmt != "wikixml":
+                raise
+            report["bad"].append({"source": task.source, "line": None, "title": None, "reason": str(exc), "record": None})
+        last = flush() if docs else None
+        store.storage.write_bytes(f"{READ_REPORTS}task-{task.task_id:05d}.json", json.dumps(report).encode())
+        if last is not None:
+            yield last
+
+
+def read_metadata(sources: list[str], fmt: str, out: str, config: LongRAGConfig) -> tuple[DocMeta, list[dict[str, Any]], int]:
+    """Stage 1: parse on Ray Data; returns the documents' metadata, the per-task reports, the task count."""
+    from longrag.corpus.sources import plan_read_tasks
+    from longrag.store import ArtifactStore
+
+    tasks = plan_read_tasks(sources, fmt)
+    log.info("reading %d sources as %d read tasks", len(sources), len(tasks))
+    ds = ray.data.from_items([asdict(t) for t in tasks], override_num_blocks=len(tasks))
+    ds = ds.map_batches(parse_tasks, batch_size=1, fn_kwargs={
+        "store_uri": out, "text_mode": config.units.text_mode, "model": config.embedding.model,
+        "kind": config.units.kind, "passage_words": config.units.passage_words})
+    batches = [b for b in ds.iter_batches(batch_size=None, batch_format="numpy")]
+    meta = DocMeta.concat(batches)
+    del batches
+    store = ArtifactStore.open(out)
+    reports = [json.loads(store.storage.read_bytes(k)) for k in sorted(store.storage.list(READ_REPORTS))]
+    return meta, reports, len(tasks)
+
+
+# ---------------------------------------------------------------------------------------- 2. links
+class LinkResolver:
+    """Ray Data callable: parts -> ``(part, row, dst)`` for each resolved link of their documents."""
+
+    def __init__(self, store_uri: str, shared: list[Any]) -> None:
+        from longrag.index.distplan import title_keys
+        from longrag.store import ArtifactStore
+
+        self.store = ArtifactStore.open(store_uri)
+        titles, redirects = ray.get(shared[0])
+        self.keys = title_keys(titles.to_pylist())
+        self.redirects = redirects
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import pyarrow.parquet as pq
+
+        from longrag.index.distplan import resolve_links
+
+        part, row, dst = [], [], []
+        for key, code in zip(batch["key"], batch["code"]):
+            table = pq.read_table(io.BytesIO(self.store.storage.read_bytes(str(key))), columns=["title", "links"])
+            for r, (title, links) in enumerate(zip(table.column("title").to_pylist(), table.column("links").to_pylist())):
+                found = resolve_links(title, links or [], self.keys, self.redirects)
+                dst.extend(found)
+                row.extend([r] * len(found))
+            part.extend([int(code)] * (len(dst) - len(part)))
+        return {"part": np.asarray(part, dtype=np.int64), "row": np.asarray(row, dtype=np.int64),
+                "dst": np.asarray(dst, dtype=np.int64)}
+
+
+def _row_keys(part: np.ndarray, row: np.ndarray) -> np.ndarray:
+    return np.asarray(part, dtype=np.int64) * 65536 + np.asarray(row, dtype=np.int64)
+
+
+def resolve_edges(out: str, parts: list[tuple[str, int]], titles: list[str], redirects: dict[str, str] | None,
+                  keys_sorted: np.ndarray, pos_sorted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Stage 2: the link graph as position arrays ``(src, dst)``."""
+    import pyarrow as pa
+
+    shared = ray.put((pa.array(titles, type=pa.string()), redirects))
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    ds = ray.data.from_items([{"key": k, "code": c} for k, c in parts], override_num_blocks=len(parts))
+    ds = ds.map_batches(LinkResolver, batch_size=1, fn_constructor_kwargs={"store_uri": out, "shared": [shared]},
+                        concurrency=min(cpus, len(parts)), num_cpus=1)
+    src, dst = [], []
+    for b in ds.iter_batches(batch_size=None, batch_format="numpy"):
+        idx = np.searchsorted(keys_sorted, _row_keys(b["part"], b["row"]))
+        src.append(pos_sorted[idx])
+        dst.append(b["dst"])
+    src_a = np.concatenate(src) if src else np.zeros(0, np.int64)
+    dst_a = np.concatenate(dst) if dst else np.zeros(0, np.int64)
+    keep = src_a >= 0  # links of dropped duplicates
+    return src_a[keep], dst_a[keep]
+
+
+# ---------------------------------------------------------------------------------------- 4. assembly
+class AttachPlan:
+    """Ray Data callable: parts -> document rows with their unit, corpus position and shard."""
+
+    def __init__(self, store_uri: str, shared: list[Any], kind: str, passage_words: int) -> None:
+        from longrag.store import ArtifactStore
+
+        self.store = ArtifactStore.open(store_uri)
+        self.keys, self.pos, self.first_unit, self.shard_of_unit = ray.get(shared[0])
+        self.kind, self.passage_words = kind, passage_words
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list[Any]]:
+        import pyarrow.parquet as pq
+
+        from longrag.index.distplan import passage_rows
+
+        out: dict[str, list[Any]] = {c: [] for c in ("shard", "unit", "pos", "doc_id", "title", "text", "n_tokens")}
+        for key, code in zip(batch["key"], batch["code"]):
+            table = pq.read_table(io.BytesIO(self.store.storage.read_bytes(str(key))),
+                                  columns=["doc_id", "title", "text", "n_tokens"])
+            pos = self.pos[np.searchsorted(self.keys, _row_keys(np.full(table.num_rows, int(code)), np.arange(table.num_rows)))]
+            for r, rec in enumerate(table.to_pylist()):
+                p = int(pos[r])
+                if p < 0:
+                    continue  # a later duplicate of a doc_id
+                first = int(self.first_unit[p])
+                rows = passage_rows(rec, first, self.passage_words) if self.kind == "passage" else [{**rec, "unit": first}]
+                for row in rows:
+                    out["shard"].append(int(self.shard_of_unit[row["unit"]]))
+                    out["pos"].append(p)
+                    for c in ("unit", "doc_id", "title", "text", "n_tokens"):
+                        out[c].append(row[c])
+        return out
+
+
+def assemble_shard(group: dict[str, np.ndarray], store_uri: str, kind: str, model: str,
+                   passage_words: int) -> dict[str, list[Any]]:
+    """Ray Data ``map_groups``: one shard's document rows -> its units, staged in the store;
+    returns the shard's unit count and plan digest."""
+    from longrag.index.distplan import assemble_units, stage_shard_units
+    from longrag.index.manifest import shard_plan
+    from longrag.store import ArtifactStore
+
+    shard = int(group["shard"][0])
+    cols = ("unit", "pos", "doc_id", "title", "text", "n_tokens")
+    rows = [dict(zip(cols, vals)) for vals in zip(*(group[c].tolist() for c in cols))]
+    units = assemble_units(kind, rows, _counter(model), passage_words)
+    stage_shard_units(ArtifactStore.open(store_uri).storage, shard, units)
+    return {"shard": [shard], "n_units": [len(units)], "digest": [shard_plan({shard: units})[str(shard)]],
+            "text_bytes": [sum(len(u.text.encode("utf-8")) for u in units)]}
+
+
+def assemble(out: str, parts: list[tuple[str, int]], keys_sorted: np.ndarray, pos_sorted: np.ndarray,
+             plan: UnitPlan, config: LongRAGConfig) -> list[dict[str, Any]]:
+    """Stage 4: the plan table to the workers, units assembled and staged per shard."""
+    shared = ray.put((keys_sorted, pos_sorted, plan.first_unit, plan.shard_of_unit))
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    ds = ray.data.from_items([{"key": k, "code": c} for k, c in parts], override_num_blocks=len(parts))
+    ds = ds.map_batches(AttachPlan, batch_size=1, concurrency=min(cpus, len(parts)), num_cpus=1,
+                        fn_constructor_kwargs={"store_uri": out, "shared": [shared], "kind": plan.kind,
+                                               "passage_words": config.units.passage_words})
+    ds = ds.groupby("shard", num_partitions=plan.n_shards).map_groups(
+        assemble_shard, batch_format="numpy",
+        fn_kwargs={"store_uri": out, "kind": plan.kind, "model": config.embedding.model,
+                   "passage_words": config.units.passage_words})
+    rows = [r for b in ds.iter_batches(batch_size=None, batch_format="numpy")
+            for r in (dict(zip(b, vals)) for vals in zip(*(b[c].tolist() for c in b)))]
+    return sorted(rows, key=lambda r: int(r["shard"]))
+
+
+# ---------------------------------------------------------------------------------------- the build
+def plan_corpus(sources: str | list[str], fmt: str, out: str, config: LongRAGConfig) -> tuple[StagedPlan, dict[str, Any], CorpusArtifact]:
+    """Stages 1-4 into the store at ``out``: parsed documents under ``documents/``, each shard's units
+    staged. Returns the plan, the read report and the corpus artifact's manifest entry."""
+    from longrag.corpus.sources import expand_sources
+    from longrag.index.distplan import final_redirects, order_documents, plan_units
+    from longrag.index.plan import BuildSettings
+    from longrag.store import ArtifactStore
+
+    model_max, max_tokens = chunk_limits(config)
+    if fmt != "wikixml" and config.units.text_mode != "full":
+        raise ValueError(f"units.text_mode={config.units.text_mode!r} needs sections: it applies to --format wikixml only")
+    store = ArtifactStore.open(out)
+    for key in store.storage.list(DOCUMENTS_PREFIX):  # an earlier attempt's parts
+        store.storage.delete(key)
+    clear_staging(store)
+    files = expand_sources(sources, fmt)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    meta, reports, n_tasks = read_metadata(files, fmt, out, config)
+    timings["parse_s"] = time.perf_counter() - t0
+    order, dups = order_documents(meta, fmt)
+    redirects = {t: target for r in reports for t, target in r["redirects"]}
+    bad = [b for r in reports for b in r["bad"]]
+    bad += [{"source": None, "line": None, "title": None, "reason": "duplicate doc_id", "record": d} for _, d in dups]
+    read_report: dict[str, Any] = {"sources": files, "fmt": fmt, "read_tasks": n_tasks,
+                                   "n_ok": int(order.shape[0]), "n_bad": len(bad), "bad": bad[:20]}
+    if fmt == "wikixml":
+        read_report.update(pages=sum(r["n_ok"] + len(r["bad"]) for r in reports), redirects=len(redirects))
+    if not order.shape[0]:
+        raise ValueError(f"no documents could be read from {files} ({read_report})")
+    log.info("parsed %d documents (%d bad) in %.1fs", order.shape[0], len(bad), timings["parse_s"])
+
+    # arrival index -> corpus position (-1: dropped duplicate), looked up by (part, row)
+    pos_of = np.full(len(meta), -1, dtype=np.int64)
+    pos_of[order] = np.arange(order.shape[0], dtype=np.int64)
+    row_keys = _row_keys(meta.part, meta.row)
+    by_key = np.argsort(row_keys, kind="stable")
+    keys_sorted, pos_sorted = row_keys[by_key], pos_of[by_key]
+    parts = sorted({(k, int(c)) for k, c in ((p["key"], _part_code(r["task"]["task_id"], i))
+                                               for r in reports for i, p in enumerate(r["parts"]))})
+    sizes = meta.n_tokens[order]
+    cfg = config.units
+    t0 = time.perf_counter()
+    if cfg.kind == "grouped":
+        titles = meta.title[order].tolist()
+        src, dst = resolve_edges(out, parts, titles, final_redirects(redirects) if fmt == "wikixml" else None,
+                                 keys_sorted, pos_sorted)
+        del titles
+    else:
+        src = dst = np.zeros(0, dtype=np.int64)
+    timings["links_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    counter = _counter(config.embedding.model)
+    plan = plan_units(cfg.kind, sizes, src, dst, separator_tokens=counter.count("\n\n"), budget=cfg.max_group_tokens,
+                      symmetric=cfg.symmetric_links, n_shards=config.index.shards,
+                      passage_tokens=[meta.passage_tokens[i] for i in order.tolist()] if cfg.kind == "passage" else None)
+    timings["group_s"] = time.perf_counter() - t0
+    log.info("grouped %d documents into %d %s units in %.1fs", order.shape[0], plan.n_units, cfg.kind, timings["group_s"])
+    t0 = time.perf_counter()
+    shards = assemble(out, parts, keys_sorted, pos_sorted, plan, config)
+    timings["assemble_s"] = time.perf_counter() - t0
+    if [int(r["shard"]) for r in shards] != list(range(plan.n_shards)):
+        raise RuntimeError(f"assembly returned shards {[int(r['shard']) for r in shards]}, planned {plan.n_shards}")
+    grouping = plan.stats()
+    grouping["text_bytes"] = int(sum(int(r["text_bytes"]) for r in shards))
+    staged = StagedPlan(
+        config=config, settings=BuildSettings.of(config), documents=int(order.shape[0]),
+        shard_units={int(r["shard"]): int(r["n_units"]) for r in shards},
+        digests={str(int(r["shard"])): str(r["digest"]) for r in shards},
+        model_max=model_max, max_tokens=max_tokens, grouping=grouping, group_s=timings["group_s"])
+    corpus = CorpusArtifact(sources=files, fmt=fmt, text_mode=cfg.text_mode, read_tasks=n_tasks,
+                            documents=int(order.shape[0]),
+                            parts=[CorpusPart(**p) for r in reports for p in r["parts"]])
+    read_report["timings_s"] = timings
+    return staged, read_report, corpus
+
+
+def build_corpus_index(sources: str | list[str], fmt: str, out: str, config: LongRAGConfig, *,
+                       overwrite: bool = False, resume: bool = False, command: list[str] | None = None) -> dict[str, Any]:
+    """Read, plan, chunk, embed and shard ``sources`` into a build at ``out``; returns the build report.
+    With ``resume``, shards of the interrupted build whose units and files still match are kept."""
+    from longrag.store import ArtifactStore
+
+    t_all = time.perf_counter()
+    check_out(out, overwrite, resume)
+    store = ArtifactStore.open(out)
+    if overwrite:
+        for key in store.storage.list(""):
+            store.storage.delete(key)
+    plan, read_report, corpus = plan_corpus(sources, fmt, out, config)
+    timings = read_report.pop("timings_s")
+    start = start_build(store, plan, resume=resume, command=command)
+    start.manifest.corpus = corpus
+    if not resume:
+        store.write_manifest(start.manifest)
+    t0 = time.perf_counter()
+    built = build_shards(out, config, plan.max_tokens, {s: plan.shard_units[s] for s in start.pending})
+    timings["chunk_embed_shard_s"] = time.perf_counter() - t0
+    timings["total_s"] = time.perf_counter() - t_all
+    report = finish_build(store, out, plan, start, built, read_report=read_report, timings=timings, resume=resume)
+    clear_staging(store)
+    return report
