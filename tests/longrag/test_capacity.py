@@ -37,7 +37,8 @@ def test_clustered_vectors_shapes_norms_units_and_seed():
         clustered_vectors(0, 32)
 
 
-@pytest.mark.parametrize("factory", ["Flat", "SQfp16", "SQ8", "IVF16,Flat", "IVF16,SQ8", "HNSW16"])
+@pytest.mark.parametrize("factory", ["Flat", "SQfp16", "SQ8", "IVF16,Flat", "IVF16,SQ8", "HNSW16", "IVF16,PQ8,RFlat",
+                                     "IVF16,PQ8,Refine(SQ8)"])
 def test_projected_bytes_match_the_built_index(factory):
     v, cids, uids, _ = clustered_vectors(4000, 64, n_queries=0, seed=1)
     index = MaxPIndex.build(v, cids, uids, factory=factory)
