@@ -84,6 +84,10 @@ class IndexConfig(_Section):
         "gpu extra) and asks Ray for index.shard_num_gpus per actor.",
     )
     shard_num_gpus: float = Field(1.0, gt=0, le=1, description="GPUs per shard actor with index.device=cuda.")
+    refresh_s: float = Field(
+        10.0, ge=0, description="How often a Retriever serving a build alias re-reads its current.json; on a new "
+        "build it loads the new shards, switches once every shard answers, then releases the old ones. 0: never.",
+    )
 
 
 class LLMConfig(_Section):
