@@ -31,7 +31,8 @@ log = logging.getLogger("jobs.update")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m jobs.update", description=__doc__.split("\n\n")[0])
     p.add_argument("--build", required=True, help="the build to update, or a build alias (local or s3://)")
-    p.add_argument("--add", help="new and changed documents (JSONL, parquet or wiki XML; an existing doc_id replaces it)")
+    p.add_argument("--add", help="new and changed documents (JSONL, parquet or wiki XML); a doc_id the build "
+                   "holds replaces that document")
     p.add_argument("--format", choices=["jsonl", "parquet", "wikixml"], help="format of --add (default: from its name)")
     p.add_argument("--delete", help="a text file of doc_ids to delete, one per line")
     p.add_argument("--out", help="where to write the new build (default with an alias: <alias>/builds/<build id>)")
@@ -80,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             fmt = args.format or guess_format(args.add)
             upserts, report = read_source(args.add, fmt, text_mode=text_mode if fmt == "wikixml" else "full")
             if report.n_bad:
-                log.warning("%d bad records in %s were skipped: %s", report.n_bad, args.add, report.to_dict().get("bad"))
+                log.warning("%d bad records in %s were skipped: %s", report.n_bad, args.add,
+                            report.to_dict().get("bad"))
             upserts = corpus_order(upserts, fmt)
         deletes = []
         if args.delete:

@@ -51,7 +51,8 @@ __all__ = [
 
 SEARCH_SWEEP = {"IVF": ["nprobe=1", "nprobe=8", "nprobe=32"], "HNSW": ["efSearch=16", "efSearch=64", "efSearch=256"]}
 """Search-time settings measured per approximate factory family (recall vs latency)."""
-REFINE_SWEEP = ["nprobe=8,k_factor_rf=1", "nprobe=8,k_factor_rf=4", "nprobe=32,k_factor_rf=4", "nprobe=32,k_factor_rf=16"]
+REFINE_SWEEP = ["nprobe=8,k_factor_rf=1", "nprobe=8,k_factor_rf=4", "nprobe=32,k_factor_rf=4",
+                "nprobe=32,k_factor_rf=16"]
 """Settings of a factory with exact re-ranking (``RFlat`` / ``Refine(...)``): probes, and how many
 candidates per wanted result the compressed index hands to the re-ranking stage."""
 

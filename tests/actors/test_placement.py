@@ -117,3 +117,23 @@ def test_cuda_shards_ask_for_a_gpu_and_fail_clearly_without_faiss_gpu(cluster, t
     with pytest.raises(Exception, match="IndexDeviceError.*index.device=cuda"):
         client.wait_ready(timeout_s=120)
     client.kill()
+
+
+def test_the_serve_index_tier_places_its_shards_from_the_config(cluster, tmp_path):
+    """``TieredIndex`` (the Retriever's backend) launches its shard actors with the ``index`` config's
+    placement: here on the index node, with the memory ask, and reports the ask when not ready."""
+    from actors.index_tier import TieredIndex
+
+    c, index_node = cluster
+    _make_build(tmp_path, seed=9)
+    cfg = LongRAGConfig.model_validate({"index": {"node_resource": "index", "shard_num_cpus": 0.1,
+                                                  "shard_memory_factor": 1.2}}).index
+    tier = TieredIndex(str(tmp_path), cfg, app_name="placement-test", holder="h1", ready_timeout_s=120)
+    try:
+        infos = tier.index.wait_ready(timeout_s=60)
+        assert {i["node_id"] for i in infos} == {index_node.node_id}
+        assert tier.index.actor_resources["index"] == 1.0 and tier.index.actor_resources["memory_gib"] > 0.3
+    finally:
+        import asyncio
+
+        assert asyncio.run(tier.tier.release()) == 0
