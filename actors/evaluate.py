@@ -114,19 +114,14 @@ def retrieve_local(
     index_uri: str, questions: list[str], k: int, config: LongRAGConfig, encode_mode: str, progress: bool
 ) -> tuple[list[list[dict[str, Any]]], dict[str, Any]]:
     """Top-k units per question through ShardedIndex actors; returns (retrieved lists, stats)."""
-    from actors.sharded_index import ShardedIndex
+    from actors.sharded_index import ShardedIndex, launch_settings
 
     t0 = time.perf_counter()
     vecs, used_mode = encode_queries(questions, config, encode_mode)
     encode_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     index = ShardedIndex.launch(
-        index_uri,
-        replicas=config.index.replicas,
-        num_cpus=config.index.shard_num_cpus,
-        timeout_s=max(config.index.search_timeout_s, 30.0),
-        search_params=config.index.search_params,
-        threads=config.index.shard_threads,
+        index_uri, timeout_s=max(config.index.search_timeout_s, 30.0), **launch_settings(config.index)
     )
     try:
         infos = index.wait_ready()

@@ -25,9 +25,17 @@ class IndexShardImpl:
     """The actor body, also usable in-process (tests, single-process tools)."""
 
     def __init__(
-        self, store_uri: str, shard_id: int, verify: bool = True, threads: int = 1, search_params: str = ""
+        self, store_uri: str, shard_id: int, verify: bool = True, threads: int = 1, search_params: str = "",
+        device: str = "cpu",
     ) -> None:
         import faiss
+
+        from longrag.index.maxp import check_gpu
+
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"index.device must be 'cpu' or 'cuda', got {device!r}")
+        if device == "cuda":
+            check_gpu()  # a clear configuration error before any loading, not a crash inside FAISS
 
         # FAISS defaults to one OpenMP thread per core; several shard actors on a node would
         # oversubscribe it, so each uses the threads it was given.
@@ -37,6 +45,8 @@ class IndexShardImpl:
         self.shard_id = shard_id
         store = ArtifactStore.open(store_uri)
         self.index, self.units = load_shard(store, shard_id, verify=verify)
+        if device == "cuda":
+            self.index.to_gpu(0)  # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU
         self.index.set_search_params(search_params)
         self.search_params = search_params
         self.chunks = load_shard_chunks(store, shard_id, verify=verify)
@@ -75,6 +85,7 @@ class IndexShardImpl:
             "load_s": round(self.load_s, 3),
             "factory": self.index.factory,
             "search_params": self.search_params,
+            "device": self.index.device,
             "rss_bytes": _rss_bytes(),
             "loaded_at": self.loaded_at,
             "searches": self.n_searches,

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from actors.sharded_index import ShardedIndex, shard_actor_name
+from actors.sharded_index import ShardedIndex, actor_ask, launch_settings, placement_of, shard_actor_name
 
 if TYPE_CHECKING:
     from longrag.config import IndexConfig
@@ -177,12 +177,16 @@ class SharedIndexTier:
         for attempt in range(5):  # a lease that is exiting right now is replaced by a fresh one
             try:
                 replicas = ray.get(self._lease(fresh=attempt > 0).acquire.remote(self.holder))
-                return ShardedIndex(replicas, timeout_s=self.timeout_s,
-                                    actor_resources={"CPU": float(self.launch.get("num_cpus", 0))})
+                return ShardedIndex(replicas, timeout_s=self.timeout_s, actor_resources=self._ask())
             except ray.exceptions.RayActorError as exc:
                 last = exc
                 time.sleep(0.5 * (attempt + 1))
         raise RuntimeError(f"could not acquire index tier {self.prefix}: {last}")
+
+    def _ask(self) -> dict[str, float]:
+        from longrag.store import ArtifactStore
+
+        return actor_ask(ArtifactStore.open(self.store_uri).read_manifest(), placement_of(self.launch))
 
     async def renew(self) -> bool:
         """Renew this holder's lease; False when the lease is gone (the caller re-acquires)."""
@@ -219,8 +223,7 @@ class TieredIndex:
         self.manifest = ArtifactStore.open(index_uri).read_manifest()
         self.tier = SharedIndexTier(
             index_uri, self.manifest.build_id, app_name=app_name, holder=holder,
-            launch={"replicas": config.replicas, "num_cpus": config.shard_num_cpus,
-                    "search_params": config.search_params, "threads": config.shard_threads},
+            launch=launch_settings(config),
             timeout_s=config.search_timeout_s,
         )
         self.index = self.tier.acquire()

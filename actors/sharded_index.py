@@ -14,15 +14,20 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
 
 from actors.index_shard import IndexShard
+from longrag.index.manifest import Manifest
 from longrag.index.maxp import merge_topk
+from longrag.index.placement import ShardPlacement, describe_ask, shard_actor_resources
 from longrag.store import ArtifactStore
 from longrag.types import Coverage, RetrievedUnit, UnitHit
+
+if TYPE_CHECKING:
+    from longrag.config import IndexConfig
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +72,26 @@ async def _await_ref(ref: ray.ObjectRef, timeout_s: float) -> Any:
     return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout_s)
 
 
+def launch_settings(config: "IndexConfig") -> dict[str, Any]:
+    """:meth:`ShardedIndex.launch` keywords from the ``index`` config (also an index tier's identity)."""
+    return {"replicas": config.replicas, "num_cpus": config.shard_num_cpus, "search_params": config.search_params,
+            "threads": config.shard_threads, "node_resource": config.node_resource,
+            "memory_factor": config.shard_memory_factor, "device": config.device,
+            "num_gpus": config.shard_num_gpus}
+
+
+def placement_of(launch: dict[str, Any]) -> ShardPlacement:
+    """The placement part of :func:`launch_settings`."""
+    return ShardPlacement(**{k: launch[k] for k in ("num_cpus", "node_resource", "memory_factor", "device",
+                                                     "num_gpus") if k in launch})
+
+
+def actor_ask(manifest: Manifest, placement: ShardPlacement) -> dict[str, float]:
+    """What the actor of the build's largest shard asks of Ray (for the not-ready diagnostics)."""
+    asks = [describe_ask(shard_actor_resources(placement, s)) for s in manifest.shards]
+    return max(asks, key=lambda a: a.get("memory_gib", 0.0)) if asks else {}
+
+
 class ShardedIndex:
     """Client over ``replicas[shard][replica]`` actor handles."""
 
@@ -95,28 +120,39 @@ class ShardedIndex:
         verify: bool = True,
         search_params: str = "",
         threads: int = 1,
+        node_resource: str | None = None,
+        memory_factor: float = 0.0,
+        device: str = "cpu",
+        num_gpus: float = 1.0,
     ) -> "ShardedIndex":
         """Start (or, with ``name_prefix``, find) ``replicas`` actors for every shard of a build.
 
         Named actors (``name_prefix``, in ``namespace`` or the caller's) are shared: whoever
         launches with the same prefix gets the same actors (``get_if_exists``) instead of loading
         its own copy (see :mod:`actors.index_tier`). Replicas of a shard are spread over nodes
-        (SPREAD), so one node failure leaves the other replicas."""
+        (SPREAD), so one node failure leaves the other replicas. Each actor asks for what
+        :func:`longrag.index.placement.shard_actor_resources` gives: the index nodes' custom
+        resource (``node_resource``), memory from its shard's size (``memory_factor``) and, with
+        ``device="cuda"``, ``num_gpus`` GPUs (the actor then searches on its GPU)."""
+        placement = ShardPlacement(num_cpus=num_cpus, node_resource=node_resource, memory_factor=memory_factor,
+                                   device=device, num_gpus=num_gpus)
         manifest = ArtifactStore.open(store_uri).read_manifest()
         handles: list[list[Any]] = []
         for shard in manifest.shards:
             row = []
+            ask = shard_actor_resources(placement, shard)
             for r in range(replicas):
-                opts: dict[str, Any] = {"num_cpus": num_cpus, "scheduling_strategy": "SPREAD"}
+                opts: dict[str, Any] = {**ask, "scheduling_strategy": "SPREAD"}
                 if name_prefix:
                     opts.update(name=shard_actor_name(name_prefix, shard.shard_id, r), get_if_exists=True)
                     if namespace:
                         opts["namespace"] = namespace
                 if detached:
                     opts["lifetime"] = "detached"
-                row.append(IndexShard.options(**opts).remote(store_uri, shard.shard_id, verify, threads, search_params))
+                row.append(IndexShard.options(**opts).remote(store_uri, shard.shard_id, verify, threads, search_params,
+                                                             device))
             handles.append(row)
-        return cls(handles, timeout_s=timeout_s, actor_resources={"CPU": float(num_cpus)})
+        return cls(handles, timeout_s=timeout_s, actor_resources=actor_ask(manifest, placement))
 
     @property
     def n_shards(self) -> int:
@@ -157,7 +193,8 @@ class ShardedIndex:
             f"{len(pending)} of {sum(len(row) for row in self.replicas)} IndexShard actors not ready after "
             f"{waited_s:.0f}s ({names}). Each asks for {ask}; the cluster has {total} in total and {free} free. "
             "An actor waits to be scheduled while no node has its ask free: lower index.shard_num_cpus or "
-            "index.replicas, give Ray more CPUs (ray start --num-cpus), or add nodes."
+            "index.replicas, give Ray more CPUs (ray start --num-cpus), add nodes that offer index.node_resource "
+            "(and a GPU for index.device=cuda), or lower index.shard_memory_factor."
         )
 
     async def liveness(self, timeout_s: float = 5.0) -> list[list[bool]]:

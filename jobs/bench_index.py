@@ -8,12 +8,15 @@ for shard actors checked on a simulated multi-node Ray cluster, and a plan for f
 1. Trade-off: seeded clustered vectors (``longrag.index.capacity.clustered_vectors``; real embeddings of
    this size cannot be made on a CPU box) indexed with each FAISS factory; per factory and search
    setting: bytes per vector, build time, search latency (one thread, the shard actors' setting)
-   and MaxP unit recall@k against exact Flat search.
+   and MaxP unit recall@k against exact Flat search; compressed indexes with exact re-ranking
+   (``IVF{nlist},PQ48,RFlat``, swept over ``nprobe`` and ``k_factor_rf``) among them.
 2. Memory model: shards of synthetic chunks (vectors plus ``--chunk-chars`` of text per chunk, as
    real shards hold units and chunks) are written to a temporary store and served by IndexShard
    actors on a simulated cluster of ``--nodes`` nodes; the RSS of the smaller shards fits
    ``RSS = base + chunks x (vector bytes + chunk bytes)`` and the largest shard checks the fit.
-   A scatter/gather search over all shards is timed against one in-process index of the same size.
+   A scatter/gather search over all shards is timed against one in-process index of the same size;
+   and (``actor_overhead``) exact MaxP through shard actors against one in-process Flat index over
+   the same vectors, a batch of 64 queries per call (the goal: at most 1.15x).
 3. Plan: shards and nodes for ``--plan-chunks`` chunks of ``--plan-dim`` dims (the README's plan:
    full Wikipedia ~5M chunks, bge-large 1024 dims) per factory, for a node of ``--node-gib`` GiB; an
    exhaustive factory's shards are also kept small enough for a ``--target-ms`` one-thread scan.
@@ -26,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import tempfile
 import time
@@ -40,18 +42,21 @@ from longrag.cli import int_list, number
 from longrag.index.capacity import (
     CapacityModel,
     clustered_vectors,
-    exhaustive,
+    factory_problem,
+    interleaved_ms,
     measure_factory,
-    plan_corpus,
+    plan_factories,
+    plot_tradeoff,
     projected_bytes_per_vector,
     scan_cost,
     split_factories,
     sweep_for,
+    synthetic_shard,
     write_synthetic_build,
 )
 from longrag.index.maxp import MaxPIndex
 
-DEFAULT_FACTORIES = "Flat,SQfp16,SQ8,IVF{nlist},Flat,IVF{nlist},SQ8,IVF{nlist},PQ48,HNSW32"
+DEFAULT_FACTORIES = "Flat,SQfp16,SQ8,IVF{nlist},Flat,IVF{nlist},SQ8,IVF{nlist},PQ48,IVF{nlist},PQ48,RFlat,HNSW32"
 PLAN_FACTORIES = "Flat,SQfp16,SQ8,IVF{nlist},SQ8,IVF{nlist},PQ128,HNSW32"
 
 
@@ -78,39 +83,12 @@ def tradeoff(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, 
                                          search_threads=1)
         projected = projected_bytes_per_vector(factory, args.dim)
         for r in results:
-            rows.append({**r.to_dict(), "projected_bytes_per_vector": round(projected, 1)})
+            rows.append({**r.to_dict(), "projected_bytes_per_vector": round(projected, 1),
+                         "queries_per_s": round(1e3 / r.search_ms_per_query, 1) if r.search_ms_per_query else None})
             log(f"    {r.search_params or '-':>12}: {r.bytes_per_vector:8.1f} B/vec  build {r.build_s:7.2f} s  "
                 f"search {r.search_ms_per_query:8.3f} ms/q  unit recall@{r.k} {r.recall_at_k:.3f}")
         bpv[factory] = results[0].bytes_per_vector
     return rows, bpv
-
-
-def plot_tradeoff(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
-    for fac in dict.fromkeys(r["factory"] for r in rows):
-        rs = [r for r in rows if r["factory"] == fac]
-        axes[0].plot([r["bytes_per_vector"] for r in rs], [r["recall_at_k"] for r in rs], "o", label=fac)
-        axes[1].plot([r["search_ms_per_query"] for r in rs], [r["recall_at_k"] for r in rs], "o-", label=fac)
-        for r in rs:
-            if r["search_params"]:
-                axes[1].annotate(r["search_params"].split("=")[1], (r["search_ms_per_query"], r["recall_at_k"]),
-                                 fontsize=7, xytext=(3, 3), textcoords="offset points")
-    k, n, d = rows[0]["k"], rows[0]["n"], rows[0]["dim"]
-    axes[0].set(xscale="log", xlabel="index bytes per vector (log)", ylabel=f"MaxP unit recall@{k} vs exact",
-                title=f"memory vs recall ({n:,} x {d})")
-    axes[1].set(xscale="log", xlabel="search ms per query, 1 thread (log)", ylabel=f"unit recall@{k}",
-                title="latency vs recall (labels: nprobe / efSearch)")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 # ------------------------------------------------------------------------------------- 2. memory model
@@ -174,48 +152,62 @@ def cluster_check(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# ------------------------------------------------------------------------------------- 2b. actor overhead
+def actor_overhead(args: argparse.Namespace) -> dict[str, Any]:
+    """Exact MaxP through ``--overhead-shards`` IndexShard actors on one local Ray (the cores split
+    between them) vs one in-process MaxP Flat index over the same vectors on all the cores, a batch
+    of ``--overhead-batch`` queries per call; medians of interleaved calls."""
+    from actors.sharded_index import ShardedIndex
+    from cluster.local import start_or_join
+
+    n_shards, batch = args.overhead_shards, args.overhead_batch
+    threads = max(1, (os.cpu_count() or 1) // n_shards)
+    sizes = [args.vectors // n_shards] * n_shards
+    parts = [synthetic_shard(n, args.dim, 200, args.chunks_per_unit, args.seed, s, sum(sizes[:s]))
+             for s, n in enumerate(sizes)]
+    chunks = [c for _, cs, _ in parts for c in cs]
+    single = MaxPIndex.build(np.concatenate([v for v, _, _ in parts]), [c.chunk_id for c in chunks],
+                             [c.unit_id for c in chunks])
+    queries = clustered_vectors(batch * args.overhead_repeats, args.dim, n_queries=batch * args.overhead_repeats,
+                                seed=args.seed + 7)[3].reshape(args.overhead_repeats, batch, args.dim)
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as root:
+        write_synthetic_build(root, sizes, args.dim, 200, args.chunks_per_unit, args.seed)
+        handle = start_or_join(None, num_cpus=threads * n_shards + 1, object_store_memory=256 * 2**20)
+        try:
+            client = ShardedIndex.launch(root, num_cpus=threads, threads=threads, timeout_s=120)
+            client.wait_ready(timeout_s=600)
+            faiss.omp_set_num_threads(threads * n_shards)
+            got, want = client.search_sync(queries[0], args.k).hits, single.search(queries[0], args.k)
+            if [[h.unit_id for h in row] for row in got] != [[h.unit_id for h in row] for row in want]:
+                raise AssertionError("the sharded search disagrees with the single index")
+            a, b = interleaved_ms(lambda q: client.search_sync(q, args.k), lambda q: single.search(q, args.k),
+                                  queries)
+            client.kill()
+        finally:
+            handle.shutdown()
+    return {"vectors": sum(sizes), "shards": n_shards, "threads_per_shard": threads, "batch": batch,
+            "repeats": args.overhead_repeats, "actors_ms": round(a, 2), "single_ms": round(b, 2),
+            "ratio": round(a / b, 3), "queries_per_s_actors": round(1e3 * batch / a, 1),
+            "queries_per_s_single": round(1e3 * batch / b, 1)}
+
+
 # ------------------------------------------------------------------------------------- 3. plan
 def plan(args: argparse.Namespace, chunk_bytes: float, base_bytes: float,
          cost: dict[str, float] | None = None) -> list[dict[str, Any]]:
-    """Shards and nodes per factory at ``--plan-dim``, with bytes per vector projected from FAISS
-    code sizes (checked against the measured sizes in the trade-off table) and the fitted
-    per-chunk text bytes scaled to ``--plan-chunk-chars``. An exhaustive factory's shard is also
-    capped so that a one-thread scan stays within ``--target-ms`` (from its measured scan cost,
-    or Flat's)."""
-    nlist = max(16, int(4 * np.sqrt(args.plan_chunks)))
-    text_scale = args.plan_chunk_chars / args.chunk_chars
-    cost = cost or {}
-    rows = []
-    for factory in split_factories(args.plan_factories, nlist):
-        bpv = projected_bytes_per_vector(factory, args.plan_dim) + 4  # + the int32 chunk -> unit map
-        per = cost.get(factory, cost.get("Flat")) if exhaustive(factory) else None
-        cap = max(1, int(args.target_ms / (per * args.plan_dim))) if per else None
-        kw = dict(vector_bytes=bpv, chunk_bytes=chunk_bytes * text_scale, base_bytes=base_bytes,
-                  node_memory_bytes=args.node_gib * 2**30, usable_fraction=args.usable_fraction,
-                  replicas=args.replicas, max_shard_chunks=cap, node_cpus=args.node_cpus)
-        p = plan_corpus(args.plan_chunks, **kw)
-        if per:  # again with the scan time of the balanced shard, for the query rate
-            p = plan_corpus(args.plan_chunks, **kw, scan_ms=per * args.plan_dim * p["chunks_per_shard"])
-        rows.append({"factory": factory, "bytes_per_vector": round(bpv, 1),
-                     "vectors_gib": round(args.plan_chunks * bpv / 2**30, 1), **p,
-                     "scan_ms": (round(per * args.plan_dim * p["chunks_per_shard"], 1) if per
-                                 else "not measured" if exhaustive(factory) else "sublinear"),
-                     "qps_max": p.get("qps_max", "n/a")})
-    return rows
+    """:func:`longrag.index.capacity.plan_factories` with this run's settings and fitted constants."""
+    return plan_factories(split_factories(args.plan_factories, max(16, int(4 * np.sqrt(args.plan_chunks)))),
+                          args.plan_chunks, args.plan_dim, chunk_bytes * args.plan_chunk_chars / args.chunk_chars,
+                          base_bytes, node_memory_bytes=args.node_gib * 2**30, usable_fraction=args.usable_fraction,
+                          replicas=args.replicas, node_cpus=args.node_cpus, target_ms=args.target_ms, cost=cost)
 
 
 # ------------------------------------------------------------------------------------- CLI
 def _check_factories(p: argparse.ArgumentParser, flag: str, spec: str, dim: int, n: int) -> None:
     """Refuse a factory string FAISS cannot build, before any work starts."""
-    nlist = max(16, int(4 * np.sqrt(n)))
-    for factory in split_factories(spec, nlist):
-        try:
-            faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
-        except Exception as exc:  # faiss raises RuntimeError with its C++ message
-            first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-            first = re.sub(r"^Error in .*? at \S+:\d+: ", "", first)  # drop the C++ location
+    for factory in split_factories(spec, max(16, int(4 * np.sqrt(n)))):
+        if problem := factory_problem(factory, dim):
             p.error(f"argument {flag}: {factory!r} is not a FAISS index factory string for {dim} dimensions "
-                    f"({first}); e.g. Flat, SQ8, IVF{{nlist}},SQ8, HNSW32")
+                    f"({problem}); e.g. Flat, SQ8, IVF{{nlist}},SQ8, HNSW32, IVF{{nlist}},PQ48,RFlat")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -236,6 +228,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shard-sizes", type=int_list(min_value=1, min_len=3), default=[10000, 20000, 30000, 50000],
                    help="chunks per shard in the cluster check (3 or more); the largest checks the fit of the others")
     p.add_argument("--chunk-chars", type=pos_int, default=1000, help="text per synthetic chunk (~250 tokens)")
+    p.add_argument("--skip-overhead", action="store_true")
+    p.add_argument("--overhead-shards", type=pos_int, default=2, help="shard actors of the overhead check")
+    p.add_argument("--overhead-batch", type=pos_int, default=64, help="queries per call in the overhead check")
+    p.add_argument("--overhead-repeats", type=pos_int, default=20)
     p.add_argument("--plan-factories", default=PLAN_FACTORIES)
     p.add_argument("--plan-chunks", type=pos_int, default=5_000_000)
     p.add_argument("--plan-dim", type=pos_int, default=1024)
@@ -273,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n## ANN / compression vs exact MaxP ({args.vectors:,} clustered vectors x {args.dim}, "
               f"k={args.k}, one search thread)\n")
         print(_table(rows, ["factory", "search_params", "bytes_per_vector", "projected_bytes_per_vector", "build_s",
-                            "search_ms_per_query", "recall_at_k"]))
+                            "search_ms_per_query", "queries_per_s", "recall_at_k"]))
         print(f"\nplot: {out / 'ann_tradeoff.png'}")
     chunk_bytes, base_bytes = 2.0 * args.chunk_chars + 300.0, 250 * 2**20  # used only without the cluster check
     if not args.skip_cluster:
@@ -291,6 +287,11 @@ def main(argv: list[str] | None = None) -> int:
         lat = check["latency"]
         print(f"search, 1 query: scatter/gather over {lat['shards']} shard actors {lat['scatter_gather_ms']} ms vs "
               f"one in-process index of {lat['total_chunks']:,} chunks {lat['single_index_ms']} ms")
+    if not args.skip_overhead:
+        o = result["overhead"] = actor_overhead(args)
+        print(f"\n## Sharded exact MaxP through {o['shards']} actors vs one in-process Flat index "
+              f"({o['vectors']:,} x {args.dim}, batch of {o['batch']}, median of {o['repeats']}): "
+              f"{o['actors_ms']} ms vs {o['single_ms']} ms = {o['ratio']}x (goal <= 1.15x)")
     plan_rows = plan(args, chunk_bytes, base_bytes, scan_cost(result.get("tradeoff", [])))
     result["plan"] = plan_rows
     print(f"\n## Plan: {args.plan_chunks:,} chunks x {args.plan_dim} dims, {args.plan_chunk_chars} chars each, "

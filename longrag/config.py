@@ -75,6 +75,24 @@ class IndexConfig(_Section):
     search_params: str = Field(
         "", description="FAISS search-time parameters for approximate factories, e.g. nprobe=32 or efSearch=128."
     )
+    node_resource: str | None = Field(
+        None, description="Custom Ray resource the cluster gives its index nodes (cluster/aws.yaml and the KubeRay "
+        "manifests: index); each shard actor asks for 1 of it, so shards land only on index nodes. None: any node.",
+    )
+    shard_memory_factor: float = Field(
+        1.5, ge=0, description="Each shard actor asks Ray for this many times its estimated resident memory (from "
+        "the sizes of its files in the manifest), so the scheduler and autoscaler place shards on nodes with the "
+        "memory free. 0: no memory ask.",
+    )
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="Where shard actors search: cuda moves each shard's FAISS index to a GPU (faiss-gpu, the "
+        "gpu extra) and asks Ray for index.shard_num_gpus per actor.",
+    )
+    shard_num_gpus: float = Field(1.0, gt=0, le=1, description="GPUs per shard actor with index.device=cuda.")
+    refresh_s: float = Field(
+        10.0, ge=0, description="How often a Retriever serving a build alias re-reads its current.json; on a new "
+        "build it loads the new shards, switches once every shard answers, then releases the old ones. 0: never.",
+    )
 
 
 class LLMConfig(_Section):

@@ -33,13 +33,14 @@ import yaml
 
 from longrag.index.manifest import FileEntry, Manifest, ShardEntry
 from longrag.index.maxp import INDEX_FILES, MaxPIndex
-from longrag.types import Chunk, Unit
+from longrag.types import Chunk, Document, Unit
 
 MANIFEST_FILE = "manifest.json"
 CONFIG_FILE = "config.yaml"
 UNITS_FILE = "units.parquet"
 CHUNKS_FILE = "chunks.parquet"
 SHARD_MARKER = "shard.json"
+DOCUMENTS_FILE = "documents.parquet"
 
 UNIT_SCHEMA = pa.schema(
     [
@@ -49,6 +50,9 @@ UNIT_SCHEMA = pa.schema(
         ("text", pa.string()),
         ("n_tokens", pa.int64()),
     ]
+)
+DOCUMENT_SCHEMA = pa.schema(
+    [("doc_id", pa.string()), ("title", pa.string()), ("text", pa.string()), ("links", pa.list_(pa.string()))]
 )
 CHUNK_SCHEMA = pa.schema(
     [
@@ -602,3 +606,44 @@ def load_shard_chunks(
     """One shard's chunk records by chunk_id (chunk text for readers that work on chunks)."""
     entry, _ = _shard_entry(store, shard_id, require_complete)
     return chunks_from_parquet(_read_files(store, entry, [CHUNKS_FILE], verify)[CHUNKS_FILE])
+
+
+# ---------------------------------------------------------------------------------------- documents
+def write_documents(store: ArtifactStore, docs: list[Document]) -> FileEntry:
+    """The build's documents, in corpus order, as ``documents.parquet`` (what an incremental update
+    regroups from); returns its entry for ``Manifest.artifacts``."""
+    data = _table_bytes(pa.Table.from_pylist([d.to_row() for d in docs], schema=DOCUMENT_SCHEMA))
+    store.storage.write_bytes(DOCUMENTS_FILE, data)
+    return FileEntry(sha256=sha256_bytes(data), bytes=len(data))
+
+
+def read_documents(store: ArtifactStore, *, verify: bool = True) -> list[Document] | None:
+    """The build's documents (``documents.parquet``, checked against the manifest), or None when the
+    build has none (a build of ``jobs.index`` before it wrote them)."""
+    manifest = store.read_manifest()
+    entry = manifest.artifacts.get(DOCUMENTS_FILE)
+    if entry is None:
+        return None
+    data = store.storage.read_bytes(DOCUMENTS_FILE)
+    if verify and sha256_bytes(data) != entry.sha256:
+        raise ChecksumError(DOCUMENTS_FILE, entry.sha256, sha256_bytes(data))
+    return [Document.from_row(r) for r in pq.read_table(io.BytesIO(data)).to_pylist()]
+
+
+def copy_shard(src: ArtifactStore, dst: ArtifactStore, shard_id: int) -> ShardEntry:
+    """Copy one complete shard of ``src``'s build into ``dst``, checking every file's sha256 against
+    ``src``'s manifest (the marker is written last, as :func:`write_shard` does)."""
+    entry = src.read_manifest().shard(shard_id)
+    files = _read_files(src, entry, sorted(entry.files), verify=True)
+    dst.storage.delete(dst.shard_key(shard_id, SHARD_MARKER))
+    for name, data in files.items():
+        dst.storage.write_bytes(dst.shard_key(shard_id, name), data)
+    dst.storage.write_bytes(dst.shard_key(shard_id, SHARD_MARKER), entry.model_dump_json(indent=2).encode())
+    return entry
+
+
+def load_shard_units(store: ArtifactStore, shard_id: int, *, verify: bool = True) -> list[Unit]:
+    """One shard's units, in stored order (no index loaded)."""
+    entry, _ = _shard_entry(store, shard_id, True)
+    lookup = units_from_parquet(_read_files(store, entry, [UNITS_FILE], verify)[UNITS_FILE])
+    return lookup.get_many(lookup.ids())

@@ -560,7 +560,8 @@ class Ingress:
 class AppArgs(BaseModel):
     """Arguments of ``app_builder`` (the ``args:`` block of a serve config YAML)."""
 
-    index: str = Field(..., description="Build directory or s3:// URI written by jobs.index")
+    index: str = Field(..., description="Build directory or s3:// URI written by jobs.index, or a build alias "
+                       "(longrag.index.alias: the app follows its current.json to new builds)")
     config: str | None = Field(None, description="LongRAGConfig YAML; default: the build's own config")
     overrides: list[str] = Field(default_factory=list, description="section.field=value overrides")
 
@@ -570,10 +571,11 @@ def app_builder(args: AppArgs | dict[str, Any]) -> serve.Application:
     if args.config:
         cfg = load_config(args.config, args.overrides)
     else:
+        from longrag.index.alias import resolve_build
         from longrag.store import ArtifactStore
 
         # The build's own config: the query encoder must be the model the chunks were embedded with.
-        cfg = LongRAGConfig.model_validate(ArtifactStore.open(args.index).read_manifest().config)
+        cfg = LongRAGConfig.model_validate(ArtifactStore.open(resolve_build(args.index)[0]).read_manifest().config)
         cfg = cfg.with_overrides(args.overrides)
     return build_app(cfg, args.index)
 

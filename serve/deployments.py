@@ -20,6 +20,7 @@ records (:class:`longrag.types.Retrieval`, :class:`longrag.llm.base.ChatResult`,
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import time
@@ -35,6 +36,8 @@ from longrag.mixpr.config import MixPRConfig
 from longrag.reading.reader import ReaderResult
 from longrag.types import Retrieval, Unit
 from serve.schemas import IndexDescription, LLMDescription, ShardRedundancy
+
+log = logging.getLogger(__name__)
 
 
 class BadQuestion(ValueError):
@@ -115,27 +118,84 @@ class Retriever:
     ``index_cls(index_uri, index, app_name=, holder=)`` builds the index backend (the search API of
     :class:`actors.sharded_index.ShardedIndex`: ``search``, ``retrieve_units``, ``liveness``; a
     ``manifest``; the lease's ``renew``/``release``); None: :class:`actors.index_tier.TieredIndex`,
-    the app's shared tier of ``IndexShard`` actors."""
+    the app's shared tier of ``IndexShard`` actors.
+
+    ``index_uri`` may be a build alias (:mod:`longrag.index.alias`): every ``index.refresh_s`` the
+    replica re-reads its pointer and, on a new build, builds a second backend over it (its shards
+    load beside the old ones), switches to it once every shard answers, lets the requests still
+    running on the old build finish, then releases the old backend. A request runs on one build
+    from start to end and its trace names it (``build_id``)."""
 
     def __init__(self, index_uri: str, index: IndexConfig, index_cls: Callable[..., Any] | None = None) -> None:
+        from longrag.index.alias import resolve_build
+
         if index_cls is None:
             from actors.index_tier import TieredIndex
 
             index_cls = TieredIndex
-        ctx = serve.get_replica_context()
-        self.index = index_cls(index_uri, index, app_name=ctx.app_name, holder=str(ctx.replica_id))
+        self.source, self.config, self.index_cls = index_uri, index, index_cls
+        self.build_uri, _ = resolve_build(index_uri)
+        self.index = self._open(self.build_uri)
         self.manifest = self.index.manifest
         self.live: list[list[bool]] = [[True] * index.replicas for _ in self.manifest.shards]
+        self.inflight: dict[int, int] = {}  # id(backend) -> requests running on it
+        self.switches = 0
+        self._watcher: asyncio.Task | None = None
+        self._switching = asyncio.Lock()
+
+    def _open(self, build_uri: str) -> Any:
+        ctx = serve.get_replica_context()
+        return self.index_cls(build_uri, self.config, app_name=ctx.app_name, holder=str(ctx.replica_id))
 
     async def retrieve(self, vector: np.ndarray, k: int) -> Retrieval:
-        t0 = time.perf_counter()
-        res = await self.index.search(np.asarray(vector, dtype=np.float32)[None, :], k)
-        t1 = time.perf_counter()
-        units = await self.index.retrieve_units(res.hits[0])
-        t2 = time.perf_counter()
+        self._watch()
+        backend = self.index  # this request finishes on the build it started on, even across a switch
+        self.inflight[id(backend)] = self.inflight.get(id(backend), 0) + 1
+        try:
+            t0 = time.perf_counter()
+            res = await backend.search(np.asarray(vector, dtype=np.float32)[None, :], k)
+            t1 = time.perf_counter()
+            units = await backend.retrieve_units(res.hits[0])
+            t2 = time.perf_counter()
+        finally:
+            self.inflight[id(backend)] -= 1
         return Retrieval(units=units, coverage=res.coverage,
                          trace={"search_ms": round((t1 - t0) * 1e3, 2), "fetch_ms": round((t2 - t1) * 1e3, 2),
-                                "shard_ms": res.shard_ms})
+                                "shard_ms": res.shard_ms, "build_id": backend.manifest.build_id})
+
+    def _watch(self) -> None:
+        """Start the alias watcher on this replica's event loop (once; again if it ever stopped)."""
+        if self.config.refresh_s > 0 and (self._watcher is None or self._watcher.done()):
+            self._watcher = asyncio.get_running_loop().create_task(self._watch_alias())
+
+    async def _watch_alias(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.refresh_s)
+            try:
+                await self.refresh()
+            except Exception as exc:  # a bad pointer or a new build that fails to load: keep serving this one
+                log.warning("index refresh from %s failed, still serving %s: %s",
+                                                    self.source, self.manifest.build_id, exc)
+
+    async def refresh(self) -> str:
+        """Follow the alias now; returns the build id served afterwards."""
+        from longrag.index.alias import resolve_build
+
+        async with self._switching:
+            uri, _ = await asyncio.to_thread(resolve_build, self.source)
+            if uri == self.build_uri:
+                return self.manifest.build_id
+            new = await asyncio.to_thread(self._open, uri)  # returns once every shard of the new build is ready
+            old = self.index
+            self.index, self.manifest, self.build_uri = new, new.manifest, uri
+            self.live = await new.liveness()
+            self.switches += 1
+            deadline = time.monotonic() + max(60.0, 6 * self.config.search_timeout_s)
+            while self.inflight.get(id(old), 0) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            self.inflight.pop(id(old), None)
+            await old.release()
+            return self.manifest.build_id
 
     async def describe(self) -> IndexDescription:
         m = self.manifest
@@ -149,6 +209,7 @@ class Retriever:
     async def check_health(self) -> None:
         """Unhealthy (Serve replaces the replica) only when some shard has no live replica: every
         replica of every shard is pinged, so a dead replica 0 next to a live replica 1 is fine."""
+        self._watch()
         await self.index.renew()
         self.live = await self.index.liveness()
         dead = [s for s, row in enumerate(self.live) if not any(row)]

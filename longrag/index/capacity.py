@@ -18,6 +18,7 @@ No Ray here; FAISS and numpy only.
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
@@ -32,18 +33,28 @@ __all__ = [
     "FactoryResult",
     "clustered_vectors",
     "index_bytes_per_vector",
+    "interleaved_ms",
     "projected_bytes_per_vector",
     "measure_factory",
+    "factory_problem",
     "plan_corpus",
+    "plan_factories",
+    "plot_tradeoff",
+    "refined",
     "scan_cost",
     "split_factories",
     "sweep_for",
     "unit_recall",
+    "synthetic_shard",
     "write_synthetic_build",
 ]
 
 SEARCH_SWEEP = {"IVF": ["nprobe=1", "nprobe=8", "nprobe=32"], "HNSW": ["efSearch=16", "efSearch=64", "efSearch=256"]}
 """Search-time settings measured per approximate factory family (recall vs latency)."""
+REFINE_SWEEP = ["nprobe=8,k_factor_rf=1", "nprobe=8,k_factor_rf=4", "nprobe=32,k_factor_rf=4",
+                "nprobe=32,k_factor_rf=16"]
+"""Settings of a factory with exact re-ranking (``RFlat`` / ``Refine(...)``): probes, and how many
+candidates per wanted result the compressed index hands to the re-ranking stage."""
 
 
 def clustered_vectors(
@@ -107,6 +118,10 @@ def projected_bytes_per_vector(factory: str, dim: int) -> float:
         index = faiss.index_factory(dim, factory)
     except RuntimeError as e:
         raise ValueError(f"FAISS cannot build {factory!r} at {dim} dims: {e}") from e
+    refine = faiss.downcast_index(index)
+    if isinstance(refine, faiss.IndexRefine):  # RFlat / Refine(...): the compressed codes + the re-ranking codes
+        base, _, _ = factory.rpartition(",")
+        return projected_bytes_per_vector(base, dim) + float(faiss.downcast_index(refine.refine_index).code_size)
     try:
         ivf = faiss.extract_index_ivf(index)
     except RuntimeError:
@@ -273,6 +288,47 @@ def plan_corpus(
     return out
 
 
+def plan_factories(factories: Sequence[str], n_chunks: int, dim: int, chunk_bytes: float, base_bytes: float, *,
+                   node_memory_bytes: float, usable_fraction: float, replicas: int, node_cpus: int,
+                   target_ms: float, cost: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """:func:`plan_corpus` per factory at ``dim``, with bytes per vector projected from FAISS code
+    sizes (checked against the measured sizes in the trade-off table) plus the int32 chunk -> unit
+    map. An exhaustive factory's shard is also capped so that a one-thread scan stays within
+    ``target_ms`` (from its measured scan cost ``cost[factory]`` in ms per vector x dim, or Flat's)."""
+    cost = cost or {}
+    rows = []
+    for factory in factories:
+        bpv = projected_bytes_per_vector(factory, dim) + 4
+        per = cost.get(factory, cost.get("Flat")) if exhaustive(factory) else None
+        cap = max(1, int(target_ms / (per * dim))) if per else None
+        kw = dict(vector_bytes=bpv, chunk_bytes=chunk_bytes, base_bytes=base_bytes,
+                  node_memory_bytes=node_memory_bytes, usable_fraction=usable_fraction,
+                  replicas=replicas, max_shard_chunks=cap, node_cpus=node_cpus)
+        p = plan_corpus(n_chunks, **kw)
+        if per:  # again with the scan time of the balanced shard, for the query rate
+            p = plan_corpus(n_chunks, **kw, scan_ms=per * dim * p["chunks_per_shard"])
+        rows.append({"factory": factory, "bytes_per_vector": round(bpv, 1),
+                     "vectors_gib": round(n_chunks * bpv / 2**30, 1), **p,
+                     "scan_ms": (round(per * dim * p["chunks_per_shard"], 1) if per
+                                 else "not measured" if exhaustive(factory) else "sublinear"),
+                     "qps_max": p.get("qps_max", "n/a")})
+    return rows
+
+
+def interleaved_ms(a: Any, b: Any, inputs: Sequence[Any]) -> tuple[float, float]:
+    """Median milliseconds of ``a(x)`` and ``b(x)`` over ``inputs``, called alternately so that both
+    see the same machine load (a shared machine's load drifts within a run)."""
+    ta, tb = [], []
+    for x in inputs:
+        t0 = time.perf_counter()
+        a(x)
+        t1 = time.perf_counter()
+        b(x)
+        ta.append((t1 - t0) * 1e3)
+        tb.append((time.perf_counter() - t1) * 1e3)
+    return float(np.median(ta)), float(np.median(tb))
+
+
 # ------------------------------------------------------------------------------------- benchmark helpers
 def split_factories(spec: str, nlist: int) -> list[str]:
     """``"Flat,IVF{nlist},Flat,HNSW32"`` -> ``["Flat", "IVF1024,Flat", "HNSW32"]`` (IVF takes the
@@ -287,10 +343,20 @@ def split_factories(spec: str, nlist: int) -> list[str]:
         else:
             out.append(parts[i])
             i += 1
+        if i < len(parts) and parts[i].startswith(("RFlat", "Refine(")):  # a re-ranking stage belongs to it
+            out[-1] += f",{parts[i]}"
+            i += 1
     return out
 
 
+def refined(factory: str) -> bool:
+    """Whether ``factory`` re-ranks its candidates with stored vectors (``RFlat``, ``Refine(...)``)."""
+    return factory.rsplit(",", 1)[-1].startswith(("RFlat", "Refine("))
+
+
 def sweep_for(factory: str) -> list[str]:
+    if refined(factory):
+        return REFINE_SWEEP if factory.startswith("IVF") else ["k_factor_rf=1", "k_factor_rf=4", "k_factor_rf=16"]
     for prefix, params in SEARCH_SWEEP.items():
         if factory.startswith(prefix):
             return params
@@ -311,34 +377,82 @@ def scan_cost(tradeoff_rows: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def factory_problem(factory: str, dim: int) -> str | None:
+    """Why FAISS cannot build ``factory`` at ``dim`` dimensions (its C++ message), or None."""
+    try:
+        faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    except Exception as exc:  # faiss raises RuntimeError with its C++ message
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        return re.sub(r"^Error in .*? at \S+:\d+: ", "", first)  # drop the C++ location
+    return None
+
+
+def plot_tradeoff(rows: list[dict[str, Any]], path: Any) -> None:
+    """Memory vs recall and latency vs recall of the trade-off rows (a PNG at ``path``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    for fac in dict.fromkeys(r["factory"] for r in rows):
+        rs = [r for r in rows if r["factory"] == fac]
+        axes[0].plot([r["bytes_per_vector"] for r in rs], [r["recall_at_k"] for r in rs], "o", label=fac)
+        axes[1].plot([r["search_ms_per_query"] for r in rs], [r["recall_at_k"] for r in rs], "o-", label=fac)
+        for r in rs:
+            if r["search_params"]:
+                label = "/".join(p.split("=")[1] for p in r["search_params"].split(","))
+                axes[1].annotate(label, (r["search_ms_per_query"], r["recall_at_k"]),
+                                 fontsize=7, xytext=(3, 3), textcoords="offset points")
+    k, n, d = rows[0]["k"], rows[0]["n"], rows[0]["dim"]
+    axes[0].set(xscale="log", xlabel="index bytes per vector (log)", ylabel=f"MaxP unit recall@{k} vs exact",
+                title=f"memory vs recall ({n:,} x {d})")
+    axes[1].set(xscale="log", xlabel="search ms per query, 1 thread (log)", ylabel=f"unit recall@{k}",
+                title="latency vs recall (labels: nprobe / efSearch / k_factor_rf)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def synthetic_shard(n: int, dim: int, chunk_chars: int, chunks_per_unit: int, seed: int, shard_id: int,
+                    offset: int) -> tuple[np.ndarray, list[Any], list[Any]]:
+    """One synthetic shard of :func:`write_synthetic_build`: ``(vectors, chunks, units)``."""
+    from longrag.text.tokens import chars_estimate
+    from longrag.types import Chunk, Unit
+
+    vectors, _, local_units, _ = clustered_vectors(n, dim, chunks_per_unit=chunks_per_unit, n_queries=0,
+                                                   seed=seed + shard_id)
+    rng = np.random.default_rng(seed + 10_000 + shard_id)
+    words = np.array(["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"])
+    n_words = max(1, chunk_chars // 7)
+    chunks: list[Chunk] = []
+    for i in range(n):
+        text = " ".join(words[rng.integers(0, len(words), n_words)].tolist())[:chunk_chars]
+        chunks.append(Chunk(chunk_id=f"c{offset + i}", unit_id=f"s{shard_id}-{local_units[i]}",
+                            position=i % chunks_per_unit, text=text, n_tokens=chars_estimate(text)))
+    by_unit: dict[str, list[Chunk]] = {}
+    for c in chunks:
+        by_unit.setdefault(c.unit_id, []).append(c)
+    units = [Unit(unit_id=u, doc_ids=[u], titles=[u], text=" ".join(c.text for c in cs),
+                  n_tokens=sum(c.n_tokens for c in cs)) for u, cs in by_unit.items()]
+    return vectors, chunks, units
+
+
 def write_synthetic_build(root: str, sizes: list[int], dim: int, chunk_chars: int, chunks_per_unit: int,
                           seed: int) -> None:
     """A complete build of ``len(sizes)`` Flat shards of synthetic chunks (text of ``chunk_chars``)."""
     from longrag.config import LongRAGConfig
     from longrag.index.manifest import Manifest
     from longrag.store import ArtifactStore, write_shard
-    from longrag.text.tokens import chars_estimate
-    from longrag.types import Chunk, Unit
 
     store = ArtifactStore.open(root)
     manifest = Manifest.create(LongRAGConfig(), dim=dim, documents=0, argv=["jobs.bench_index"])
-    rng = np.random.default_rng(seed)
-    words = np.array(["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"])
     offset = 0
     for shard_id, n in enumerate(sizes):
-        vectors, _, local_units, _ = clustered_vectors(n, dim, chunks_per_unit=chunks_per_unit, n_queries=0,
-                                                       seed=seed + shard_id)
-        n_words = max(1, chunk_chars // 7)
-        chunks: list[Chunk] = []
-        for i in range(n):
-            text = " ".join(words[rng.integers(0, len(words), n_words)].tolist())[:chunk_chars]
-            chunks.append(Chunk(chunk_id=f"c{offset + i}", unit_id=f"s{shard_id}-{local_units[i]}",
-                                position=i % chunks_per_unit, text=text, n_tokens=chars_estimate(text)))
-        by_unit: dict[str, list[Chunk]] = {}
-        for c in chunks:
-            by_unit.setdefault(c.unit_id, []).append(c)
-        units = [Unit(unit_id=u, doc_ids=[u], titles=[u], text=" ".join(c.text for c in cs),
-                      n_tokens=sum(c.n_tokens for c in cs)) for u, cs in by_unit.items()]
+        vectors, chunks, units = synthetic_shard(n, dim, chunk_chars, chunks_per_unit, seed, shard_id, offset)
         index = MaxPIndex.build(vectors, [c.chunk_id for c in chunks], [c.unit_id for c in chunks])
         manifest.add_shard(write_shard(store, shard_id, units, chunks, index))
         offset += n

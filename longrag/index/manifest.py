@@ -86,6 +86,17 @@ class CorpusArtifact(_Model):
     parts: list[CorpusPart] = Field(default_factory=list)
 
 
+class ParentBuild(_Model):
+    """Where an incremental update (``jobs.update``) came from, and what it changed."""
+
+    build_id: str
+    uri: str
+    changes: dict[str, int] = Field(default_factory=dict)  # documents added / changed / deleted / unchanged
+    units: dict[str, int] = Field(default_factory=dict)  # units new / removed / regrouped
+    shards_rebuilt: list[int] = Field(default_factory=list)
+    shards_reused: list[int] = Field(default_factory=list)
+
+
 class Manifest(_Model):
     schema_version: int = SCHEMA_VERSION
     build_id: str
@@ -101,6 +112,8 @@ class Manifest(_Model):
     provenance: Provenance = Field(default_factory=Provenance)
     plan: dict[str, str] = Field(default_factory=dict)  # shard id -> digest of its units (resume)
     corpus: CorpusArtifact | None = None  # the parsed-documents artifact (distributed builds)
+    artifacts: dict[str, FileEntry] = Field(default_factory=dict)  # build-level files (documents.parquet)
+    parent: ParentBuild | None = None  # set by an incremental update: the build it was derived from
 
     @classmethod
     def create(

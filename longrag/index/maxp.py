@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 from typing import Literal, Sequence
 
@@ -42,6 +43,30 @@ META_FILE = "maxp.json"
 INDEX_FILES = (INDEX_FILE, CHUNK_UNITS_FILE, CHUNK_IDS_FILE, UNIT_IDS_FILE, META_FILE)
 
 _FAISS_METRIC = {"ip": faiss.METRIC_INNER_PRODUCT, "l2": faiss.METRIC_L2}
+
+#: Largest k a FAISS GPU index searches (``GPU_MAX_SELECTION_K``); MaxP's wider searches run on the CPU copy.
+GPU_MAX_K = 2048
+
+
+class IndexDeviceError(ValueError):
+    """``index.device=cuda`` where FAISS cannot search on a GPU (a configuration error, not a crash)."""
+
+
+def check_gpu(gpu: int = 0) -> None:
+    """Raise :class:`IndexDeviceError` unless this FAISS build has GPU support and sees GPU ``gpu``."""
+    if not hasattr(faiss, "StandardGpuResources"):
+        raise IndexDeviceError(
+            f"index.device=cuda needs FAISS with GPU support, but this FAISS {faiss.__version__} is a CPU-only "
+            "build: install the gpu extra (pip install 'longrag[gpu]', faiss-gpu-cu12) on the index nodes, or set "
+            "index.device=cpu"
+        )
+    n = faiss.get_num_gpus()
+    if gpu >= n:
+        raise IndexDeviceError(
+            f"index.device=cuda: FAISS sees {n} GPU(s), so GPU {gpu} is not available (CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}); give shard actors a GPU (index.shard_num_gpus) on a "
+            "node with one, or set index.device=cpu"
+        )
 
 
 def _check_matrix(x: np.ndarray, name: str, dim: int | None = None) -> np.ndarray:
@@ -104,6 +129,7 @@ class MaxPIndex:
         self.chunk_ids = np.asarray(chunk_ids, dtype=object)
         self.metric: Metric = metric
         self.factory = factory
+        self._cpu_index: faiss.Index | None = None  # set by to_gpu: the CPU copy for searches beyond GPU_MAX_K
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -166,6 +192,23 @@ class MaxPIndex:
             f"ntotal={self.ntotal}, n_units={self.n_units})"
         )
 
+    # ------------------------------------------------------------------ device
+    @property
+    def device(self) -> str:
+        return "cuda" if self._cpu_index is not None else "cpu"
+
+    def to_gpu(self, gpu: int = 0) -> None:
+        """Move the FAISS index to GPU ``gpu`` (faiss-gpu: ``StandardGpuResources`` +
+        ``index_cpu_to_gpu``); searches then run there. A search that needs more than
+        :data:`GPU_MAX_K` chunks (FAISS GPU's top-k limit) runs on the CPU copy, so results stay
+        exact. Raises :class:`IndexDeviceError` when this FAISS has no GPU support or sees no GPU."""
+        check_gpu(gpu)
+        if self._cpu_index is not None:
+            return
+        self._gpu_resources = faiss.StandardGpuResources()
+        self._cpu_index = self.index
+        self.index = faiss.index_cpu_to_gpu(self._gpu_resources, gpu, self.index)
+
     # ------------------------------------------------------------------ search
     def set_search_params(self, params: str | None) -> None:
         """Apply FAISS search-time parameters, e.g. ``"nprobe=32"`` (IVF) or ``"efSearch=128"``
@@ -176,7 +219,11 @@ class MaxPIndex:
         if not isinstance(params, str):
             raise ValueError(f"search params must be a string like 'nprobe=32', got {type(params).__name__}")
         try:
-            faiss.ParameterSpace().set_index_parameters(self.index, params)
+            for index in (self.index, self._cpu_index):
+                if index is not None:
+                    space = faiss.GpuParameterSpace() if index is self.index and self.device == "cuda" \
+                        else faiss.ParameterSpace()
+                    space.set_index_parameters(index, params)
         except RuntimeError as e:
             raise ValueError(f"search params {params!r} do not apply to a {self.factory!r} index: {e}") from e
 
@@ -201,7 +248,8 @@ class MaxPIndex:
         k_chunks = min(self.ntotal, max(2 * k, k * per_unit))
         pending = np.arange(nq)
         while len(pending):
-            dist, ids = self.index.search(queries[pending], k_chunks)
+            index = self.index if self._cpu_index is None or k_chunks <= GPU_MAX_K else self._cpu_index
+            dist, ids = index.search(queries[pending], k_chunks)
             still: list[int] = []
             for row, q in enumerate(pending):
                 hits, done = self._units_from_chunks(dist[row], ids[row], k, k_chunks)
@@ -260,7 +308,7 @@ class MaxPIndex:
             "n_units": self.n_units,
         }
         return {
-            INDEX_FILE: faiss.serialize_index(self.index).tobytes(),
+            INDEX_FILE: faiss.serialize_index(self._cpu_index or self.index).tobytes(),
             CHUNK_UNITS_FILE: buf.getvalue(),
             CHUNK_IDS_FILE: _parquet_bytes("chunk_id", self.chunk_ids),
             UNIT_IDS_FILE: _parquet_bytes("unit_id", self.unit_ids),

@@ -263,3 +263,39 @@ def test_dockerfile_installs_the_torch_the_cpu_extra_pins():
     cpu = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["cpu"]
     (pin,) = [d for d in cpu if d.replace(" ", "").startswith("torch==")]
     assert pin.replace(" ", "") in DOCKERFILE.read_text().replace(" ", "")
+
+
+# ---------------------------------------------------------------------------------- index nodes
+
+
+def _overrides_node_resource(overrides: list[str]) -> str | None:
+    from longrag.config import LongRAGConfig
+
+    return LongRAGConfig().with_overrides(overrides).index.node_resource
+
+
+def _kuberay_group_resources(group: dict[str, Any]) -> dict[str, float]:
+    import json
+
+    raw = group.get("rayStartParams", {}).get("resources")
+    return json.loads(json.loads(raw)) if raw else {}
+
+
+def test_index_node_groups_offer_the_resource_the_serve_configs_ask_for():
+    """Shard actors ask for ``index.node_resource`` (actors/sharded_index.py): every cluster
+    definition's index node group must offer it, or the shard actors never schedule."""
+    serve_configs = ROOT / "serve" / "configs"
+    gpu = yaml.safe_load((serve_configs / "gpu.yaml").read_text())
+    app = next(a for a in gpu["applications"] if a["name"] == "longrag")
+    assert _overrides_node_resource(app["args"]["overrides"]) == "index"
+    aws = yaml.safe_load(AWS.read_text())
+    assert aws["available_node_types"]["index_cpu"]["resources"].get("index", 0) >= 1
+    assert all("index" not in t.get("resources", {}) for n, t in aws["available_node_types"].items() if n != "index_cpu")
+    for name in ("raycluster.yaml", "rayservice.yaml"):
+        doc = _manifest(name)
+        groups = {g["groupName"]: g for g in _cluster_specs(doc)[0]["workerGroupSpecs"]}
+        assert _kuberay_group_resources(groups["index-cpu"]).get("index", 0) >= 1, name
+        assert "index" not in _kuberay_group_resources(groups["gpu-l4"]), name
+    service = yaml.safe_load(_manifest("rayservice.yaml")["spec"]["serveConfigV2"])
+    app = next(a for a in service["applications"] if a["name"] == "longrag")
+    assert _overrides_node_resource(app["args"]["overrides"]) == "index"

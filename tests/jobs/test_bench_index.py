@@ -16,12 +16,42 @@ def test_split_factories_keeps_ivf_encodings():
     assert split_factories("Flat,IVF{nlist},Flat,IVF{nlist},PQ8,HNSW32", 64) == [
         "Flat", "IVF64,Flat", "IVF64,PQ8", "HNSW32"]
     assert sweep_for("IVF64,Flat")[0] == "nprobe=1" and sweep_for("SQ8") == [""]
+    # a re-ranking stage stays with its compressed index, and its sweep sets k_factor_rf
+    assert split_factories("IVF{nlist},PQ8,RFlat,IVF{nlist},PQ8,Refine(SQ8),SQ8", 64) == [
+        "IVF64,PQ8,RFlat", "IVF64,PQ8,Refine(SQ8)", "SQ8"]
+    assert all("k_factor_rf=" in p for p in sweep_for("IVF64,PQ8,RFlat"))
+
+
+def test_pq_with_exact_reranking_recovers_recall(tmp_path, capsys):
+    rc = bench_index.main(["--vectors", "3000", "--dim", "16", "--queries", "20", "--factories",
+                           "IVF{nlist},PQ4x4,IVF{nlist},PQ4x4,RFlat", "--skip-cluster", "--skip-overhead",
+                           "--plan-chunks", "1000", "--plan-dim", "16", "--plan-factories", "Flat",
+                           "--out", str(tmp_path)])
+    assert rc == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tradeoff"]
+    pq = max(r["recall_at_k"] for r in rows if not r["factory"].endswith("RFlat"))
+    refined = {r["search_params"]: r for r in rows if r["factory"].endswith("RFlat")}
+    assert set(refined) == {"nprobe=8,k_factor_rf=1", "nprobe=8,k_factor_rf=4", "nprobe=32,k_factor_rf=4",
+                            "nprobe=32,k_factor_rf=16"}
+    best = refined["nprobe=32,k_factor_rf=16"]
+    assert best["recall_at_k"] >= max(0.9, pq + 0.05), (pq, refined)
+    assert best["queries_per_s"] > 0 and best["bytes_per_vector"] > 4 * 16  # PQ codes + the stored vectors
+
+
+def test_actor_overhead_at_toy_size(tmp_path, capsys):
+    rc = bench_index.main(["--vectors", "6000", "--dim", "32", "--factories", "Flat", "--skip-tradeoff", "--skip-cluster",
+                           "--overhead-repeats", "3", "--plan-chunks", "1000", "--plan-dim", "32",
+                           "--plan-factories", "Flat", "--out", str(tmp_path)])
+    assert rc == 0
+    o = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["overhead"]  # exactness is checked inside
+    assert o["shards"] == 2 and o["batch"] == 64 and o["vectors"] == 6000
+    assert abs(o["ratio"] - o["actors_ms"] / o["single_ms"]) < 0.01 and o["queries_per_s_actors"] > 0
 
 
 def test_tradeoff_and_plan_at_toy_size(tmp_path, capsys):
     out = tmp_path / "bench"
     rc = bench_index.main(["--vectors", "3000", "--dim", "32", "--queries", "10", "--factories",
-                           "Flat,SQ8,IVF{nlist},Flat,HNSW16", "--skip-cluster", "--plan-chunks", "100000",
+                           "Flat,SQ8,IVF{nlist},Flat,HNSW16", "--skip-cluster", "--skip-overhead", "--plan-chunks", "100000",
                            "--plan-dim", "64", "--plan-factories", "Flat,IVF{nlist},SQ8,HNSW16", "--out", str(out)])
     assert rc == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -105,3 +105,14 @@ def test_plan_corpus_hand_computed():
     assert plan_corpus(10, vector_bytes=1, chunk_bytes=1, base_bytes=0, node_memory_bytes=gib, replicas=3)["nodes"] == 3
     with pytest.raises(ValueError, match="cannot hold"):
         plan_corpus(10, vector_bytes=1, chunk_bytes=1, base_bytes=2 * gib, node_memory_bytes=gib)
+
+
+@pytest.mark.parametrize("refine, extra", [("RFlat", 4 * 64), ("Refine(SQ8)", 64)])
+def test_projected_bytes_of_a_refined_index_add_the_reranking_codes(refine, extra):
+    base = projected_bytes_per_vector("IVF16,PQ8", 64)
+    projected = projected_bytes_per_vector(f"IVF16,PQ8,{refine}", 64)
+    assert projected == base + extra
+    v, cids, uids, _ = clustered_vectors(4000, 64, n_queries=0, seed=1)
+    measured = index_bytes_per_vector(MaxPIndex.build(v, cids, uids, factory=f"IVF16,PQ8,{refine}"))
+    codebook = 8 * 256 * 8 * 4 / 4000  # PQ8's codebooks (8 x 256 centroids x 8 floats), fixed: left out
+    assert projected <= measured <= projected * 1.08 + codebook + 8, (projected, measured)
