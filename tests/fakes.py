@@ -213,10 +213,13 @@ class LocalIndex:
         return await self.index.retrieve_units(hits)
 
     async def liveness(self) -> list[list[bool]]:
-        return [[not a.dead for a in row] for row in self.index.replicas]
+        return await self.index.liveness()  # the real pings: a dead fake replica does not answer
 
     async def renew(self) -> None:
         pass
+
+    async def repair(self) -> list[tuple[int, int]]:
+        return []  # in-process shards cannot be re-created (actors.index_tier does it for actors)
 
     async def release(self) -> None:
         pass
@@ -238,3 +241,96 @@ class TitleReader(ScriptedLLM):
             return title if len(messages) > 2 else f"The documents say: {title}."
 
         super().__init__(default=reply, name="title-reader", context_window=8192)
+
+
+# ---------------------------------------------------------------------------- faults (tests/serve/test_faults.py)
+# Backends that misbehave on a marker in the question, so one app serves both the normal requests
+# and the faulty ones: a stage that sleeps past its deadline, an LLM that raises or whose replica
+# process dies while an answer is in flight.
+SLEEP_S = 12.0  # longer than every stage deadline of the faults app (tests/serve/test_faults.py)
+ENCODE_SLEEP_S = 3.0  # just past its encode deadline: the encoder's batch loop waits for it
+
+
+class SleepyEncoder(HashEncoder):
+    """Sleeps ``ENCODE_SLEEP_S`` on a question containing ``[slow-encode]``."""
+
+    def encode_queries(self, texts: list[str]):
+        import time
+
+        if any("[slow-encode]" in t for t in texts):
+            time.sleep(ENCODE_SLEEP_S)
+        return super().encode_queries(texts)
+
+
+SLOW_K = 13  # a retrieve with this k sleeps (the index sees vectors, not questions)
+
+
+class SleepyIndex(LocalIndex):
+    async def search(self, queries, k: int):
+        import asyncio
+
+        if k == SLOW_K:
+            await asyncio.sleep(SLEEP_S)
+        return await super().search(queries, k)
+
+
+class FaultyReader(TitleReader):
+    """:class:`TitleReader` whose calls misbehave on a marker in the messages:
+
+    * ``[slow-read]``: sleeps ``SLEEP_S``;
+    * ``[fail-once:ID]``: raises ``LLMError`` the first time it sees ``ID`` (in this replica), then answers;
+    * ``[fail-always]``: raises ``LLMError`` every time;
+    * ``[fail-mid-stream]``: a stream raises after its first two deltas;
+    * ``[die]``: the LLMServer replica's process exits (``os._exit``) in the middle of the call.
+    """
+
+    def __init__(self, config=None) -> None:
+        super().__init__(config)
+        self.failed: set[str] = set()
+
+    async def _misbehave(self, messages) -> None:
+        import asyncio
+        import os
+
+        from longrag.llm.base import LLMError
+
+        text = " ".join(m.get("content", "") for m in messages) if isinstance(messages, list) else str(messages)
+        if "[slow-read]" in text or "[slow-dual]" in text:
+            await asyncio.sleep(SLEEP_S)
+        if "[die]" in text:
+            os._exit(1)
+        if "[fail-always]" in text:
+            raise LLMError("the engine failed (a test fault: [fail-always])")
+        for marker in re.findall(r"\[fail-once:\w+\]", text):
+            if marker not in self.failed:
+                self.failed.add(marker)
+                raise LLMError(f"the engine failed (a test fault: {marker})")
+
+    async def chat(self, messages, *, max_tokens, temperature=None, stop=None):
+        await self._misbehave(messages)
+        return await super().chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop)
+
+    async def chat_json(self, messages, *, schema, max_tokens, temperature=None):
+        await self._misbehave(messages)
+        return await super().chat_json(messages, schema=schema, max_tokens=max_tokens, temperature=temperature)
+
+    async def stream_chat(self, messages, *, max_tokens, temperature=None, stop=None):
+        text = " ".join(m.get("content", "") for m in messages)
+        n = 0
+        async for item in super().stream_chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop):
+            if "[fail-mid-stream]" in text and n == 2:
+                from longrag.llm.base import LLMError
+
+                raise LLMError("the engine failed mid-stream (a test fault: [fail-mid-stream])")
+            n += 1
+            yield item
+
+
+def faults_app(args: dict):
+    """Serve app builder (``import_path: tests.fakes:faults_app``) of the app over the faulty fakes:
+    ``args`` = ``{"index": build, "overrides": [...]}``."""
+    from longrag.config import LongRAGConfig
+    from serve.app import build_app
+
+    cfg = LongRAGConfig().with_overrides(list(args.get("overrides", [])))
+    return build_app(cfg, args["index"], encoder_cls=SleepyEncoder, index_cls=SleepyIndex, engine_cls=FaultyReader)
