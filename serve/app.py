@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from longrag.config import LongRAGConfig, load_config
 from longrag.reading.reader import ReaderResult
-from longrag.types import Retrieval
+from longrag.types import Retrieval, describe_redundancy
 from serve import guard as guards
 from serve import metrics as app_metrics
 from serve import openai_compat as oai
@@ -346,7 +346,7 @@ class Ingress:
             **(info.model_dump(exclude={"index"}) if info is not None else {}),
             llm=llm.name if llm is not None else None,
             index=index,
-            redundancy="; ".join(f"shard {r.shard}: {r.live} of {r.replicas} replicas" for r in index),
+            redundancy=describe_redundancy(index),
             deployments=deployments,
             problems=problems,
             limits={"max_question_chars": s.max_question_chars, "max_k": s.max_k, "default_k": s.default_k},

@@ -169,8 +169,8 @@ class _LocalActor:
         def remote(self, *args):
             return _Done(self.fn, args)
 
-    def __init__(self, impl, dead: bool = False) -> None:
-        self.impl, self.dead = impl, dead
+    def __init__(self, impl, dead: bool = False, flaky: bool = False) -> None:
+        self.impl, self.dead, self.flaky = impl, dead, flaky
 
     def __getattr__(self, name: str):
         if self.dead:
@@ -178,7 +178,17 @@ class _LocalActor:
                 raise RuntimeError("ActorDiedError: this replica is dead (a test fake)")
 
             return self._Method(fail)
+        if self.flaky and name == "search":
+            def flaky_search(queries, k):
+                if k == FLAKY_K:
+                    raise RuntimeError(f"a flaky replica (a test fake): searches with k={FLAKY_K} fail")
+                return self.impl.search(queries, k)
+
+            return self._Method(flaky_search)
         return self._Method(getattr(self.impl, name))
+
+
+FLAKY_K = 11  # a flaky replica (LocalIndex.flaky) fails searches with this k and answers everything else
 
 
 class LocalIndex:
@@ -188,6 +198,7 @@ class LocalIndex:
     answer no ping)."""
 
     dead: frozenset = frozenset()
+    flaky: frozenset = frozenset()
 
     def __init__(self, index_uri: str, config, *, app_name: str = "", holder: str = "") -> None:
         from actors.index_shard import IndexShardImpl
@@ -198,13 +209,19 @@ class LocalIndex:
         rows = []
         for shard in self.manifest.shards:
             impl = IndexShardImpl(index_uri, shard.shard_id)
-            rows.append([_LocalActor(impl, dead=(shard.shard_id, r) in self.dead) for r in range(config.replicas)])
+            rows.append([_LocalActor(impl, dead=(shard.shard_id, r) in self.dead, flaky=(shard.shard_id, r) in self.flaky)
+                         for r in range(config.replicas)])
         self.index = ShardedIndex(rows, timeout_s=config.search_timeout_s)
 
     @classmethod
     def with_dead(cls, *pairs: tuple[int, int]) -> type:
         """A subclass whose given ``(shard, replica)`` replicas are dead."""
         return type("LocalIndexWithDead", (cls,), {"dead": frozenset(pairs), "__module__": __name__})
+
+    @classmethod
+    def with_flaky(cls, *pairs: tuple[int, int]) -> type:
+        """A subclass whose given ``(shard, replica)`` replicas fail searches with ``k == FLAKY_K``."""
+        return type("LocalIndexWithFlaky", (cls,), {"flaky": frozenset(pairs), "__module__": __name__})
 
     async def search(self, queries, k: int):
         return await self.index.search(queries, k)
@@ -266,6 +283,10 @@ SLOW_K = 13  # a retrieve with this k sleeps (the index sees vectors, not questi
 
 
 class SleepyIndex(LocalIndex):
+    """Sleeps on a search with ``k == SLOW_K``; replica 0 of shard 0 is flaky (see ``FLAKY_K``)."""
+
+    flaky = frozenset({(0, 0)})
+
     async def search(self, queries, k: int):
         import asyncio
 

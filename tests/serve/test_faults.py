@@ -21,10 +21,11 @@ from ray import serve
 
 from cluster.local import WORKER_ENV
 from serve.run import deploy, wait_running
-from tests.fakes import SLOW_K, write_tiny_build
+from tests.fakes import FLAKY_K, SLOW_K, write_tiny_build
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 8400
+METRICS_PORT = 8402
 APP = "faults"
 DOCS = [
     ("Animal Farm", "Animal Farm is a novel by George Orwell. It was published in 1945."),
@@ -41,7 +42,8 @@ def client(tmp_path_factory):
     build = write_tiny_build(tmp_path_factory.mktemp("tiny") / "build", DOCS, shards=2)
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="longrag",
-             runtime_env={"env_vars": {**WORKER_ENV, "PYTHONPATH": path}})
+             runtime_env={"env_vars": {**WORKER_ENV, "PYTHONPATH": path}},
+             _metrics_export_port=METRICS_PORT, _system_config={"metrics_report_interval_ms": 1000})
     try:
         overrides = ["index.replicas=2", *(f"serve.timeouts.{k}={v}" for k, v in TIMEOUTS.items())]
         # the LLMServer's health checked every second: Serve notices a dead replica at once
@@ -184,6 +186,33 @@ def test_a_chat_stream_that_fails_mid_answer_ends_with_an_error_then_done(client
     assert lines[-1] == "data: [DONE]", lines
     err = json.loads(lines[-2][6:])["error"]
     assert err["code"] == "unavailable" and err["detail"]["stage"] == "read", err
+
+
+# ---------------------------------------------------------------------------- shard replicas
+
+
+def test_a_replica_that_fails_a_search_fails_over_and_is_counted(client):
+    """Replica 0 of shard 0 answers pings but fails searches with k=FLAKY_K: of two such searches
+    one meets it first and fails over (a 200 with full results); the failed replica counts as not
+    live in the coverage until it answers again, and the failover reaches the metrics."""
+    client.get("/healthz")  # pings: every replica live
+    covs = []
+    for _ in range(2):
+        r = client.post("/v1/retrieve", json={"question": QUESTION, "k": FLAKY_K})
+        assert r.status_code == 200, r.text
+        covs.append(r.json()["coverage"])
+    assert [c["answered"] for c in covs] == [2, 2] and sum(c["failovers"] for c in covs) == 1, covs
+    assert covs[-1]["redundancy"] == "shard 0: 1 of 2 replicas; shard 1: 2 of 2 replicas", covs
+    body = client.get("/healthz").json()  # its pings find replica 0 answering again
+    assert body["redundancy"] == "shard 0: 2 of 2 replicas; shard 1: 2 of 2 replicas", body
+    deadline, text = time.time() + 60, ""
+    while time.time() < deadline:
+        text = httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).text
+        if "ray_longrag_shard_failovers_total" in text and 'status="504"' in text and 'status="503"' in text:
+            break
+        time.sleep(1)
+    assert "ray_longrag_shard_failovers_total" in text
+    assert 'status="504"' in text and 'status="503"' in text  # the stage errors above, counted by status
 
 
 # ---------------------------------------------------------------------------- the schema, fuzzed
