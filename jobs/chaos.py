@@ -190,7 +190,9 @@ def run(args: argparse.Namespace) -> int:
             build_index(str(data_path(SAMPLE_WIKI)), "wikixml", index, config, overwrite=True,
                         command=["python", "-m", "jobs.chaos"])
         deploy(serve_config(index, args.port, args.llm, args.read_timeout_s))
-        reason = wait_running([APP], ready_timeout_s=args.recovery_timeout_s * 5)
+        # a replica whose worker starts slowly on a loaded machine is reported "not scheduled": give it time
+        reason = wait_running([APP], schedule_timeout_s=args.recovery_timeout_s,
+                              ready_timeout_s=args.recovery_timeout_s * 5)
         if reason:
             raise RuntimeError(reason)
         base = f"http://127.0.0.1:{args.port}"

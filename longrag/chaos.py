@@ -63,6 +63,7 @@ class Outcome(BaseModel):
     redundancy_degraded: bool = False
     failed_shards: list[int] = Field(default_factory=list)
     failovers: int = 0
+    retries: int = Field(0, description="Stages the ingress retried after a failure (trace.*_retries).")
     error: str | None = Field(None, description="error.code and message of an error response, or the client error.")
     json_error: bool = Field(False, description="An error response in the one JSON shape {error: {code, message, detail}}.")
 
@@ -72,10 +73,12 @@ class Outcome(BaseModel):
             body = r.json()
         except ValueError:
             body = None
+        ms = round(ms, 1)
         if r.status_code == 200 and isinstance(body, dict) and "coverage" in body:
-            cov = body["coverage"]
+            cov, trace = body["coverage"], body.get("trace") or {}
+            retries = sum(v for key, v in trace.items() if key.endswith("_retries") and isinstance(v, int))
             return cls(status=200, ms=ms, degraded=cov["degraded"], redundancy_degraded=cov["redundancy_degraded"],
-                       failed_shards=cov["failed_shards"], failovers=cov["failovers"])
+                       failed_shards=cov["failed_shards"], failovers=cov["failovers"], retries=retries)
         err = body.get("error") if isinstance(body, dict) else None
         shaped = isinstance(err, dict) and {"code", "message", "detail"} <= set(err)
         text = f"{err['code']}: {err['message']}" if shaped else r.text[:300]

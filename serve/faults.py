@@ -37,17 +37,23 @@ def serve_replicas(app: str, deployment: str) -> list[tuple[str, str]]:
             if a["name"].startswith(prefix)]
 
 
-def kill(name: str, namespace: str, wait_s: float = 30.0) -> str:
-    """Kill the named actor for good and wait until its name is free (the actor is dead)."""
-    ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+def kill(*actors: tuple[str, str], wait_s: float = 30.0) -> list[str]:
+    """Kill the named actors ``(name, namespace)`` for good, all at once, and wait until their names
+    are free (the actors are dead)."""
+    for name, namespace in actors:
+        ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        try:
-            ray.get_actor(name, namespace=namespace)
-        except ValueError:
-            return name
+    left = list(actors)
+    while left:
+        for name, namespace in list(left):
+            try:
+                ray.get_actor(name, namespace=namespace)
+            except ValueError:
+                left.remove((name, namespace))
+        if left and time.monotonic() > deadline:
+            raise TimeoutError(f"{left} still alive {wait_s:g} s after ray.kill")
         time.sleep(0.05)
-    raise TimeoutError(f"{namespace}/{name} was still alive {wait_s:g} s after ray.kill")
+    return [name for name, _ in actors]
 
 
 def kill_shard_replicas(app: str, shard: int, replicas: list[int]) -> list[str]:
@@ -57,7 +63,7 @@ def kill_shard_replicas(app: str, shard: int, replicas: list[int]) -> list[str]:
     if missing:
         raise ValueError(f"app {app!r} has no live replica(s) {missing} of shard {shard}; "
                          f"it has {sorted(actors)} (shard, replica)")
-    return [kill(*actors[(shard, r)]) for r in replicas]
+    return kill(*(actors[(shard, r)] for r in replicas))
 
 
 def kill_serve_replica(app: str, deployment: str) -> str:
@@ -65,4 +71,4 @@ def kill_serve_replica(app: str, deployment: str) -> str:
     replicas = serve_replicas(app, deployment)
     if not replicas:
         raise ValueError(f"app {app!r} has no running replica of deployment {deployment!r}")
-    return kill(*replicas[0])
+    return kill(replicas[0])[0]

@@ -45,7 +45,8 @@ def test_reduced_chaos_run_meets_every_expectation(sample_index, tmp_path):
 
     llm = by_name["llm"]
     assert llm["in_flight_at_kill"] and llm["answer"]["status"] in (200, 503), llm
-    assert llm["answer"]["status"] == 200 or llm["answer"]["json_error"], llm
+    # a 200 only through the ingress's one retry (it reached Serve's replacement replica), else a JSON 503
+    assert (llm["answer"]["status"] == 200 and llm["answer"]["retries"] == 1) or llm["answer"]["json_error"], llm
     assert llm["stream_error"]["detail"]["stage"] == "read", llm
     assert llm["next_request"]["status"] == 200, llm
     assert summary["passed"] is True and proc.returncode == 0, summary

@@ -63,7 +63,9 @@ def client(sample_index):
     handle = start_or_join(None, num_cpus=2, include_dashboard=True, dashboard_port=DASHBOARD_PORT)
     try:
         deploy(_config(sample_index["uri"]))
-        reason = wait_running([APP], schedule_timeout_s=0, ready_timeout_s=420)
+        # schedule_timeout_s: on a loaded machine replicas that are placed but whose workers start
+        # slowly are reported "taken more than 10s to be scheduled" (with the free CPUs net of them)
+        reason = wait_running([APP], schedule_timeout_s=120, ready_timeout_s=420)
         assert reason is None, reason
         with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=180) as c:
             wait_healthy(c)
