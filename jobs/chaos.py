@@ -6,7 +6,7 @@ Starts a local Ray, indexes the bundled enwiki sample (or serves ``--index``), d
 scenarios and their expectations, :mod:`serve.faults` the kills):
 
 1. ``replica``: ``--requests`` /v1/retrieve at ``--concurrency`` while one replica of a shard is killed;
-2. ``shard``: both replicas of the shard killed, ``--shard-requests`` requests right after;
+2. ``shard``: both replicas of the shard killed a quarter into ``--shard-requests`` requests;
 3. ``llm``: the LLMServer replica killed while an answer is in flight, then while a streamed answer
    is under way; then one more answer.
 
@@ -40,8 +40,9 @@ log = logging.getLogger("jobs.chaos")
 
 
 def serve_config(index: str, port: int, llm: str, read_timeout_s: float) -> dict[str, Any]:
-    """cpu.yaml on ``port`` over ``index``: 2 replicas per shard, fixed replica counts, health checked
-    every 2 s (a dead shard replica is re-created within a few seconds)."""
+    """cpu.yaml on ``port`` over ``index``: 2 replicas per shard, fixed replica counts; the Retriever's
+    health check (which has the tier re-create dead shard replicas) at Serve's default period, 10 s,
+    the LLMServer's every 2 s (Serve replaces a killed replica sooner)."""
     config = yaml.safe_load((ROOT / "serve" / "configs" / "cpu.yaml").read_text())
     config["http_options"].update(host="127.0.0.1", port=port)
     (app,) = config["applications"]
@@ -54,7 +55,7 @@ def serve_config(index: str, port: int, llm: str, read_timeout_s: float) -> dict
             dep.pop("autoscaling_config")
             dep["num_replicas"] = 1
         if dep["name"] in ("Retriever", "LLMServer"):
-            dep.update(health_check_period_s=2, health_check_timeout_s=30)
+            dep.update(health_check_period_s=10 if dep["name"] == "Retriever" else 2, health_check_timeout_s=30)
     return config
 
 
@@ -77,11 +78,16 @@ async def replica_scenario(client: httpx.AsyncClient, plan: ChaosPlan) -> Scenar
 async def shard_scenario(client: httpx.AsyncClient, plan: ChaosPlan) -> ScenarioResult:
     from serve.faults import kill_shard_replicas
 
-    t_kill = time.perf_counter()
-    killed = await asyncio.to_thread(kill_shard_replicas, APP, plan.shard, [0, 1])
-    recovery = asyncio.ensure_future(wait_recovered(client, plan, t_kill))
-    outcomes = await retrieve_load(client, plan, plan.shard_requests)
-    res = ScenarioResult(name="shard", killed=killed, load=LoadResult.of(outcomes), recovery=await recovery)
+    killed: list[str] = []
+    recovery: list[asyncio.Future] = []
+
+    async def fault() -> None:  # both replicas at once, while requests are in flight
+        t_kill = time.perf_counter()
+        killed.extend(await asyncio.to_thread(kill_shard_replicas, APP, plan.shard, [0, 1]))
+        recovery.append(asyncio.ensure_future(wait_recovered(client, plan, t_kill)))
+
+    outcomes = await retrieve_load(client, plan, plan.shard_requests, at=plan.shard_requests // 4, fault=fault)
+    res = ScenarioResult(name="shard", killed=killed, load=LoadResult.of(outcomes), recovery=await recovery[0])
     return judge_shard(res, plan)
 
 
@@ -224,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "artifacts" / "chaos"), help="build folder when no --index")
     p.add_argument("--requests", type=int, default=1000, help="/v1/retrieve requests of the replica scenario")
     p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--shard-requests", type=int, default=100, help="requests right after both replicas are killed")
+    p.add_argument("--shard-requests", type=int, default=100, help="requests of the shard scenario (both replicas "
+                   "killed a quarter in)")
     p.add_argument("--shard", type=int, default=0, help="the shard whose replicas are killed")
     p.add_argument("--llm", default="smollm2-135m-instruct", help="the reader model (a small bundled one)")
     p.add_argument("--read-timeout-s", type=float, default=120.0, help="serve.timeouts.read_s of the app")

@@ -47,7 +47,7 @@ class ChaosPlan(BaseModel):
     k: int = Field(4, ge=1)
     kill_at: float = Field(0.1, gt=0, lt=1, description="Fraction of the requests sent before the kill.")
     shard: int = Field(0, ge=0, description="The shard whose replica(s) are killed.")
-    shard_requests: int = Field(100, ge=10, description="Requests of the shard scenario, right after the kill.")
+    shard_requests: int = Field(100, ge=10, description="Requests of the shard scenario (the kill a quarter in).")
     recovery_timeout_s: float = Field(120.0, gt=0, description="How long re-creation may take.")
     request_timeout_s: float = Field(60.0, gt=0)
     answer_question: str = "Who wrote the novel Animal Farm?"
