@@ -15,6 +15,13 @@ redeploy, ``serve delete`` and ``serve shutdown``). When the last holder release
 the shard actors; a holder that died without releasing (a crashed replica, a lost node) stops
 renewing and is dropped after ``ttl_s``, and a lease with no holders for ``ttl_s`` retires the
 tier and exits. A lost lease actor is restarted by Ray and repopulated by the next renewals.
+
+Repair: a shard actor restarts by itself after a crash (``max_restarts``), but one that is gone for
+good (killed with ``no_restart``, or crashed once more than ``max_restarts``) frees its name. Every
+Retriever health check looks for such names (:meth:`TieredIndex.repair`) and, when it finds one,
+asks the lease again: the lease re-creates the missing actors (``get_if_exists`` keeps the others)
+and the holder swaps in the new handles. Until a re-created replica has loaded its shard, health
+and every response's coverage say "1 of 2 replicas".
 """
 
 from __future__ import annotations
@@ -171,6 +178,17 @@ class SharedIndexTier:
             ).remote(self.namespace, self.prefix, self.store_uri, self.launch, self.ttl_s)
         return self._handle
 
+    def missing(self, shard_ids: list[int]) -> list[tuple[int, int]]:
+        """``(shard position, replica)`` of the tier's shard actors whose names are free: gone for good."""
+        gone = []
+        for s, shard_id in enumerate(shard_ids):
+            for r in range(int(self.launch.get("replicas", 1))):
+                try:
+                    ray.get_actor(shard_actor_name(self.prefix, shard_id, r), namespace=self.namespace)
+                except ValueError:
+                    gone.append((s, r))
+        return gone
+
     def acquire(self) -> ShardedIndex:
         """Register with the tier's lease and return a client over its shard actors."""
         last: Exception | None = None
@@ -242,6 +260,23 @@ class TieredIndex:
         """Renew the lease; a lost lease is acquired again (see the module docstring)."""
         if not await self.tier.renew():
             self.index = await asyncio.to_thread(self.tier.acquire)
+
+    async def repair(self) -> list[tuple[int, int]]:
+        """Re-create the shard actors that are gone for good (see the module docstring) and use the
+        new handles; returns the ``(shard, replica)`` pairs re-created. The new replicas count as
+        not live until they have loaded and answer a ping."""
+        shard_ids = [s.shard_id for s in self.manifest.shards]
+        gone = await asyncio.to_thread(self.tier.missing, shard_ids)
+        if not gone:
+            return []
+        log.warning("index tier %s: re-creating shard replicas gone for good: %s", self.tier.prefix,
+                    ", ".join(f"shard {s} replica {r}" for s, r in gone))
+        fresh = await asyncio.to_thread(self.tier.acquire)
+        live = [list(row) for row in self.index.live]
+        for s, r in gone:
+            live[s][r] = False
+        self.index.replace_replicas(fresh.replicas, live)
+        return gone
 
     async def release(self) -> None:
         await self.tier.release()

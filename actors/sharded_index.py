@@ -5,6 +5,12 @@ shard-local because a unit never spans shards) and the client merges the lists e
 that is dead, restarting or slower than ``timeout_s`` is skipped for the next replica of the same
 shard. When no replica of a shard answers, the result says so (``coverage.answered < shards``,
 ``degraded = True``) instead of failing the request or silently dropping the shard.
+
+Each replica's liveness is remembered: a replica whose call failed is not live (tried after the
+live ones, so a dead replica costs one failover, not one per request) until it answers a call or a
+ping (:meth:`ShardedIndex.liveness`, run by the Retriever's health check); every result's coverage
+says how many replicas of each shard are live (``coverage.replicas``, "1 of 2"), so lost redundancy
+shows even while every shard answers.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from longrag.index.manifest import Manifest
 from longrag.index.maxp import merge_topk
 from longrag.index.placement import ShardPlacement, describe_ask, shard_actor_resources
 from longrag.store import ArtifactStore
-from longrag.types import Coverage, RetrievedUnit, UnitHit
+from longrag.types import Coverage, RetrievedUnit, ShardRedundancy, UnitHit
 
 if TYPE_CHECKING:
     from longrag.config import IndexConfig
@@ -104,6 +110,20 @@ class ShardedIndex:
         self.timeout_s = timeout_s
         self.actor_resources = actor_resources  # what each shard actor asks of Ray (for diagnostics)
         self._next = [0] * len(replicas)
+        # [shard][replica]: answered its last call or ping (launched replicas count as live until then)
+        self.live: list[list[bool]] = [[True] * len(row) for row in replicas]
+
+    def replace_replicas(self, replicas: list[list[Any]], live: list[list[bool]] | None = None) -> None:
+        """New handles for the same shards (re-created replicas, see
+        :meth:`actors.index_tier.TieredIndex.repair`), with their liveness (default: not live until
+        they answer)."""
+        if len(replicas) != len(self.replicas) or any(not r for r in replicas):
+            raise ValueError(f"expected handles for {len(self.replicas)} shards, got {len(replicas)}")
+        self.replicas = replicas
+        self.live = live or [[False] * len(row) for row in replicas]
+
+    def redundancy(self) -> list[ShardRedundancy]:
+        return [ShardRedundancy(shard=s, live=sum(row), replicas=len(row)) for s, row in enumerate(self.live)]
 
     # ------------------------------------------------------------------ launch
     @classmethod
@@ -206,11 +226,14 @@ class ShardedIndex:
             except Exception:  # dead, restarting, still loading, or too slow: not live now
                 return False
 
-        flags = await asyncio.gather(*(alive(a) for row in self.replicas for a in row))
+        replicas = self.replicas
+        flags = await asyncio.gather(*(alive(a) for row in replicas for a in row))
         out, i = [], 0
-        for row in self.replicas:
+        for row in replicas:
             out.append(list(flags[i:i + len(row)]))
             i += len(row)
+        if replicas is self.replicas:  # not replaced meanwhile
+            self.live = [list(row) for row in out]
         return out
 
     def kill(self) -> None:
@@ -221,19 +244,22 @@ class ShardedIndex:
     # ------------------------------------------------------------------ calls
     async def _call(self, shard: int, method: str, *args: Any) -> tuple[Any, int]:
         """Call ``method`` on one replica of ``shard``, failing over; returns (result, failovers)."""
-        row = self.replicas[shard]
+        row, live = self.replicas[shard], self.live[shard]
         start = self._next[shard] % len(row)
         self._next[shard] += 1
+        # round robin over the live replicas first; those whose last call failed come last
+        order = sorted(range(len(row)), key=lambda r: (not live[r], (r - start) % len(row)))
         errors: list[str] = []
-        for i in range(len(row)):
-            actor = row[(start + i) % len(row)]
+        for r in order:
             try:
-                result = await _await_ref(getattr(actor, method).remote(*args), self.timeout_s)
+                result = await _await_ref(getattr(row[r], method).remote(*args), self.timeout_s)
+                live[r] = True
                 return result, len(errors)
             except asyncio.TimeoutError:
-                errors.append(f"replica {(start + i) % len(row)}: timed out after {self.timeout_s}s")
+                errors.append(f"replica {r}: timed out after {self.timeout_s}s")
             except Exception as exc:  # dead/restarting actor, or the shard failed to load
-                errors.append(f"replica {(start + i) % len(row)}: {describe_error(exc)}")
+                errors.append(f"replica {r}: {describe_error(exc)}")
+            live[r] = False
             log.warning("shard %d %s failed: %s", shard, method, errors[-1])
         raise ShardUnavailable(shard, errors)
 
@@ -265,7 +291,8 @@ class ShardedIndex:
                 errors[shard] = error
                 continue
             per_shard.append(res)
-        coverage = Coverage(shards=self.n_shards, answered=len(per_shard), errors=errors, failovers=total_failovers)
+        coverage = Coverage(shards=self.n_shards, answered=len(per_shard), errors=errors, failovers=total_failovers,
+                            replicas=self.redundancy())
         hits = [
             merge_topk([shard_rows[q] for shard_rows in per_shard], k) for q in range(queries.shape[0])
         ]

@@ -156,6 +156,17 @@ class ReaderConfig(_Section):
     )
 
 
+class StageTimeouts(_Section):
+    """Seconds the ingress waits for one stage of a request (a retry after a failure included)
+    before it answers 504 naming the stage. A stream's ``read`` deadline covers the whole answer."""
+
+    encode_s: float = Field(30.0, gt=0, description="The query encoder (QueryEncoder).")
+    retrieve_s: float = Field(30.0, gt=0, description="The sharded search and the fetch of the units (Retriever).")
+    read_s: float = Field(600.0, gt=0, description="The reader and its LLM (/v1/answer, /v1/chat/completions).")
+    dual_s: float = Field(900.0, gt=0, description="A dual-perspective strategy (extractor, filter, generator).")
+    longcontext_s: float = Field(900.0, gt=0, description="/v1/longcontext: selection and the reader.")
+
+
 class ServeConfig(_Section):
     max_question_chars: int = 2000
     max_k: int = 100
@@ -186,6 +197,10 @@ class ServeConfig(_Section):
     )
     cors_origins: list[str] = Field(
         default_factory=list, description="Origins allowed by CORS (e.g. https://app.example.com); empty: CORS off.",
+    )
+    timeouts: StageTimeouts = Field(
+        default_factory=StageTimeouts, description="Per-stage deadlines (504 with the stage named); a stage "
+        "that fails (a replica died, the LLM raised) is retried once within its deadline, then answered 503.",
     )
 
 

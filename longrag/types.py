@@ -102,10 +102,25 @@ class UnitHit:
         return asdict(self)
 
 
+class ShardRedundancy(BaseModel):
+    """The replicas of one shard that are live (answered their last call or ping) of those configured."""
+
+    shard: int
+    live: int = Field(description="Replica actors of this shard that answered their last call or ping.")
+    replicas: int = Field(description="Replica actors configured (index.replicas).")
+
+
+def describe_redundancy(rows: list[ShardRedundancy]) -> str:
+    """``"shard 0: 2 of 2 replicas; shard 1: 1 of 2 replicas"`` (one wording for /healthz and coverage)."""
+    return "; ".join(f"shard {r.shard}: {r.live} of {r.replicas} replicas" for r in rows)
+
+
 class Coverage(BaseModel):
     """How much of a sharded index answered one search. A shard none of whose replicas answered is
     named in ``errors`` (with the last replica's error) and makes the result ``degraded``; it is
-    never dropped silently."""
+    never dropped silently. A shard that answered from fewer live replicas than configured (a
+    replica dead, restarting or being re-created) shows in ``replicas`` and makes
+    ``redundancy_degraded`` true: full results, less redundancy."""
 
     shards: int = Field(description="Shards of the build.")
     answered: int = Field(description="Shards that answered (one replica each).")
@@ -113,6 +128,10 @@ class Coverage(BaseModel):
         default_factory=dict, description="Shard -> why no replica of it answered (JSON keys are strings)."
     )
     failovers: int = Field(0, description="Replica calls that failed and were retried on another replica of the shard.")
+    replicas: list[ShardRedundancy] = Field(
+        default_factory=list, description="Live replicas per shard as this search knew them (a replica is "
+        "not live from a failed call until it answers again); empty: not tracked.",
+    )
 
     @computed_field(description="Whether some shard did not answer (answered < shards).")  # type: ignore[prop-decorator]
     @property
@@ -123,6 +142,17 @@ class Coverage(BaseModel):
     @property
     def failed_shards(self) -> list[int]:
         return sorted(self.errors)
+
+    @computed_field(description="Whether some shard has fewer live replicas than configured.")  # type: ignore[prop-decorator]
+    @property
+    def redundancy_degraded(self) -> bool:
+        return any(r.live < r.replicas for r in self.replicas)
+
+    @computed_field(description='Live replicas per shard in words, e.g. "shard 0: 2 of 2 replicas; '
+                    'shard 1: 1 of 2 replicas" (empty: not tracked).')  # type: ignore[prop-decorator]
+    @property
+    def redundancy(self) -> str:
+        return describe_redundancy(self.replicas)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

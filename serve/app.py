@@ -29,10 +29,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from longrag.config import LongRAGConfig, load_config
 from longrag.reading.reader import ReaderResult
-from longrag.types import Retrieval
+from longrag.types import Retrieval, describe_redundancy
 from serve import guard as guards
 from serve import metrics as app_metrics
 from serve import openai_compat as oai
+from serve import stages
 from serve.deployments import BadQuestion, LLMServer, QueryEncoder, Reader, Retriever
 from serve.longcontext import LongContextReader, LongContextRequest, LongContextResponse, longcontext_embedding
 from serve.dual import bind_dual
@@ -61,7 +62,7 @@ api = FastAPI(
 # ---------------------------------------------------------------------------- errors: one shape
 CODES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 408: "timeout",
          413: "payload_too_large", 422: "invalid_request", 429: "too_many_requests",
-         500: "internal_error", 503: "unavailable"}
+         500: "internal_error", 503: "unavailable", 504: "timeout"}
 
 
 class ApiError(Exception):
@@ -91,6 +92,12 @@ def _one_line(exc: BaseException) -> str:
 
 @api.exception_handler(ApiError)
 async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    return error_response(exc.status, exc.message, exc.detail, exc.code)
+
+
+@api.exception_handler(stages.StageError)
+async def _stage_error(request: Request, exc: stages.StageError) -> JSONResponse:
+    """A stage past its deadline (504) or failed twice (503), named (:mod:`serve.stages`)."""
     return error_response(exc.status, exc.message, exc.detail, exc.code)
 
 
@@ -185,7 +192,9 @@ ERRORS = {
     422: {"model": ErrorResponse, "description": "Invalid request: one message per problem in error.detail."},
     429: {"model": ErrorResponse, "description": "Rate limit exceeded; Retry-After says when to retry."},
     500: {"model": ErrorResponse, "description": "Internal error."},
-    503: {"model": ErrorResponse, "description": "No shard or no replica could serve the request."},
+    503: {"model": ErrorResponse, "description": "No shard or no replica could serve the request, or a stage "
+          "failed and its retry failed too (error.detail.stage names it)."},
+    504: {"model": ErrorResponse, "description": "A stage took longer than serve.timeouts (error.detail.stage)."},
 }
 
 _SCHEMA: dict[str, Any] = {}
@@ -266,13 +275,16 @@ class Ingress:
     async def _retrieve(self, question: str, k: int) -> tuple[Retrieval, dict[str, Any]]:
         trace: dict[str, Any] = {}
         t0 = time.perf_counter()
+        t = self.config.serve.timeouts
         try:
-            vector = await self.encoder.encode.remote(question)
+            vector = await stages.run_stage("encode", t.encode_s, lambda: self.encoder.encode.remote(question),
+                                            trace=trace)
         except BadQuestion as exc:
             raise ApiError(422, _one_line(exc), [f"question: {_one_line(exc)}"]) from None
         trace["encode_ms"] = _ms(t0)
         t1 = time.perf_counter()
-        found: Retrieval = await self.retriever.retrieve.remote(vector, k)
+        found: Retrieval = await stages.run_stage("retrieve", t.retrieve_s,
+                                                  lambda: self.retriever.retrieve.remote(vector, k), trace=trace)
         trace["retrieve_ms"] = _ms(t1)
         trace.update({f"retrieve.{key}": v for key, v in found.trace.items()})
         self.metrics.retrieval(found.coverage)
@@ -334,7 +346,7 @@ class Ingress:
             **(info.model_dump(exclude={"index"}) if info is not None else {}),
             llm=llm.name if llm is not None else None,
             index=index,
-            redundancy="; ".join(f"shard {r.shard}: {r.live} of {r.replicas} replicas" for r in index),
+            redundancy=describe_redundancy(index),
             deployments=deployments,
             problems=problems,
             limits={"max_question_chars": s.max_question_chars, "max_k": s.max_k, "default_k": s.default_k},
@@ -372,7 +384,9 @@ class Ingress:
             return StreamingResponse(self._answer_events(question, k, found, units, req.compression, trace, t0),
                                      media_type="text/event-stream")
         t1 = time.perf_counter()
-        read: ReaderResult = await self.reader.read.remote(question, units, req.compression)
+        read: ReaderResult = await stages.run_stage(
+            "read", self.config.serve.timeouts.read_s,
+            lambda: self.reader.read.remote(question, units, req.compression), trace=trace)
         return self._answer_response(question, found, read, trace, t0, t1)
 
     def _answer_response(self, question: str, found: Retrieval, read: ReaderResult, trace: dict[str, Any],
@@ -388,9 +402,11 @@ class Ingress:
                               evidence=evidence, coverage=found.coverage, trace=trace)
 
     async def _read_stream(self, question: str, units: list[Any], compression: str | None):
-        """The Reader's stream: the long answer's deltas (str), then the ReaderResult."""
-        stream = self.reader.options(stream=True).read_stream.remote(question, units, compression)
-        async for item in stream:
+        """The Reader's stream: the long answer's deltas (str), then the ReaderResult; retried once
+        when it fails before its first delta (:func:`serve.stages.stream_stage`)."""
+        async for item in stages.stream_stage(
+                "read", self.config.serve.timeouts.read_s,
+                lambda: self.reader.options(stream=True).read_stream.remote(question, units, compression)):
             yield item
 
     async def _answer_events(self, question: str, k: int, found: Retrieval, units: list[Any],
@@ -407,8 +423,7 @@ class Ingress:
                     response = self._answer_response(question, found, item, trace, t0, t1)
                     yield oai.sse("trace", response.model_dump(mode="json"))
         except Exception as exc:  # the status line is sent: the error goes in the stream, in the one shape
-            yield oai.sse("error", {"error": {"code": "internal_error", "detail": None,
-                                              "message": f"{type(_cause(exc)).__name__}: {_one_line(exc)}"}})
+            yield oai.sse("error", stages.error_event(exc))
 
     # ------------------------------------------------------------------ OpenAI-compatible API
     @api.get("/v1/models", response_model=oai.ModelList, responses={401: ERRORS[401], 429: ERRORS[429]})
@@ -444,7 +459,9 @@ class Ingress:
             return StreamingResponse(self._chat_events(cid, created, req.model, question, found, units,
                                                        req.compression, trace, t0), media_type="text/event-stream")
         t1 = time.perf_counter()
-        read: ReaderResult = await self.reader.read.remote(question, units, req.compression)
+        read: ReaderResult = await stages.run_stage(
+            "read", self.config.serve.timeouts.read_s,
+            lambda: self.reader.read.remote(question, units, req.compression), trace=trace)
         response = self._answer_response(question, found, read, trace, t0, t1)
         return oai.ChatCompletionResponse(
             id=cid, created=created, model=req.model,
@@ -470,8 +487,7 @@ class Ingress:
                 yield oai.chunk(cid, model, created, {}, "stop", usage=usage,
                                 longrag=_extra(response).model_dump(mode="json"))
         except Exception as exc:  # the status line is sent: the error goes in the stream, in the one shape
-            yield oai.data({"error": {"code": "internal_error", "detail": None,
-                                      "message": f"{type(_cause(exc)).__name__}: {_one_line(exc)}"}})
+            yield oai.data(stages.error_event(exc))
         yield oai.DONE
 
     async def _dual_chat(self, req: oai.ChatCompletionRequest, question: str) -> Any:
@@ -513,7 +529,9 @@ class Ingress:
             raise ApiError(503, "this app has no dual-perspective deployments (serve.dual); drop 'strategy'")
         t1 = time.perf_counter()
         try:
-            res = (await self.dual.units.remote(question, units, strategy)).to_dict()
+            res = (await stages.run_stage("dual", self.config.serve.timeouts.dual_s,
+                                          lambda: self.dual.units.remote(question, units, strategy),
+                                          trace=trace)).to_dict()
         except ValueError as exc:
             raise ApiError(422, _one_line(exc), [_one_line(exc)]) from None
         trace["dual_ms"] = _ms(t1)
@@ -542,8 +560,8 @@ class Ingress:
             if self.dual is None:
                 raise ApiError(503, "this app has no dual-perspective deployments (serve.dual); drop 'strategy'")
             try:
-                answer = await self.dual.document.remote(req.document, req.question.strip(), req.strategy, req.k,
-                                                         req.retrieve_only)  # fmt: skip
+                answer = await stages.run_stage("dual", self.config.serve.timeouts.dual_s, lambda: self.dual.document.remote(
+                    req.document, req.question.strip(), req.strategy, req.k, req.retrieve_only))  # fmt: skip
                 res = answer.to_dict()
             except ValueError as exc:
                 raise ApiError(422, _one_line(exc), [_one_line(exc)]) from None
@@ -552,7 +570,8 @@ class Ingress:
             return LongContextResponse(answer=res.get("answer"), route=None, strategy=req.strategy,
                                        chunks=res["chunks"], trace=trace)  # fmt: skip
         try:
-            return await self.longcontext.run.remote(req)
+            return await stages.run_stage("longcontext", self.config.serve.timeouts.longcontext_s,
+                                          lambda: self.longcontext.run.remote(req))
         except ValueError as exc:  # Ray re-raises the pipeline's ValueError (bad k, route, ...) as one
             raise ApiError(422, _one_line(exc), [_one_line(exc)]) from None
 

@@ -112,12 +112,13 @@ def _question_problem(q: Any) -> str | None:
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=64)
 class Retriever:
-    """Scatter/gather over a sharded index. Healthy while every shard has at least one live
-    replica; ``describe`` reports the redundancy left ("1 of 2 replicas").
+    """Scatter/gather over a sharded index; ``describe`` and every result's coverage report the
+    redundancy left ("1 of 2 replicas"). Its health check pings every shard replica and has the
+    tier re-create those gone for good (:meth:`actors.index_tier.TieredIndex.repair`).
 
     ``index_cls(index_uri, index, app_name=, holder=)`` builds the index backend (the search API of
     :class:`actors.sharded_index.ShardedIndex`: ``search``, ``retrieve_units``, ``liveness``; a
-    ``manifest``; the lease's ``renew``/``release``); None: :class:`actors.index_tier.TieredIndex`,
+    ``manifest``; the lease's ``renew``/``release``/``repair``); None: :class:`actors.index_tier.TieredIndex`,
     the app's shared tier of ``IndexShard`` actors.
 
     ``index_uri`` may be a build alias (:mod:`longrag.index.alias`): every ``index.refresh_s`` the
@@ -207,15 +208,16 @@ class Retriever:
         )
 
     async def check_health(self) -> None:
-        """Unhealthy (Serve replaces the replica) only when some shard has no live replica: every
-        replica of every shard is pinged, so a dead replica 0 next to a live replica 1 is fine."""
+        """Renew the lease, ping every replica of every shard, and have the tier re-create the
+        replicas that are gone for good. A shard without a live replica does not make this replica
+        unhealthy (a new Retriever would find the same shards): requests keep being answered, with
+        the shard named in their coverage, and /healthz reports it. Unhealthy (Serve replaces the
+        replica) when the lease or the repair fails."""
         self._watch()
         await self.index.renew()
         self.live = await self.index.liveness()
-        dead = [s for s, row in enumerate(self.live) if not any(row)]
-        if dead:
-            raise RuntimeError(f"no replica of shard(s) {dead} answered a ping "
-                               f"({', '.join(f'shard {s}: {sum(r)} of {len(r)}' for s, r in enumerate(self.live))})")
+        if not all(all(row) for row in self.live) and await self.index.repair():
+            self.live = await self.index.liveness()
 
     async def __del__(self) -> None:
         """Serve's graceful shutdown: release this replica's hold on the shared index tier."""

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 # The records of a search are the core's: one definition from the shard actors to the HTTP schema.
 from longrag.config import DualStrategy
-from longrag.types import Coverage, RetrievedUnit  # noqa: F401  (part of the HTTP schema)
+from longrag.types import Coverage, RetrievedUnit, ShardRedundancy  # noqa: F401  (part of the HTTP schema)
 
 NOT_BLANK = r"\S"  # JSON Schema pattern: at least one non-whitespace character
 
@@ -88,10 +88,11 @@ class AnswerRequest(RetrieveRequest):
 class ErrorBody(BaseModel):
     code: str = Field(description="Stable machine-readable code: invalid_request, unauthorized, not_found, "
                       "model_not_found, method_not_allowed, payload_too_large, too_many_requests, unavailable, "
-                      "internal_error, or http_<status>.")
+                      "timeout, internal_error, or http_<status>.")
     message: str = Field(description="One human-readable sentence.")
     detail: Any = Field(None, description="Per-problem messages (a list for invalid_request), or context "
-                        "such as the coverage of a failed retrieval.")
+                        "such as the coverage of a failed retrieval, or the stage of a timeout (504) or of a "
+                        "failure (503): {stage, timeout_s | attempts, errors}.")
 
 
 class ErrorResponse(BaseModel):
@@ -124,12 +125,6 @@ class AnswerResponse(BaseModel):
     trace: dict[str, Any] = Field(description="Stage timings; with a strategy, trace.dual has every stage's model, "
                                   "calls, tokens and latency, the kept chunks and generator_input_tokens.")
     strategy: DualStrategy | None = Field(None, description="The dual strategy that answered, if any.")
-
-
-class ShardRedundancy(BaseModel):
-    shard: int
-    live: int = Field(description="Replica actors of this shard that answered a ping.")
-    replicas: int = Field(description="Replica actors configured (index.replicas).")
 
 
 class DeploymentHealth(BaseModel):

@@ -169,8 +169,8 @@ class _LocalActor:
         def remote(self, *args):
             return _Done(self.fn, args)
 
-    def __init__(self, impl, dead: bool = False) -> None:
-        self.impl, self.dead = impl, dead
+    def __init__(self, impl, dead: bool = False, flaky: bool = False) -> None:
+        self.impl, self.dead, self.flaky = impl, dead, flaky
 
     def __getattr__(self, name: str):
         if self.dead:
@@ -178,7 +178,17 @@ class _LocalActor:
                 raise RuntimeError("ActorDiedError: this replica is dead (a test fake)")
 
             return self._Method(fail)
+        if self.flaky and name == "search":
+            def flaky_search(queries, k):
+                if k == FLAKY_K:
+                    raise RuntimeError(f"a flaky replica (a test fake): searches with k={FLAKY_K} fail")
+                return self.impl.search(queries, k)
+
+            return self._Method(flaky_search)
         return self._Method(getattr(self.impl, name))
+
+
+FLAKY_K = 11  # a flaky replica (LocalIndex.flaky) fails searches with this k and answers everything else
 
 
 class LocalIndex:
@@ -188,6 +198,7 @@ class LocalIndex:
     answer no ping)."""
 
     dead: frozenset = frozenset()
+    flaky: frozenset = frozenset()
 
     def __init__(self, index_uri: str, config, *, app_name: str = "", holder: str = "") -> None:
         from actors.index_shard import IndexShardImpl
@@ -198,13 +209,19 @@ class LocalIndex:
         rows = []
         for shard in self.manifest.shards:
             impl = IndexShardImpl(index_uri, shard.shard_id)
-            rows.append([_LocalActor(impl, dead=(shard.shard_id, r) in self.dead) for r in range(config.replicas)])
+            rows.append([_LocalActor(impl, dead=(shard.shard_id, r) in self.dead, flaky=(shard.shard_id, r) in self.flaky)
+                         for r in range(config.replicas)])
         self.index = ShardedIndex(rows, timeout_s=config.search_timeout_s)
 
     @classmethod
     def with_dead(cls, *pairs: tuple[int, int]) -> type:
         """A subclass whose given ``(shard, replica)`` replicas are dead."""
         return type("LocalIndexWithDead", (cls,), {"dead": frozenset(pairs), "__module__": __name__})
+
+    @classmethod
+    def with_flaky(cls, *pairs: tuple[int, int]) -> type:
+        """A subclass whose given ``(shard, replica)`` replicas fail searches with ``k == FLAKY_K``."""
+        return type("LocalIndexWithFlaky", (cls,), {"flaky": frozenset(pairs), "__module__": __name__})
 
     async def search(self, queries, k: int):
         return await self.index.search(queries, k)
@@ -213,10 +230,13 @@ class LocalIndex:
         return await self.index.retrieve_units(hits)
 
     async def liveness(self) -> list[list[bool]]:
-        return [[not a.dead for a in row] for row in self.index.replicas]
+        return await self.index.liveness()  # the real pings: a dead fake replica does not answer
 
     async def renew(self) -> None:
         pass
+
+    async def repair(self) -> list[tuple[int, int]]:
+        return []  # in-process shards cannot be re-created (actors.index_tier does it for actors)
 
     async def release(self) -> None:
         pass
@@ -238,3 +258,100 @@ class TitleReader(ScriptedLLM):
             return title if len(messages) > 2 else f"The documents say: {title}."
 
         super().__init__(default=reply, name="title-reader", context_window=8192)
+
+
+# ---------------------------------------------------------------------------- faults (tests/serve/test_faults.py)
+# Backends that misbehave on a marker in the question, so one app serves both the normal requests
+# and the faulty ones: a stage that sleeps past its deadline, an LLM that raises or whose replica
+# process dies while an answer is in flight.
+SLEEP_S = 12.0  # longer than every stage deadline of the faults app (tests/serve/test_faults.py)
+ENCODE_SLEEP_S = 3.0  # just past its encode deadline: the encoder's batch loop waits for it
+
+
+class SleepyEncoder(HashEncoder):
+    """Sleeps ``ENCODE_SLEEP_S`` on a question containing ``[slow-encode]``."""
+
+    def encode_queries(self, texts: list[str]):
+        import time
+
+        if any("[slow-encode]" in t for t in texts):
+            time.sleep(ENCODE_SLEEP_S)
+        return super().encode_queries(texts)
+
+
+SLOW_K = 13  # a retrieve with this k sleeps (the index sees vectors, not questions)
+
+
+class SleepyIndex(LocalIndex):
+    """Sleeps on a search with ``k == SLOW_K``; replica 0 of shard 0 is flaky (see ``FLAKY_K``)."""
+
+    flaky = frozenset({(0, 0)})
+
+    async def search(self, queries, k: int):
+        import asyncio
+
+        if k == SLOW_K:
+            await asyncio.sleep(SLEEP_S)
+        return await super().search(queries, k)
+
+
+class FaultyReader(TitleReader):
+    """:class:`TitleReader` whose calls misbehave on a marker in the messages:
+
+    * ``[slow-read]``: sleeps ``SLEEP_S``;
+    * ``[fail-once:ID]``: raises ``LLMError`` the first time it sees ``ID`` (in this replica), then answers;
+    * ``[fail-always]``: raises ``LLMError`` every time;
+    * ``[fail-mid-stream]``: a stream raises after its first two deltas;
+    * ``[die]``: the LLMServer replica's process exits (``os._exit``) in the middle of the call.
+    """
+
+    def __init__(self, config=None) -> None:
+        super().__init__(config)
+        self.failed: set[str] = set()
+
+    async def _misbehave(self, messages) -> None:
+        import asyncio
+        import os
+
+        from longrag.llm.base import LLMError
+
+        text = " ".join(m.get("content", "") for m in messages) if isinstance(messages, list) else str(messages)
+        if "[slow-read]" in text or "[slow-dual]" in text:
+            await asyncio.sleep(SLEEP_S)
+        if "[die]" in text:
+            os._exit(1)
+        if "[fail-always]" in text:
+            raise LLMError("the engine failed (a test fault: [fail-always])")
+        for marker in re.findall(r"\[fail-once:\w+\]", text):
+            if marker not in self.failed:
+                self.failed.add(marker)
+                raise LLMError(f"the engine failed (a test fault: {marker})")
+
+    async def chat(self, messages, *, max_tokens, temperature=None, stop=None):
+        await self._misbehave(messages)
+        return await super().chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop)
+
+    async def chat_json(self, messages, *, schema, max_tokens, temperature=None):
+        await self._misbehave(messages)
+        return await super().chat_json(messages, schema=schema, max_tokens=max_tokens, temperature=temperature)
+
+    async def stream_chat(self, messages, *, max_tokens, temperature=None, stop=None):
+        text = " ".join(m.get("content", "") for m in messages)
+        n = 0
+        async for item in super().stream_chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop):
+            if "[fail-mid-stream]" in text and n == 2:
+                from longrag.llm.base import LLMError
+
+                raise LLMError("the engine failed mid-stream (a test fault: [fail-mid-stream])")
+            n += 1
+            yield item
+
+
+def faults_app(args: dict):
+    """Serve app builder (``import_path: tests.fakes:faults_app``) of the app over the faulty fakes:
+    ``args`` = ``{"index": build, "overrides": [...]}``."""
+    from longrag.config import LongRAGConfig
+    from serve.app import build_app
+
+    cfg = LongRAGConfig().with_overrides(list(args.get("overrides", [])))
+    return build_app(cfg, args["index"], encoder_cls=SleepyEncoder, index_cls=SleepyIndex, engine_cls=FaultyReader)

@@ -1,0 +1,266 @@
+"""Faults under load, over HTTP: the plan, the records and the verdict of ``python -m jobs.chaos``.
+
+No Ray here: the load is plain HTTP (``httpx``) against a running app, and the faults are injected
+through callables the job passes in (:mod:`serve.faults` kills replicas of the running app). The
+scenarios (the production-serving issue, "Operable and safe"):
+
+* ``replica``: ``requests`` ``/v1/retrieve`` calls at ``concurrency`` while one replica of a shard
+  is killed for good: 0 failed; the responses that saw the lost redundancy are counted
+  (``coverage.redundancy_degraded``), and the tier re-creates the replica (full redundancy back);
+* ``shard``: both replicas of one shard killed: the responses meanwhile are flagged degraded with
+  the shard named (``coverage.failed_shards``), never a 5xx, and full coverage is back after the
+  tier re-created the replicas;
+* ``llm``: the LLM replica killed while an answer is in flight: a JSON 503 naming the stage (or,
+  when the retry reached a restarted replica in time, the answer), never a plain 500, and the
+  next request succeeds; the same for a streamed answer that already started (an error event).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from typing import Any, Awaitable, Callable, Literal
+
+import httpx
+from pydantic import BaseModel, Field
+
+# Questions about the bundled enwiki sample (data/sample); any question works, these hit several shards.
+SAMPLE_QUESTIONS = (
+    "Who wrote the novel Animal Farm?",
+    "Which spaceflight first landed humans on the Moon?",
+    "What is the capital of Angola?",
+    "Who composed An American in Paris?",
+    "Which country is Aruba a constituent country of?",
+    "What is anarchism?",
+    "Who was Alexander the Great?",
+    "What is the atomic number of aluminium?",
+)
+
+
+class ChaosPlan(BaseModel):
+    """What the job does; bounded in count and time."""
+
+    requests: int = Field(1000, ge=10, description="/v1/retrieve requests of the replica scenario.")
+    concurrency: int = Field(8, ge=1, le=64)
+    k: int = Field(4, ge=1)
+    kill_at: float = Field(0.1, gt=0, lt=1, description="Fraction of the requests sent before the kill.")
+    shard: int = Field(0, ge=0, description="The shard whose replica(s) are killed.")
+    shard_requests: int = Field(100, ge=10, description="Requests of the shard scenario (the kill a quarter in).")
+    recovery_timeout_s: float = Field(120.0, gt=0, description="How long re-creation may take.")
+    request_timeout_s: float = Field(60.0, gt=0)
+    answer_question: str = "Who wrote the novel Animal Farm?"
+    questions: tuple[str, ...] = SAMPLE_QUESTIONS
+
+
+class Outcome(BaseModel):
+    """One HTTP request of a scenario."""
+
+    status: int = Field(description="HTTP status; 0: no response (connection error or client timeout).")
+    ms: float
+    degraded: bool = False
+    redundancy_degraded: bool = False
+    failed_shards: list[int] = Field(default_factory=list)
+    failovers: int = 0
+    retries: int = Field(0, description="Stages the ingress retried after a failure (trace.*_retries).")
+    error: str | None = Field(None, description="error.code and message of an error response, or the client error.")
+    json_error: bool = Field(False, description="An error response in the one JSON shape {error: {code, message, detail}}.")
+
+    @classmethod
+    def of(cls, r: httpx.Response, ms: float) -> "Outcome":
+        try:
+            body = r.json()
+        except ValueError:
+            body = None
+        ms = round(ms, 1)
+        if r.status_code == 200 and isinstance(body, dict) and "coverage" in body:
+            cov, trace = body["coverage"], body.get("trace") or {}
+            retries = sum(v for key, v in trace.items() if key.endswith("_retries") and isinstance(v, int))
+            return cls(status=200, ms=ms, degraded=cov["degraded"], redundancy_degraded=cov["redundancy_degraded"],
+                       failed_shards=cov["failed_shards"], failovers=cov["failovers"], retries=retries)
+        err = body.get("error") if isinstance(body, dict) else None
+        shaped = isinstance(err, dict) and {"code", "message", "detail"} <= set(err)
+        text = f"{err['code']}: {err['message']}" if shaped else r.text[:300]
+        return cls(status=r.status_code, ms=ms, error=None if r.status_code == 200 else text, json_error=shaped)
+
+
+class LoadResult(BaseModel):
+    """The figures of a run of requests."""
+
+    requests: int
+    ok: int = Field(description="HTTP 200.")
+    failed: int = Field(description="Anything but 200 (server errors and no response included).")
+    server_errors: int = Field(description="HTTP 5xx or no response.")
+    degraded: int = Field(description="200s some shard did not answer (coverage.degraded).")
+    redundancy_degraded: int = Field(description="200s with a shard short of replicas (coverage.redundancy_degraded).")
+    failovers: int
+    failed_shards: list[int] = Field(description="Every shard named as not answering, ascending.")
+    p50_ms: float | None
+    p99_ms: float | None
+    errors: list[str] = Field(default_factory=list, description="Up to 5 distinct error lines.")
+
+    @classmethod
+    def of(cls, outcomes: list[Outcome]) -> "LoadResult":
+        ms = sorted(o.ms for o in outcomes)
+        return cls(
+            requests=len(outcomes), ok=sum(o.status == 200 for o in outcomes),
+            failed=sum(o.status != 200 for o in outcomes),
+            server_errors=sum(o.status >= 500 or o.status == 0 for o in outcomes),
+            degraded=sum(o.degraded for o in outcomes),
+            redundancy_degraded=sum(o.redundancy_degraded for o in outcomes),
+            failovers=sum(o.failovers for o in outcomes),
+            failed_shards=sorted({s for o in outcomes for s in o.failed_shards}),
+            p50_ms=round(statistics.median(ms), 1) if ms else None,
+            p99_ms=round(ms[min(len(ms) - 1, int(0.99 * len(ms)))], 1) if ms else None,
+            errors=sorted({o.error for o in outcomes if o.error})[:5],
+        )
+
+
+class Recovery(BaseModel):
+    recovered: bool
+    seconds: float = Field(description="From the kill until /healthz said ok with every replica live.")
+    redundancy: str = Field(description="/healthz's redundancy at the end.")
+    full_coverage_after: bool = Field(False, description="A retrieve after recovery answered from every shard "
+                                      "with every replica live.")
+
+
+class ScenarioResult(BaseModel):
+    name: Literal["replica", "shard", "llm"]
+    killed: list[str] = Field(description="What was killed (actor names).")
+    load: LoadResult | None = None
+    recovery: Recovery | None = None
+    answer: Outcome | None = Field(None, description="llm: the answer in flight at the kill.")
+    in_flight_at_kill: bool | None = None
+    stream_events: list[str] = Field(default_factory=list, description="llm: the SSE events of the streamed answer.")
+    stream_error: dict[str, Any] | None = None
+    next_request: Outcome | None = None
+    problems: list[str] = Field(default_factory=list, description="Expectations not met (empty: passed).")
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+
+class ChaosSummary(BaseModel):
+    """The job's one JSON line."""
+
+    job: Literal["chaos"] = "chaos"
+    passed: bool
+    wall_s: float
+    plan: dict[str, Any]
+    load_avg: dict[str, list[float]] = Field(default_factory=dict, description="os.getloadavg() at start and end.")
+    scenarios: list[ScenarioResult]
+    error: str | None = Field(None, description="Why the job stopped before the scenarios ended, if it did.")
+
+    def line(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), separators=(",", ":"))
+
+
+# ---------------------------------------------------------------------------- load
+
+
+async def retrieve_load(client: httpx.AsyncClient, plan: ChaosPlan, n: int, *,
+                        at: int | None = None, fault: Callable[[], Awaitable[Any]] | None = None) -> list[Outcome]:
+    """``n`` ``/v1/retrieve`` requests, ``plan.concurrency`` at a time; ``fault()`` is awaited once
+    ``at`` requests have been sent (the others keep going meanwhile)."""
+    outcomes: list[Outcome] = []
+    sent = 0
+    fired = asyncio.Event()
+
+    async def worker() -> None:
+        nonlocal sent
+        while sent < n:
+            i = sent
+            sent += 1
+            if fault is not None and i == at:
+                await fault()
+                fired.set()
+            q = plan.questions[i % len(plan.questions)]
+            t0 = time.perf_counter()
+            try:
+                r = await client.post("/v1/retrieve", json={"question": q, "k": plan.k})
+                outcomes.append(Outcome.of(r, (time.perf_counter() - t0) * 1e3))
+            except httpx.HTTPError as exc:
+                outcomes.append(Outcome(status=0, ms=(time.perf_counter() - t0) * 1e3,
+                                        error=f"{type(exc).__name__}: {exc}"))
+
+    await asyncio.gather(*(worker() for _ in range(plan.concurrency)))
+    return outcomes
+
+
+async def wait_recovered(client: httpx.AsyncClient, plan: ChaosPlan, t_kill: float) -> Recovery:
+    """Poll /healthz until it is ok (every replica of every shard live), then check one retrieve."""
+    deadline = t_kill + plan.recovery_timeout_s
+    redundancy = ""
+    while time.perf_counter() < deadline:
+        try:
+            r = await client.get("/healthz")
+            body = r.json()
+            body = body.get("error", {}).get("detail") or body if r.status_code != 200 else body
+            redundancy = body.get("redundancy", "") if isinstance(body, dict) else ""
+            if r.status_code == 200 and body.get("status") == "ok":
+                seconds = round(time.perf_counter() - t_kill, 1)
+                check = (await retrieve_load(client, plan.model_copy(update={"concurrency": 1}), 1))[0]
+                full = check.status == 200 and not check.degraded and not check.redundancy_degraded
+                return Recovery(recovered=True, seconds=seconds, redundancy=redundancy, full_coverage_after=full)
+        except (httpx.HTTPError, ValueError):
+            pass
+        await asyncio.sleep(0.5)
+    return Recovery(recovered=False, seconds=round(time.perf_counter() - t_kill, 1), redundancy=redundancy)
+
+
+# ---------------------------------------------------------------------------- verdicts
+
+
+def judge_replica(res: ScenarioResult, plan: ChaosPlan) -> ScenarioResult:
+    load, rec = res.load, res.recovery
+    assert load is not None and rec is not None
+    if load.failed:
+        res.problems.append(f"{load.failed} of {load.requests} requests failed: {load.errors}")
+    if load.redundancy_degraded == 0:
+        res.problems.append("no response showed the lost replica (coverage.redundancy_degraded)")
+    if not (rec.recovered and rec.full_coverage_after):
+        res.problems.append(f"the replica was not re-created in {plan.recovery_timeout_s:g} s ({rec.redundancy})")
+    return res
+
+
+def judge_shard(res: ScenarioResult, plan: ChaosPlan) -> ScenarioResult:
+    load, rec = res.load, res.recovery
+    assert load is not None and rec is not None
+    if load.server_errors:
+        res.problems.append(f"{load.server_errors} server errors (5xx or no response): {load.errors}")
+    if load.degraded == 0:
+        res.problems.append(f"no response was flagged degraded while shard {plan.shard} had no replica")
+    if load.failed_shards and load.failed_shards != [plan.shard]:
+        res.problems.append(f"responses named shards {load.failed_shards}, expected [{plan.shard}]")
+    if not (rec.recovered and rec.full_coverage_after):
+        res.problems.append(f"full coverage not back in {plan.recovery_timeout_s:g} s ({rec.redundancy})")
+    return res
+
+
+def judge_llm(res: ScenarioResult) -> ScenarioResult:
+    a, nxt = res.answer, res.next_request
+    if a is None or nxt is None:
+        res.problems.append("the LLM scenario did not run")
+        return res
+    if not res.in_flight_at_kill:
+        res.problems.append("the answer was not in flight when the LLM replica was killed")
+    if a.status not in (200, 503) or (a.status == 503 and not a.json_error):
+        res.problems.append(f"the answer in flight got {a.status} ({a.error}), expected a JSON 503 (or 200 after "
+                            "the retry)")
+    if a.status == 503 and "read" not in (a.error or ""):
+        res.problems.append(f"the 503 does not name the read stage: {a.error}")
+    if res.stream_error is None or res.stream_error.get("detail", {}).get("stage") != "read":
+        res.problems.append(f"the started stream did not end with an error event naming the stage: "
+                            f"{res.stream_events[-3:]} {res.stream_error}")
+    if nxt.status != 200:
+        res.problems.append(f"the next request got {nxt.status}: {nxt.error}")
+    return res
+
+
+def summarize(scenarios: list[ScenarioResult], plan: ChaosPlan, wall_s: float,
+              load_avg: dict[str, list[float]], error: str | None = None) -> ChaosSummary:
+    passed = error is None and len(scenarios) == 3 and all(s.passed for s in scenarios)
+    return ChaosSummary(passed=passed, wall_s=round(wall_s, 1), plan=plan.model_dump(exclude={"questions"}),
+                        load_avg=load_avg, scenarios=scenarios, error=error)

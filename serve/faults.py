@@ -1,0 +1,74 @@
+"""Killing parts of a running LongRAG Serve app from outside, as a crash would (``python -m jobs.chaos``,
+``tests/serve/test_app.py``). A driver connected to the app's Ray finds the actors by name:
+
+* the index tier's shard actors: ``{build}-{settings}-s{shard}-r{replica}`` in the namespace
+  ``longrag-index-{app}`` (:mod:`actors.index_tier`);
+* Serve's replica actors: ``SERVE_REPLICA::{app}#{deployment}#{id}`` in Serve's namespace.
+
+``ray.kill(..., no_restart=True)`` ends an actor for good: Ray does not restart it, whatever its
+``max_restarts`` (the shard actors are then re-created by the tier, Serve replaces its replicas).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import ray
+
+_SHARD = re.compile(r"-s(\d+)-r(\d+)$")
+
+
+def shard_actors(app: str) -> dict[tuple[int, int], tuple[str, str]]:
+    """``(shard, replica) -> (name, namespace)`` of the app's live index-tier actors."""
+    namespace = f"longrag-index-{app}"
+    out = {}
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        m = _SHARD.search(actor["name"])
+        if actor["namespace"] == namespace and m:
+            out[(int(m.group(1)), int(m.group(2)))] = (actor["name"], actor["namespace"])
+    return out
+
+
+def serve_replicas(app: str, deployment: str) -> list[tuple[str, str]]:
+    """``(name, namespace)`` of the replica actors of one deployment of the app."""
+    prefix = f"SERVE_REPLICA::{app}#{deployment}#"
+    return [(a["name"], a["namespace"]) for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["name"].startswith(prefix)]
+
+
+def kill(*actors: tuple[str, str], wait_s: float = 30.0) -> list[str]:
+    """Kill the named actors ``(name, namespace)`` for good, all at once, and wait until their names
+    are free (the actors are dead)."""
+    for name, namespace in actors:
+        ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+    deadline = time.monotonic() + wait_s
+    left = list(actors)
+    while left:
+        for name, namespace in list(left):
+            try:
+                ray.get_actor(name, namespace=namespace)
+            except ValueError:
+                left.remove((name, namespace))
+        if left and time.monotonic() > deadline:
+            raise TimeoutError(f"{left} still alive {wait_s:g} s after ray.kill")
+        time.sleep(0.05)
+    return [name for name, _ in actors]
+
+
+def kill_shard_replicas(app: str, shard: int, replicas: list[int]) -> list[str]:
+    """Kill the given replicas of one shard of the app's index tier for good; their names."""
+    actors = shard_actors(app)
+    missing = [r for r in replicas if (shard, r) not in actors]
+    if missing:
+        raise ValueError(f"app {app!r} has no live replica(s) {missing} of shard {shard}; "
+                         f"it has {sorted(actors)} (shard, replica)")
+    return kill(*(actors[(shard, r)] for r in replicas))
+
+
+def kill_serve_replica(app: str, deployment: str) -> str:
+    """Kill one replica actor of a deployment (Serve starts a new one); its name."""
+    replicas = serve_replicas(app, deployment)
+    if not replicas:
+        raise ValueError(f"app {app!r} has no running replica of deployment {deployment!r}")
+    return kill(replicas[0])[0]

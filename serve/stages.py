@@ -1,0 +1,179 @@
+"""Deadlines and one retry for the stages of a request (``serve.timeouts``), used by the ingress.
+
+Every call the ingress makes to another deployment is one *stage*: ``encode`` (QueryEncoder),
+``retrieve`` (Retriever), ``read`` (Reader and its LLM), ``dual`` (a dual-perspective strategy),
+``longcontext`` (/v1/longcontext). :func:`run_stage` gives a stage its deadline and retries it once
+when it fails (a replica that died mid-call, an LLM that raised): all stages only read, so a retry
+is safe. The outcome is one of
+
+* the stage's result;
+* the stage's own client error, unchanged (a ``ValueError`` such as a question the encoder refuses:
+  the ingress maps it to 422);
+* :class:`StageTimeout` (HTTP 504) when the deadline passed with no failure seen;
+* :class:`StageFailed` (HTTP 503) when the stage failed twice, or failed and then ran out of time.
+
+A streamed answer (:func:`stream_stage`) is retried only while nothing of it was sent: once a token
+went out, a failure ends the stream with an error event (:func:`error_event`) instead.
+No Ray here: Ray's errors are recognized by what they wrap, not imported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+STAGES = ("encode", "retrieve", "read", "dual", "longcontext")
+
+
+def cause(exc: BaseException) -> BaseException:
+    """The user exception inside a Ray task error (a deployment call that raised)."""
+    return getattr(exc, "cause", None) or exc
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(cause(exc)).strip()
+    return text.splitlines()[-1] if text else type(exc).__name__
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` of the innermost error, on one line."""
+    return f"{type(cause(exc)).__name__}: {one_line(exc)}"[:500]
+
+
+def is_client_error(exc: BaseException) -> bool:
+    """A stage that refused its input (``ValueError``: a bad question, a bad strategy): not retried,
+    the caller answers it as a 4xx. Ray re-raises a deployment's ``ValueError`` as an error that is
+    also a ``ValueError``."""
+    return isinstance(exc, ValueError) or isinstance(cause(exc), ValueError)
+
+
+class StageError(Exception):
+    """A stage that did not answer: rendered as ``{"error": {code, message, detail}}`` with ``status``."""
+
+    status = 500
+    code = "internal_error"
+
+    def __init__(self, stage: str, message: str, detail: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.stage, self.message, self.detail = stage, message, {"stage": stage, **detail}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message, "detail": self.detail}}
+
+
+class StageTimeout(StageError):
+    status, code = 504, "timeout"
+
+    def __init__(self, stage: str, timeout_s: float) -> None:
+        super().__init__(stage, f"the {stage} stage did not answer within {timeout_s:g} s "
+                         f"(serve.timeouts.{stage}_s)", {"timeout_s": timeout_s})
+
+
+class StageFailed(StageError):
+    status, code = 503, "unavailable"
+
+    def __init__(self, stage: str, errors: list[str], *, timeout_s: float | None = None,
+                 streamed: bool = False) -> None:
+        if streamed:
+            why = "failed after the answer had started streaming"
+        elif timeout_s is not None:
+            why = f"failed and its retry did not answer within {timeout_s:g} s (serve.timeouts.{stage}_s)"
+        else:
+            why = f"failed {len(errors)} times"
+        super().__init__(stage, f"the {stage} stage {why}: {errors[-1]}; the request can be retried",
+                         {"attempts": len(errors), "errors": errors})
+
+
+def error_event(exc: BaseException, stage: str = "read") -> dict[str, Any]:
+    """The one error shape for a failure inside a stream whose status line is already sent."""
+    if isinstance(exc, StageError):
+        return exc.body()
+    return {"error": {"code": "internal_error", "message": describe(exc), "detail": {"stage": stage}}}
+
+
+async def _await(aw: Awaitable[T]) -> T:
+    return await aw
+
+
+async def run_stage(stage: str, timeout_s: float, call: Callable[[], Awaitable[T]], *, retries: int = 1,
+                    trace: dict[str, Any] | None = None) -> T:
+    """``await call()`` within ``timeout_s`` (the whole stage, its retry included); a failure other
+    than a client error is retried up to ``retries`` times (recorded as ``trace[f"{stage}_retries"]``)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    errors: list[str] = []
+    while True:
+        try:
+            return await asyncio.wait_for(_await(call()), max(deadline - loop.time(), 0.001))
+        except asyncio.TimeoutError:
+            if errors:
+                raise StageFailed(stage, errors, timeout_s=timeout_s) from None
+            raise StageTimeout(stage, timeout_s) from None
+        except Exception as exc:  # noqa: BLE001 - classified below
+            if is_client_error(exc):
+                raise
+            errors.append(describe(exc))
+            log.warning("stage %s failed (attempt %d): %s", stage, len(errors), errors[-1])
+            if len(errors) > retries:
+                raise StageFailed(stage, errors) from None
+            if trace is not None:
+                trace[f"{stage}_retries"] = len(errors)
+
+
+async def stream_stage(stage: str, timeout_s: float, open_stream: Callable[[], AsyncIterator[T]], *,
+                       retries: int = 1, trace: dict[str, Any] | None = None) -> AsyncIterator[T]:
+    """The items of ``open_stream()`` within ``timeout_s`` for the whole stream. A failure before the
+    first item is retried (a fresh stream) up to ``retries`` times; after it, :class:`StageFailed`
+    (``streamed``) ends the stream. Raises as :func:`run_stage` does otherwise."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    errors: list[str] = []
+    while True:
+        stream = open_stream()
+        sent = done = False
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(_await(stream.__anext__()),
+                                                  max(deadline - loop.time(), 0.001))
+                except StopAsyncIteration:
+                    done = True
+                    return
+                sent = True
+                yield item
+        except asyncio.TimeoutError:
+            if errors:
+                raise StageFailed(stage, errors, timeout_s=timeout_s) from None
+            raise StageTimeout(stage, timeout_s) from None
+        except Exception as exc:  # noqa: BLE001 - classified below
+            if is_client_error(exc):
+                raise
+            errors.append(describe(exc))
+            log.warning("streamed stage %s failed (attempt %d, %s): %s", stage, len(errors),
+                        "after items were sent" if sent else "before any item", errors[-1])
+            if sent:
+                raise StageFailed(stage, errors, streamed=True) from None
+            if len(errors) > retries:
+                raise StageFailed(stage, errors) from None
+            if trace is not None:
+                trace[f"{stage}_retries"] = len(errors)
+        finally:
+            if not done:  # abandoned (failed, timed out, or the client went away): stop the work behind it
+                await _close(stream)
+
+
+async def _close(stream: Any) -> None:
+    close = getattr(stream, "cancel", None) or getattr(stream, "aclose", None)
+    if close is None:
+        return
+    try:
+        res = close()
+        if asyncio.iscoroutine(res):
+            await res
+    except Exception:  # noqa: BLE001 - a stream that cannot close is left to its owner
+        pass

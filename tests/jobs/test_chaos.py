@@ -1,0 +1,52 @@
+"""``python -m jobs.chaos`` for real, reduced (100 requests instead of 1,000): the bundled sample
+index, the bundled encoder and SmolLM2 reader, shard replicas and the LLM replica killed from
+outside while the app answers; the figures come from the job's one JSON line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PORT = 8403
+
+
+@pytest.mark.slow
+def test_reduced_chaos_run_meets_every_expectation(sample_index, tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobs.chaos", "--index", sample_index["uri"], "--requests", "100",
+         "--shard-requests", "40", "--port", str(PORT), "--log", str(tmp_path / "chaos.log"),
+         "--recovery-timeout-s", "180"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500,
+    )
+    lines = proc.stdout.strip().splitlines()
+    assert lines, (proc.returncode, proc.stderr[-3000:])
+    summary = json.loads(lines[-1])  # the job ends with one JSON line
+    log_tail = (tmp_path / "chaos.log").read_text()[-3000:]
+    assert summary["job"] == "chaos" and summary["error"] is None, (summary, log_tail)
+    by_name = {s["name"]: s for s in summary["scenarios"]}
+    assert list(by_name) == ["replica", "shard", "llm"]
+
+    replica = by_name["replica"]
+    assert replica["load"]["requests"] == 100 and replica["load"]["failed"] == 0, replica
+    assert replica["load"]["redundancy_degraded"] > 0 and len(replica["killed"]) == 1, replica
+    assert replica["recovery"]["recovered"] and replica["recovery"]["full_coverage_after"], replica
+
+    shard = by_name["shard"]
+    assert shard["load"]["requests"] == 40 and shard["load"]["server_errors"] == 0, shard
+    assert shard["load"]["degraded"] > 0 and shard["load"]["failed_shards"] == [0], shard
+    assert shard["recovery"]["recovered"] and shard["recovery"]["full_coverage_after"], shard
+
+    llm = by_name["llm"]
+    assert llm["in_flight_at_kill"] and llm["answer"]["status"] in (200, 503), llm
+    # a 200 only through the ingress's one retry (it reached Serve's replacement replica), else a JSON 503
+    assert (llm["answer"]["status"] == 200 and llm["answer"]["retries"] == 1) or llm["answer"]["json_error"], llm
+    assert llm["stream_error"]["detail"]["stage"] == "read", llm
+    assert llm["next_request"]["status"] == 200, llm
+    assert summary["passed"] is True and proc.returncode == 0, summary

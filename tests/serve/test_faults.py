@@ -1,0 +1,258 @@
+"""Faults of the Serve app over fakes, fast: stage deadlines (504 naming the stage), an LLM that
+raises or whose replica process dies while an answer is in flight (one retry, then a JSON 503; a
+stream that already started ends with an error event), and the OpenAPI schema fuzzed with
+schemathesis (no 5xx). The backends misbehave on markers in the question (``tests/fakes.py``:
+``SleepyEncoder``, ``SleepyIndex``, ``FaultyReader``); the deployments, ingress, ``ShardedIndex``
+and Serve itself are the real ones. Killing real replicas of the real app: ``tests/serve/test_app.py``
+and ``python -m jobs.chaos``."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import ray
+from ray import serve
+
+from cluster.local import WORKER_ENV
+from serve.run import deploy, wait_running
+from tests.fakes import FLAKY_K, SLOW_K, write_tiny_build
+
+ROOT = Path(__file__).resolve().parents[2]
+PORT = 8400
+METRICS_PORT = 8402
+APP = "faults"
+DOCS = [
+    ("Animal Farm", "Animal Farm is a novel by George Orwell. It was published in 1945."),
+    ("Luanda", "Luanda is the capital of Angola. It lies on the Atlantic coast."),
+    ("Apollo 11", "Apollo 11 was the first spaceflight to land humans on the Moon in 1969."),
+    ("Aruba", "Aruba is a country within the Kingdom of the Netherlands."),
+]
+TIMEOUTS = {"encode_s": 2, "retrieve_s": 2, "read_s": 10, "dual_s": 4, "longcontext_s": 4}
+QUESTION = "What is the capital of Angola?"
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    build = write_tiny_build(tmp_path_factory.mktemp("tiny") / "build", DOCS, shards=2)
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="longrag",
+             runtime_env={"env_vars": {**WORKER_ENV, "PYTHONPATH": path}},
+             _metrics_export_port=METRICS_PORT, _system_config={"metrics_report_interval_ms": 1000})
+    try:
+        overrides = ["index.replicas=2", *(f"serve.timeouts.{k}={v}" for k, v in TIMEOUTS.items())]
+        # the LLMServer's health checked every second: Serve notices a dead replica at once
+        deploy({"http_options": {"host": "127.0.0.1", "port": PORT}, "applications": [{
+            "name": APP, "route_prefix": "/", "import_path": "tests.fakes:faults_app",
+            "args": {"index": build, "overrides": overrides},
+            "deployments": [{"name": "LLMServer", "health_check_period_s": 1, "health_check_timeout_s": 5}],
+        }]})
+        assert wait_running([APP], ready_timeout_s=180) is None
+        with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as c:
+            yield c
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _error(r: httpx.Response, status: int, code: str, stage: str) -> dict[str, Any]:
+    assert r.status_code == status, (r.status_code, r.text)
+    assert r.headers["content-type"].startswith("application/json"), r.text
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "detail"}, body
+    err = body["error"]
+    assert err["code"] == code and err["detail"]["stage"] == stage and stage in err["message"], err
+    return err
+
+
+def _timed(fn, *args, **kw) -> tuple[httpx.Response, float]:
+    t0 = time.perf_counter()
+    r = fn(*args, **kw)
+    return r, time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------------- stage deadlines: 504
+
+
+def test_a_slow_encoder_gets_504_naming_encode(client):
+    r, took = _timed(client.post, "/v1/retrieve", json={"question": f"[slow-encode] {QUESTION}", "k": 2})
+    err = _error(r, 504, "timeout", "encode")
+    assert err["detail"]["timeout_s"] == TIMEOUTS["encode_s"] and "serve.timeouts.encode_s" in err["message"]
+    assert took < TIMEOUTS["encode_s"] + 2, took
+    time.sleep(2)  # the encoder's batch loop finishes the sleeping batch
+    assert client.post("/v1/retrieve", json={"question": QUESTION, "k": 2}).status_code == 200
+
+
+def test_a_slow_retriever_gets_504_naming_retrieve(client):
+    r, took = _timed(client.post, "/v1/retrieve", json={"question": QUESTION, "k": SLOW_K})
+    _error(r, 504, "timeout", "retrieve")
+    assert took < TIMEOUTS["retrieve_s"] + 2, took
+    assert client.post("/v1/retrieve", json={"question": QUESTION, "k": 2}).status_code == 200
+
+
+def test_a_slow_reader_gets_504_naming_read(client):
+    r, took = _timed(client.post, "/v1/answer", json={"question": f"[slow-read] {QUESTION}", "k": 2})
+    _error(r, 504, "timeout", "read")
+    assert took < TIMEOUTS["read_s"] + 3, took
+    r = client.post("/v1/chat/completions", json={"model": "longrag", "messages": [
+        {"role": "user", "content": f"[slow-read] {QUESTION}"}]})
+    _error(r, 504, "timeout", "read")
+
+
+def test_a_slow_dual_strategy_gets_504_naming_dual(client):
+    r, took = _timed(client.post, "/v1/answer", json={"question": f"[slow-dual] {QUESTION}", "k": 2,
+                                                       "strategy": "R&B"})
+    _error(r, 504, "timeout", "dual")
+    assert took < TIMEOUTS["dual_s"] + 3, took
+
+
+def test_a_stream_past_its_deadline_ends_with_a_timeout_event(client):
+    events = _stream(client, f"[slow-read] {QUESTION}")
+    assert [n for n, _ in events] == ["retrieval", "error"], events
+    err = events[-1][1]["error"]
+    assert err["code"] == "timeout" and err["detail"]["stage"] == "read", err
+
+
+# ---------------------------------------------------------------------------- the LLM fails mid-answer
+
+
+def test_an_llm_that_fails_once_is_retried_and_answers(client):
+    r = client.post("/v1/answer", json={"question": f"[fail-once:a1] {QUESTION}", "k": 2})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["answer"] == "Luanda" and body["trace"]["read_retries"] == 1
+    r = client.post("/v1/chat/completions", json={"model": "longrag", "messages": [
+        {"role": "user", "content": f"[fail-once:c1] {QUESTION}"}]})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "Luanda", r.text
+
+
+def test_an_llm_that_keeps_failing_gets_a_json_503_naming_read(client):
+    r, took = _timed(client.post, "/v1/answer", json={"question": f"[fail-always] {QUESTION}", "k": 2})
+    err = _error(r, 503, "unavailable", "read")
+    assert err["detail"]["attempts"] == 2 and "LLMError" in err["detail"]["errors"][-1], err
+    assert took < 5, took
+    assert client.post("/v1/answer", json={"question": QUESTION, "k": 2}).status_code == 200
+
+
+def test_a_dead_llm_replica_gets_a_json_503_and_the_next_request_succeeds(client):
+    """``[die]``: the LLMServer replica's process exits while the answer is in flight. The ingress
+    retries once (the retry reaches the dead or the restarted replica, which dies again) and
+    answers a JSON 503 within the read deadline; the next request reaches the restarted replica."""
+    r, took = _timed(client.post, "/v1/answer", json={"question": f"[die] {QUESTION}", "k": 2})
+    err = _error(r, 503, "unavailable", "read")
+    assert any("Died" in e or "Unavailable" in e or "died" in e for e in err["detail"]["errors"]), err
+    assert took < TIMEOUTS["read_s"] + 3, took
+    r, took = _timed(client.post, "/v1/answer", json={"question": QUESTION, "k": 2})
+    assert r.status_code == 200 and r.json()["answer"] == "Luanda", r.text
+
+
+def _stream(client: httpx.Client, question: str) -> list[tuple[str, Any]]:
+    out, name = [], None
+    with client.stream("POST", "/v1/answer", json={"question": question, "k": 2, "stream": True}) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                out.append((name, json.loads(line[6:])))
+    return out
+
+
+def test_a_stream_that_fails_before_its_first_token_is_retried(client):
+    events = _stream(client, f"[fail-once:s1] {QUESTION}")
+    names = [n for n, _ in events]
+    assert names[0] == "retrieval" and names[-1] == "trace" and set(names[1:-1]) == {"token"}, names
+    assert events[-1][1]["answer"] == "Luanda"
+
+
+def test_a_stream_that_fails_mid_answer_ends_with_an_error_event(client):
+    events = _stream(client, f"[fail-mid-stream] {QUESTION}")
+    names = [n for n, _ in events]
+    assert names == ["retrieval", "token", "token", "error"], names
+    err = events[-1][1]["error"]
+    assert err["code"] == "unavailable" and err["detail"]["stage"] == "read", err
+    assert "after the answer had started streaming" in err["message"] and "LLMError" in err["message"], err
+
+
+def test_a_chat_stream_that_fails_mid_answer_ends_with_an_error_then_done(client):
+    with client.stream("POST", "/v1/chat/completions", json={"model": "longrag", "stream": True, "messages": [
+            {"role": "user", "content": f"[fail-mid-stream] {QUESTION}"}]}) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]", lines
+    err = json.loads(lines[-2][6:])["error"]
+    assert err["code"] == "unavailable" and err["detail"]["stage"] == "read", err
+
+
+# ---------------------------------------------------------------------------- shard replicas
+
+
+def test_a_replica_that_fails_a_search_fails_over_and_is_counted(client):
+    """Replica 0 of shard 0 answers pings but fails searches with k=FLAKY_K: of two such searches
+    one meets it first and fails over (a 200 with full results); the failed replica counts as not
+    live in the coverage until it answers again, and the failover reaches the metrics."""
+    client.get("/healthz")  # pings: every replica live
+    covs = []
+    for _ in range(2):
+        r = client.post("/v1/retrieve", json={"question": QUESTION, "k": FLAKY_K})
+        assert r.status_code == 200, r.text
+        covs.append(r.json()["coverage"])
+    assert [c["answered"] for c in covs] == [2, 2] and sum(c["failovers"] for c in covs) == 1, covs
+    assert covs[-1]["redundancy"] == "shard 0: 1 of 2 replicas; shard 1: 2 of 2 replicas", covs
+    body = client.get("/healthz").json()  # its pings find replica 0 answering again
+    assert body["redundancy"] == "shard 0: 2 of 2 replicas; shard 1: 2 of 2 replicas", body
+    deadline, text = time.time() + 60, ""
+    while time.time() < deadline:
+        text = httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).text
+        if "ray_longrag_shard_failovers_total" in text and 'status="504"' in text and 'status="503"' in text:
+            break
+        time.sleep(1)
+    assert "ray_longrag_shard_failovers_total" in text
+    assert 'status="504"' in text and 'status="503"' in text  # the stage errors above, counted by status
+
+
+# ---------------------------------------------------------------------------- the schema, fuzzed
+
+
+FUZZ_EXAMPLES = 20  # per operation and mode: 6 operations x 2 modes x 20 keep the test well under 2 minutes
+
+
+def test_fuzzed_requests_get_no_server_error(client):
+    """Schemathesis generates requests from the served OpenAPI schema, valid ones (positive) and
+    ones that break it (negative), for every operation: none may get a 5xx. (Driven through
+    Hypothesis directly: schemathesis' pytest plugin does not run on pytest 9.)"""
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis.errors import Unsatisfiable
+    from schemathesis import GenerationMode
+
+    schema = schemathesis.openapi.from_url(f"http://127.0.0.1:{PORT}/openapi.json")
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert {f"{op.method.upper()} {op.path}" for op in operations} == {
+        "GET /healthz", "POST /v1/retrieve", "POST /v1/answer", "GET /v1/models", "POST /v1/chat/completions",
+        "POST /v1/longcontext"}
+    failures: list[str] = []
+    calls = 0
+    for op in operations:
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None,
+                      suppress_health_check=list(HealthCheck))
+            @given(case=op.as_strategy(generation_mode=mode))
+            def fuzz(case) -> None:
+                nonlocal calls
+                calls += 1
+                r = case.call(base_url=f"http://127.0.0.1:{PORT}", timeout=60)
+                if r.status_code >= 500:
+                    failures.append(f"{op.method.upper()} {op.path} ({mode}): {r.status_code} {r.text[:300]}\n"
+                                    f"  {case.as_curl_command()}")
+
+            try:
+                fuzz()
+            except Unsatisfiable:  # nothing to break: an operation without parameters or body (GET)
+                assert mode == GenerationMode.NEGATIVE and op.method.upper() == "GET", (op.path, mode)
+    assert not failures, f"{len(failures)} of {calls} requests got a 5xx:\n" + "\n".join(failures[:10])
+    assert calls >= 6 * FUZZ_EXAMPLES, calls
