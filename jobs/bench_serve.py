@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             report = run(args, terminal)
         except Exception as exc:
-            logging.getLogger("jobs.bench_serve").exception("bench failed")
+            log.exception("bench failed")
             print(f"bench_serve: failed: {type(exc).__name__}: {exc} (log: {args.log})", file=terminal, flush=True)
             return 1
     out = Path(args.out)
