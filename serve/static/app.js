@@ -68,13 +68,13 @@ function el(tag, attrs = {}, ...children) {
 
 const STOP = new Set("a an and are as at be by did do does for from has have how in is it its of on or that the this to was were what when where which who whom whose why with".split(" "));
 
-// The text with the question's content words marked (<mark>), built as DOM nodes (no HTML injection).
+// The text with the question's content words (whole words, any case) marked (<mark>), built as DOM nodes (no HTML injection).
 function highlighted(text, question) {
   const words = [...new Set((question.toLowerCase().match(/[\p{L}\p{N}]+/gu) || []).filter((w) => w.length > 2 && !STOP.has(w)))];
   const out = el("span");
   if (!words.length) { out.textContent = text; return out; }
   const escaped = words.map((w) => w.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"));
-  const re = new RegExp(`(${escaped.join("|")})`, "giu");
+  const re = new RegExp(`(?<![\\p{L}\\p{N}])(?:${escaped.join("|")})(?![\\p{L}\\p{N}])`, "giu");  // whole words
   let last = 0;
   for (const m of text.matchAll(re)) {
     out.append(text.slice(last, m.index), el("mark", {}, m[0]));
