@@ -67,10 +67,7 @@ class QueryEncoder:
             raise result
         return result
 
-    # No waiting for a batch to fill: a lone question is encoded at once (a wait would be pure
-    # latency at low load), and under load the questions that arrive while a batch is encoded
-    # queue up and form the next batch by themselves (jobs.bench_serve measures both).
-    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.0)
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
     async def encode_batch(self, questions: list[str]) -> list[np.ndarray | Exception]:
         """Concurrent questions encoded together. Serve hands each caller its own list item, so a
         bad item is returned as an exception object (re-raised by :meth:`encode` for its caller
