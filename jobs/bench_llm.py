@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 
+from longrag.bench import latency_stats
 from longrag.cli import number
 from longrag.config import LLMConfig
 from longrag.data import HOTPOTQA_SAMPLE, data_path
@@ -70,7 +70,7 @@ async def run_level(llm: LLM, requests: list[list[dict[str, str]]], concurrency:
     t0 = time.perf_counter()
     await asyncio.gather(*(one(m) for m in requests))
     wall = time.perf_counter() - t0
-    lat = np.array(latencies) * 1000.0
+    lat = latency_stats([x * 1000.0 for x in latencies], digits=1)
     return {
         "concurrency": concurrency,
         "requests": len(requests),
@@ -78,8 +78,8 @@ async def run_level(llm: LLM, requests: list[list[dict[str, str]]], concurrency:
         "req_per_s": round(len(requests) / wall, 3),
         "completion_tok_per_s": round(tokens / wall, 2),
         "completion_tokens": tokens,
-        "p50_ms": round(float(np.percentile(lat, 50)), 1),
-        "p99_ms": round(float(np.percentile(lat, 99)), 1),
+        "p50_ms": lat.p50_ms,
+        "p99_ms": lat.p99_ms,
     }
 
 

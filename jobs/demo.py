@@ -20,7 +20,6 @@ import contextlib
 import json
 import logging
 import os
-import statistics
 import sys
 import threading
 import time
@@ -31,6 +30,7 @@ from typing import Any, TextIO
 import httpx
 import psutil
 
+from longrag.bench import latency_stats
 from longrag.cli import add_config_flags, job_setup
 from longrag.data import SAMPLE_WIKI, data_path
 
@@ -130,7 +130,7 @@ def wait_healthy(client: httpx.Client, timeout_s: float = 300) -> dict[str, Any]
 
 
 def p50(values: list[float]) -> float:
-    return round(statistics.median(values), 1) if values else float("nan")
+    return latency_stats(values, digits=1).p50_ms
 
 
 def run(args: argparse.Namespace) -> int:

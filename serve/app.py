@@ -6,8 +6,9 @@
 
 Endpoints: ``POST /v1/retrieve``, ``POST /v1/answer`` (``"stream": true``: server-sent events),
 ``POST /v1/longcontext``, the OpenAI-compatible ``POST /v1/chat/completions`` and ``GET /v1/models``
-(:mod:`serve.openai_compat`), ``GET /healthz``; OpenAPI at ``/docs`` (with the limits of the running
-config). API keys, rate limit, body size and CORS: :mod:`serve.guard`; metrics: :mod:`serve.metrics`.
+(:mod:`serve.openai_compat`), ``GET /healthz``, the web playground at ``GET /`` (:mod:`serve.playground`);
+OpenAPI at ``/docs`` (with the limits of the running config). API keys, rate limit, body size and
+CORS: :mod:`serve.guard`; metrics: :mod:`serve.metrics`.
 Every error response has one JSON shape, ``{"error": {"code", "message", "detail"}}``
 (:class:`serve.schemas.ErrorResponse`).
 """
@@ -33,6 +34,7 @@ from longrag.types import Retrieval, describe_redundancy
 from serve import guard as guards
 from serve import metrics as app_metrics
 from serve import openai_compat as oai
+from serve import playground
 from serve import stages
 from serve.deployments import BadQuestion, LLMServer, QueryEncoder, Reader, Retriever
 from serve.longcontext import LongContextReader, LongContextRequest, LongContextResponse, longcontext_embedding
@@ -129,7 +131,8 @@ async def _unhandled_errors(request: Request, call_next):
         return error_response(500, f"internal error: {type(_cause(exc)).__name__}: {_one_line(exc)}")
 
 
-OPEN_PATHS = frozenset({"/healthz", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc"})
+OPEN_PATHS = frozenset({"/healthz", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc",
+                        *playground.OPEN_PATHS})
 
 
 @api.middleware("http")
@@ -184,6 +187,7 @@ class _ConfiguredCORS:
 
 
 api.add_middleware(_ConfiguredCORS)
+playground.install(api)  # GET /: the web playground (serve/playground.py)
 
 
 ERRORS = {

@@ -141,6 +141,29 @@ def test_answer_end_to_end_with_the_real_bundled_llm(client):
     assert body["coverage"]["degraded"] is False
 
 
+@pytest.mark.slow
+def test_playground_answers_with_the_real_models(client, tmp_path):
+    """The web playground (GET /) in a real headless Chromium asks the real bundled models; the
+    screenshot goes to tmp_path, and also to $LONGRAG_PLAYGROUND_SCREENSHOT when set (that is how
+    docs/playground.png is made)."""
+    from tests.browser import ask, browser_page
+
+    base = f"http://127.0.0.1:{PORT}"
+    with browser_page(tmp_path / "profile") as page:
+        shown = ask(page, base, "Who wrote the novel Animal Farm?", k=2, timeout_s=300)
+        shot = tmp_path / "playground.png"
+        page.screenshot(path=str(shot), full_page=True)
+        problems = page.problems
+    if os.environ.get("LONGRAG_PLAYGROUND_SCREENSHOT"):
+        Path(os.environ["LONGRAG_PLAYGROUND_SCREENSHOT"]).write_bytes(shot.read_bytes())
+    assert not shown["error"], shown["status"]
+    assert "orwell" in (shown["answer"] + " " + shown["long_answer"]).lower(), shown
+    assert len(shown["units"]) == 2 and any("Animal Farm" in u["titles"] for u in shown["units"])
+    assert any(u["used"] for u in shown["units"]) and all(u["best_chunk"] for u in shown["units"])
+    assert {"encode", "retrieve", "read"} <= set(shown["stages"]), shown["stages"]
+    assert shot.stat().st_size > 10_000 and problems == [], problems
+
+
 def test_chat_completion_streams_the_real_reader_through_the_openai_client(client):
     """The official openai client against the app with the bundled reader: llama.cpp's tokens of
     the long answer stream through the LLMServer and Reader handles as reasoning_content deltas,

@@ -1,0 +1,399 @@
+"""Serving benchmark: the Serve app over HTTP beside the same work called in process.
+
+    python -m jobs.bench_serve                                # retrieve at 1, 8, 32; chat at 1, 8
+    python -m jobs.bench_serve --skip-chat --requests 100     # retrieval only
+    python -m jobs.bench_serve --index artifacts/sample --port 8000 --out reports/bench-serve
+
+Deploys ``serve/configs/cpu.yaml`` (what ``make serve`` runs) on a local Ray with 2 logical CPUs,
+over ``--index`` (default: the bundled enwiki sample, indexed first into ``artifacts/bench-serve``
+when that folder has no build), listening on 127.0.0.1 only. Then, level by level:
+
+* ``POST /v1/retrieve`` at each ``--levels`` concurrency (``--requests`` calls, at least the
+  concurrency), and the same work in this process: the query encoder (the build's model, one torch
+  thread as in the ``QueryEncoder`` replica) and a search over the build's shards
+  (``IndexShardImpl`` objects in process, merged with MaxP's ``merge_topk``, their units fetched);
+  in between, the Ingress' two deployment calls made from here through Serve handles
+  (``QueryEncoder.encode``, ``Retriever.retrieve`` and its shard actors; no HTTP, proxy or Ingress),
+  which splits the overhead into the deployments' hops and the HTTP front;
+* ``POST /v1/chat/completions`` (model ``longrag``: retrieve + the bundled reader, two turns) at
+  each ``--chat-levels`` concurrency, beside the reader alone in process (``LongReader`` over an
+  in-process llama.cpp, on the units the in-process search found for the same question). Each chat
+  level asks questions of its own, so no level finds another's prompt in a KV cache. ``--skip-chat``
+  leaves it out (it takes minutes: ~10 s per answer on a 2-core machine, one at a time).
+
+Per level: throughput, p50/p99 latency, errors, and the overhead of serving (served minus in
+process, in ms, and served / in process). For ``/v1/retrieve`` also the median of the app's own
+trace (encode, retrieve, search, fetch, total inside the Ingress) and of what lies outside the
+Ingress (client latency minus the Ingress' total: HTTP, Serve's proxy, request parsing, response
+encoding). The measuring (levels, statistics) is :mod:`longrag.bench`. Ray's and Serve's output
+goes to ``--log``; the terminal gets progress lines and, last, one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+import yaml
+
+from longrag.bench import (LevelResult, grows_with_concurrency, machine, median_by_key, overhead, run_level,
+                           run_level_threads)
+from longrag.cli import job_setup, number
+from longrag.config import LongRAGConfig
+from longrag.data import SAMPLE_WIKI, data_path
+from longrag.types import Coverage, Retrieval, RetrievedUnit
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU_YAML = ROOT / "serve" / "configs" / "cpu.yaml"
+APP = "longrag"
+GOAL_OVERHEAD_P50_MS = 10.0  # issue: /v1/retrieve overhead p50 at most 10 ms over in-process encode + search
+
+# Questions the enwiki sample answers; requests cycle through them (chat levels take their own).
+QUESTIONS = [
+    "Who wrote the novel Animal Farm?",
+    "Which spaceflight first landed humans on the Moon?",
+    "What is the capital of Angola?",
+    "Who composed An American in Paris?",
+    "Which country is Aruba a constituent country of?",
+    "Who wrote Atlas Shrugged?",
+    "Which Apollo mission first orbited the Moon?",
+    "What is the atomic number of an element?",
+    "Who founded the Academy Awards?",
+    "Where is Andorra located?",
+    "Which tennis player won the career Golden Slam in 1999?",
+    "Who was the vice president who wrote about climate change?",
+    "What does an aardvark eat?",
+    "Which philosopher wrote The World as Will and Representation?",
+    "What is the SI unit of electric current?",
+    "Who directed the film Solaris in 1972?",
+    "What is anarcho-capitalism?",
+    "Which ocean lies between Africa and the Americas?",
+    "Who was Alexander the Great's teacher?",
+    "What is the largest city of Alaska?",
+]
+
+log = logging.getLogger("jobs.bench_serve")
+
+
+def serve_config(index: str, port: int) -> dict[str, Any]:
+    """``cpu.yaml`` with the benchmark's build and port (everything else as ``make serve`` runs it)."""
+    config = yaml.safe_load(CPU_YAML.read_text())
+    config["http_options"].update(host="127.0.0.1", port=port)
+    (app,) = config["applications"]
+    app["args"]["index"] = index
+    return config
+
+
+def app_config(index: str, config: dict[str, Any]) -> LongRAGConfig:
+    """The config the app builds from (the build's own plus the YAML's overrides), as ``app_builder``."""
+    from longrag.store import ArtifactStore
+
+    (app,) = config["applications"]
+    cfg = LongRAGConfig.model_validate(ArtifactStore.open(index).read_manifest().config)
+    return cfg.with_overrides(app["args"].get("overrides", []))
+
+
+class InProcessRetrieval:
+    """Encode + sharded search + unit fetch in this process: the work of ``/v1/retrieve`` without
+    Serve, HTTP or actors (the shards' own search code, ``IndexShardImpl``, called directly)."""
+
+    def __init__(self, index: str, cfg: LongRAGConfig) -> None:
+        import torch
+
+        from actors.index_shard import IndexShardImpl
+        from longrag.index.embedding import Embedder
+        from longrag.store import ArtifactStore
+
+        torch.set_num_threads(1)  # as the QueryEncoder replica (torch_threads=1)
+        self.embedder = Embedder(cfg.embedding)
+        manifest = ArtifactStore.open(index).read_manifest()
+        self.shards = [IndexShardImpl(index, s.shard_id, threads=cfg.index.shard_threads,
+                                      search_params=cfg.index.search_params) for s in manifest.shards]
+
+    def __call__(self, question: str, k: int) -> Retrieval:
+        from longrag.index.maxp import merge_topk
+
+        vector = self.embedder.encode_queries([question])
+        hits = merge_topk([shard.search(vector, k)[0] for shard in self.shards], k)
+        rows: dict[str, dict[str, Any]] = {}
+        for shard in self.shards:
+            mine = [h for h in hits if h.shard == shard.shard_id]
+            if mine:
+                for row in shard.get_units([h.unit_id for h in mine], [h.best_chunk_id for h in mine]):
+                    rows[row["unit_id"]] = row
+        units = [RetrievedUnit.from_hit(h, rows.get(h.unit_id)) for h in hits]
+        n = len(self.shards)
+        return Retrieval(units=units, coverage=Coverage(shards=n, answered=n))
+
+
+def retrieve_check(k: int, traces: list[dict[str, float]] | None = None):
+    """A check of one ``/v1/retrieve`` response (and, with ``traces``, its trace and client latency)."""
+
+    def check(result: tuple[httpx.Response, float]) -> str | None:
+        r, ms = result
+        if r.status_code != 200:
+            return f"HTTP {r.status_code}: {r.text[:200]}"
+        body = r.json()
+        if len(body["units"]) != k or body["coverage"]["degraded"]:
+            return f"{len(body['units'])} units (asked {k}), coverage {body['coverage']}"
+        if traces is not None:
+            t = body["trace"]
+            row = {key: float(t[key]) for key in ("encode_ms", "retrieve_ms", "retrieve.search_ms",
+                                                    "retrieve.fetch_ms", "total_ms") if key in t}
+            row["client_ms"] = ms
+            row["outside_ingress_ms"] = ms - float(t["total_ms"])
+            traces.append(row)
+        return None
+
+    return check
+
+
+def chat_check(result: httpx.Response) -> str | None:
+    if result.status_code != 200:
+        return f"HTTP {result.status_code}: {result.text[:200]}"
+    body = result.json()
+    if not body["choices"][0]["message"]["content"].strip():
+        return "empty answer"
+    return None
+
+
+async def bench_retrieve(client: httpx.AsyncClient, local: InProcessRetrieval, levels: list[int], requests: int,
+                         k: int, say) -> list[dict[str, Any]]:
+    async def call(i: int) -> tuple[httpx.Response, float]:
+        t0 = time.perf_counter()
+        r = await client.post("/v1/retrieve", json={"question": QUESTIONS[i % len(QUESTIONS)], "k": k})
+        return r, (time.perf_counter() - t0) * 1e3
+
+    def local_call(i: int) -> Retrieval:
+        return local(QUESTIONS[i % len(QUESTIONS)], k)
+
+    def local_check(found: Retrieval) -> str | None:
+        return None if len(found.units) == k else f"{len(found.units)} units (asked {k})"
+
+    from ray import serve
+
+    encoder = serve.get_deployment_handle("QueryEncoder", app_name=APP)
+    retriever = serve.get_deployment_handle("Retriever", app_name=APP)
+
+    async def handles_call(i: int) -> Retrieval:
+        # The Ingress' two calls, made from here: the deployments and the shard actors without
+        # HTTP, Serve's proxy and the Ingress (where the rest of the overhead lies).
+        vector = await encoder.encode.remote(QUESTIONS[i % len(QUESTIONS)])
+        return await retriever.retrieve.remote(vector, k)
+
+    for i in range(len(QUESTIONS)):  # warm every path (model, tokenizer caches, connections, replicas)
+        await call(i)
+        await handles_call(i)
+        local_call(i)
+    rows = []
+    for c in levels:
+        n = max(requests, c)
+        traces: list[dict[str, float]] = []
+        served = await run_level("retrieve.http", call, requests=n, concurrency=c, check=retrieve_check(k, traces))
+        via_handles = await run_level("retrieve.handles", handles_call, requests=n, concurrency=c, check=local_check)
+        local_res = await asyncio.to_thread(run_level_threads, "retrieve.in_process", local_call, requests=n,
+                                            concurrency=c, check=local_check)
+        row = {"concurrency": c, "http": served.to_dict(), "handles": via_handles.to_dict(),
+               "in_process": local_res.to_dict(), "overhead": overhead(served, local_res).to_dict(),
+               "overhead_handles": overhead(via_handles, local_res).to_dict(), "trace_p50_ms": median_by_key(traces)}
+        say(f"retrieve c={c}: http {_brief(served)} | handles {_brief(via_handles)} | in process {_brief(local_res)} | "
+            f"overhead p50 +{row['overhead']['p50_ms']} ms (x{row['overhead']['p50_ratio']}), of which handles "
+            f"+{row['overhead_handles']['p50_ms']} ms | trace p50 {row['trace_p50_ms']}")
+        rows.append(row)
+    return rows
+
+
+async def bench_chat(client: httpx.AsyncClient, local: InProcessRetrieval, cfg: LongRAGConfig, levels: list[int],
+                     requests: int, k: int, say) -> list[dict[str, Any]]:
+    from functools import partial
+
+    from longrag.llm.factory import build_llm
+    from longrag.reading.longcontext import compress_units_with_mixpr
+    from longrag.reading.reader import LongReader
+
+    llm = build_llm(cfg.llm)  # the LLMServer's engine, here in process
+    reader = LongReader(llm, cfg.reader, compressor=partial(compress_units_with_mixpr, cfg=cfg.mixpr))
+    sizes = [max(requests, c) for c in levels]
+    if sum(sizes) + 1 > len(QUESTIONS):
+        raise ValueError(f"chat levels {levels} with --chat-requests {requests} need {sum(sizes) + 1} questions; "
+                         f"there are {len(QUESTIONS)}")
+    units = {q: local(q, k).readable() for q in QUESTIONS}
+    warm = QUESTIONS[-1]  # one question for warming both paths, asked by no level
+    r = await client.post("/v1/chat/completions", json={"model": "longrag", "k": k,
+                                                         "messages": [{"role": "user", "content": warm}]})
+    if r.status_code != 200:
+        raise RuntimeError(f"warm-up chat request failed: HTTP {r.status_code} {r.text[:300]}")
+    await reader.read(warm, units[warm])
+    rows = []
+    start = 0
+    try:
+        for c, n in zip(levels, sizes):
+            mine = QUESTIONS[start : start + n]
+            start += n
+
+            async def call(i: int, mine: list[str] = mine) -> httpx.Response:
+                return await client.post("/v1/chat/completions", json={
+                    "model": "longrag", "k": k, "messages": [{"role": "user", "content": mine[i]}]})
+
+            async def read(i: int, mine: list[str] = mine) -> Any:
+                return await reader.read(mine[i], units[mine[i]])
+
+            served = await run_level("chat.http", call, requests=n, concurrency=c, check=chat_check)
+            alone = await run_level("reader.in_process", read, requests=n, concurrency=c,
+                                    check=lambda res: None if res.answer.strip() else "empty answer")
+            row = {"concurrency": c, "http": served.to_dict(), "in_process": alone.to_dict(),
+                   "overhead": overhead(served, alone).to_dict()}
+            say(f"chat c={c}: http {_brief(served)} | reader alone {_brief(alone)} | "
+                f"overhead p50 +{row['overhead']['p50_ms']} ms (x{row['overhead']['p50_ratio']})")
+            rows.append(row)
+    finally:
+        await llm.aclose()
+    return rows
+
+
+def _brief(r: LevelResult) -> str:
+    return (f"{r.throughput_rps} req/s, p50 {r.latency.p50_ms} ms, p99 {r.latency.p99_ms} ms"
+            + (f", {r.errors} errors ({r.error_examples[0]})" if r.errors else ""))
+
+
+def ensure_index(index: str | None, say) -> str:
+    """``index``, or the sample's build in artifacts/bench-serve (built the demo's way when missing)."""
+    from longrag.store import ArtifactStore
+
+    if index:
+        return index
+    out = ROOT / "artifacts" / "bench-serve"
+    try:
+        ArtifactStore.open(str(out)).read_manifest()
+        return str(out)
+    except Exception:  # no build there yet: make it (the demo's settings)
+        from actors.build import build_index
+        from longrag.config import load_config
+
+        say(f"indexing the bundled sample into {out}")
+        config = load_config(None, ["units.kind=grouped", "units.text_mode=lead", "index.shards=2"])
+        build_index(str(data_path(SAMPLE_WIKI)), "wikixml", str(out), config, overwrite=True,
+                    command=["python", "-m", "jobs.bench_serve"])
+        return str(out)
+
+
+async def _bench(args: argparse.Namespace, index: str, config: dict[str, Any], say) -> dict[str, Any]:
+    cfg = app_config(index, config)
+    local = InProcessRetrieval(index, cfg)
+    limits = httpx.Limits(max_connections=max(args.levels + args.chat_levels) + 4)
+    result: dict[str, Any] = {}
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{args.port}", timeout=600, limits=limits) as client:
+        result["retrieve"] = await bench_retrieve(client, local, args.levels, args.requests, args.k, say)
+        if not args.skip_chat:
+            result["chat"] = await bench_chat(client, local, cfg, args.chat_levels, args.chat_requests,
+                                              args.chat_k, say)
+    return result
+
+
+def summary(result: dict[str, Any]) -> dict[str, Any]:
+    """The figures the issue asks for: overhead at concurrency 1 against the goal, and scaling."""
+    rows = result["retrieve"]
+    first = min(rows, key=lambda r: r["concurrency"])
+    out = {
+        "retrieve_overhead_p50_ms": {str(r["concurrency"]): r["overhead"]["p50_ms"] for r in rows},
+        "retrieve_overhead_p50_ms_goal": GOAL_OVERHEAD_P50_MS,
+        "retrieve_overhead_goal_met": first["overhead"]["p50_ms"] <= GOAL_OVERHEAD_P50_MS,
+        "retrieve_throughput_rps": {str(r["concurrency"]): r["http"]["throughput_rps"] for r in rows},
+        "retrieve_throughput_grows": grows_with_concurrency({r["concurrency"]: r["http"]["throughput_rps"] for r in rows}),
+        "errors": sum(r["http"]["errors"] + r["in_process"]["errors"] for r in rows + result.get("chat", [])),
+    }
+    if result.get("chat"):
+        out["chat_throughput_rps"] = {str(r["concurrency"]): r["http"]["throughput_rps"] for r in result["chat"]}
+        out["chat_overhead_p50_ms"] = {str(r["concurrency"]): r["overhead"]["p50_ms"] for r in result["chat"]}
+    return out
+
+
+def run(args: argparse.Namespace, terminal: TextIO) -> dict[str, Any]:
+    def say(line: str) -> None:
+        print(f"bench_serve: {line}", file=terminal, flush=True)
+
+    from ray import serve
+
+    from cluster.local import start_or_join
+    from jobs.demo import wait_healthy
+    from serve.run import deploy, wait_running
+
+    t0 = time.perf_counter()
+    before = machine()
+    handle = start_or_join(None, num_cpus=args.num_cpus)
+    try:
+        index = ensure_index(args.index, say)
+        config = serve_config(index, args.port)
+        deploy(config)
+        reason = wait_running([APP], schedule_timeout_s=180, ready_timeout_s=600)  # a loaded machine starts workers slowly
+        if reason:
+            raise RuntimeError(f"the app did not start: {reason}")
+        with httpx.Client(base_url=f"http://127.0.0.1:{args.port}", timeout=60) as c:
+            wait_healthy(c)
+        say(f"app RUNNING on 127.0.0.1:{args.port} over {index} (load average {before['loadavg']})")
+        result = asyncio.run(_bench(args, index, config, say))
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            handle.shutdown()
+    return {"bench": "serve", "machine": {**before, "loadavg_after": machine()["loadavg"]},
+            "index": index, "k": args.k, "chat_k": args.chat_k, **result, "summary": summary(result),
+            "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def levels_arg(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not levels or any(c < 1 for c in levels):
+        raise argparse.ArgumentTypeError(f"concurrency levels must be integers >= 1, got {text!r}")
+    return levels
+
+
+def main(argv: list[str] | None = None) -> int:
+    from jobs.demo import transcript
+
+    job_setup(logging.WARNING)
+    p = argparse.ArgumentParser(prog="python -m jobs.bench_serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--index", help="build folder or URI (default: the bundled sample in artifacts/bench-serve)")
+    p.add_argument("--port", type=number(int, min_value=1, max_value=65535), default=8000)
+    p.add_argument("--levels", type=levels_arg, default=[1, 8, 32], help="retrieve concurrency levels")
+    p.add_argument("--requests", type=number(int, min_value=1), default=200,
+                   help="retrieve requests per level (at least the level's concurrency)")
+    p.add_argument("--k", type=number(int, min_value=1), default=4)
+    p.add_argument("--chat-levels", type=levels_arg, default=[1, 8])
+    p.add_argument("--chat-requests", type=number(int, min_value=1), default=4,
+                   help="chat requests per level (at least the level's concurrency)")
+    p.add_argument("--chat-k", type=number(int, min_value=1), default=2)
+    p.add_argument("--skip-chat", action="store_true", help="leave out /v1/chat/completions (minutes)")
+    p.add_argument("--num-cpus", type=number(float, min_value=0, min_exclusive=True), default=2,
+                   help="logical CPUs of the local Ray (cpu.yaml fits 2)")
+    p.add_argument("--out", default=str(ROOT / "reports" / "bench-serve"), help="folder for bench_serve.json")
+    p.add_argument("--log", default=str(ROOT / "artifacts" / "bench-serve.log"),
+                   help="file for Ray's, Serve's and the libraries' output")
+    args = p.parse_args(argv)
+    with transcript(args.log) as terminal:
+        try:
+            report = run(args, terminal)
+        except Exception as exc:
+            log.exception("bench failed")
+            print(f"bench_serve: failed: {type(exc).__name__}: {exc} (log: {args.log})", file=terminal, flush=True)
+            return 1
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_serve.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report), flush=True)
+    return 1 if report["summary"]["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

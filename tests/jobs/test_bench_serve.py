@@ -1,0 +1,50 @@
+"""``python -m jobs.bench_serve`` end to end, tiny: the Serve app from cpu.yaml over the sample build
+with the real bundled models on a local Ray, a few /v1/retrieve calls at concurrency 1 and 2 and one
+chat completion, each beside the same work in process; the last stdout line is the JSON report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jobs.bench_serve import QUESTIONS, main
+
+PORT = 8411
+
+
+@pytest.mark.slow
+def test_tiny_bench_ends_with_one_json_line_of_levels_and_overheads(sample_index, tmp_path, capfd):
+    rc = main(["--index", sample_index["uri"], "--port", str(PORT), "--levels", "1,2", "--requests", "4",
+               "--chat-levels", "1", "--chat-requests", "1", "--chat-k", "1",
+               "--out", str(tmp_path / "out"), "--log", str(tmp_path / "bench.log")])
+    out = capfd.readouterr().out.strip().splitlines()
+    assert rc == 0, out[-3:]
+    report = json.loads(out[-1])
+    assert report == json.loads((tmp_path / "out" / "bench_serve.json").read_text())
+    assert report["bench"] == "serve" and report["machine"]["cpus"] >= 1 and len(report["machine"]["loadavg"]) == 3
+    assert [row["concurrency"] for row in report["retrieve"]] == [1, 2]
+    for row in report["retrieve"]:
+        c = row["concurrency"]
+        for side, name in (("http", "retrieve.http"), ("handles", "retrieve.handles"),
+                           ("in_process", "retrieve.in_process")):
+            level = row[side]
+            assert (level["name"], level["concurrency"], level["requests"], level["ok"], level["errors"]) == \
+                (name, c, 4, 4, 0), level
+            assert 0 < level["latency"]["p50_ms"] <= level["latency"]["p99_ms"] and level["throughput_rps"] > 0
+        o = row["overhead"]
+        assert o["p50_ms"] == round(row["http"]["latency"]["p50_ms"] - row["in_process"]["latency"]["p50_ms"], 2)
+        assert o["p50_ratio"] > 0 and o["throughput_ratio"] > 0
+        assert row["overhead_handles"]["p50_ms"] == round(
+            row["handles"]["latency"]["p50_ms"] - row["in_process"]["latency"]["p50_ms"], 2)
+        trace = row["trace_p50_ms"]
+        assert {"encode_ms", "retrieve_ms", "total_ms", "client_ms", "outside_ingress_ms"} <= set(trace)
+        assert trace["client_ms"] >= trace["total_ms"] > 0
+    (chat,) = report["chat"]
+    assert chat["concurrency"] == 1 and chat["http"]["ok"] == 1 and chat["in_process"]["ok"] == 1
+    assert chat["http"]["name"] == "chat.http" and chat["in_process"]["name"] == "reader.in_process"
+    s = report["summary"]
+    assert set(s["retrieve_overhead_p50_ms"]) == {"1", "2"} and s["retrieve_overhead_p50_ms_goal"] == 10.0
+    assert isinstance(s["retrieve_overhead_goal_met"], bool) and isinstance(s["retrieve_throughput_grows"], bool)
+    assert s["errors"] == 0 and set(s["chat_throughput_rps"]) == {"1"}
+    assert len(set(QUESTIONS)) == len(QUESTIONS)
