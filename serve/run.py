@@ -65,6 +65,20 @@ def missing_resources(message: str) -> dict[str, float] | None:
     return short or None
 
 
+#: A replica short of a resource the cluster has in total (other replicas hold it while they start,
+#: or release it soon) is given at least this long before it counts as unschedulable.
+TRANSIENT_GRACE_S = 120.0
+
+
+def shortage_grace_s(short: dict[str, float], total: dict[str, float], schedule_timeout_s: float) -> float:
+    """How long a replica short of ``short`` may wait before it counts as unschedulable: the
+    ``schedule_timeout_s`` when the cluster does not have that much in total (it never will,
+    unless an autoscaler adds nodes), at least :data:`TRANSIENT_GRACE_S` when it does (the
+    resources are only held by other replicas for now: on a loaded machine, workers start slowly)."""
+    fits = all(v <= total.get(k, 0.0) + 1e-9 for k, v in short.items())
+    return max(schedule_timeout_s, TRANSIENT_GRACE_S) if fits else schedule_timeout_s
+
+
 def _value(x: Any) -> str:
     return str(getattr(x, "value", x))
 
@@ -92,6 +106,7 @@ def deploy(config: dict[str, Any], address: str | None = None) -> Any:
 def wait_running(app_names: list[str], *, schedule_timeout_s: float = 0.0, ready_timeout_s: float = 900.0,
                  poll_s: float = 2.0, log=print) -> str | None:
     """Wait until every app is RUNNING. Returns None then, else the reason it never will be."""
+    import ray
     from ray import serve
 
     t0 = time.monotonic()
@@ -115,7 +130,8 @@ def wait_running(app_names: list[str], *, schedule_timeout_s: float = 0.0, ready
                 short = missing_resources(overview.message)
                 if short:
                     pending_since.setdefault(key, time.monotonic())
-                    if time.monotonic() - pending_since[key] >= schedule_timeout_s:
+                    grace = shortage_grace_s(short, ray.cluster_resources(), schedule_timeout_s)
+                    if time.monotonic() - pending_since[key] >= grace:
                         problems.append(f"application '{name}', deployment '{dep}' lacks {short}: {overview.message}")
                 else:
                     pending_since.pop(key, None)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from serve.run import missing_resources
+from serve.run import TRANSIENT_GRACE_S, missing_resources, shortage_grace_s
 
 HEAD = ("Deployment 'LLMServer:reader' in application 'llm' has 1 replicas that have taken more than 30s to be "
         "scheduled. This may be due to waiting for the cluster to auto-scale or for a runtime environment to be "
@@ -25,3 +25,13 @@ def test_a_placement_group_replica_is_read_as_the_sum_of_its_bundles():
 def test_other_messages_are_not_a_shortage():
     assert missing_resources("Deployment 'X' is starting its replicas.") is None
     assert missing_resources(HEAD + "[{oops}], total resources available: {}.") is None
+
+
+def test_a_shortage_the_cluster_could_meet_gets_a_grace_period():
+    total = {"CPU": 4.0, "memory": 8e9}
+    # more than the cluster has at all: fail after the configured timeout (0: at once)
+    assert shortage_grace_s({"CPU": 8.0}, total, 0.0) == 0.0
+    assert shortage_grace_s({"index": 1.0}, total, 30.0) == 30.0
+    # within the total (other replicas hold it while they start): at least the grace period
+    assert shortage_grace_s({"CPU": 1.0}, total, 0.0) == TRANSIENT_GRACE_S
+    assert shortage_grace_s({"CPU": 1.0}, total, 300.0) == 300.0
