@@ -43,9 +43,9 @@ from typing import Any, TextIO
 import httpx
 import yaml
 
-from longrag.bench import (LevelResult, grows_with_concurrency, machine, median_by_key, overhead, run_level,
-                           run_level_threads)
-from longrag.cli import job_setup, number
+from longrag.bench import machine, median_by_key, overhead, run_level, run_level_threads
+from longrag.bench.serving import QUESTIONS, brief, chat_check, retrieve_check, summary
+from longrag.cli import int_list, job_setup, number, transcript
 from longrag.config import LongRAGConfig
 from longrag.data import SAMPLE_WIKI, data_path
 from longrag.types import Coverage, Retrieval, RetrievedUnit
@@ -53,31 +53,6 @@ from longrag.types import Coverage, Retrieval, RetrievedUnit
 ROOT = Path(__file__).resolve().parent.parent
 CPU_YAML = ROOT / "serve" / "configs" / "cpu.yaml"
 APP = "longrag"
-GOAL_OVERHEAD_P50_MS = 10.0  # issue: /v1/retrieve overhead p50 at most 10 ms over in-process encode + search
-
-# Questions the enwiki sample answers; requests cycle through them (chat levels take their own).
-QUESTIONS = [
-    "Who wrote the novel Animal Farm?",
-    "Which spaceflight first landed humans on the Moon?",
-    "What is the capital of Angola?",
-    "Who composed An American in Paris?",
-    "Which country is Aruba a constituent country of?",
-    "Who wrote Atlas Shrugged?",
-    "Which Apollo mission first orbited the Moon?",
-    "What is the atomic number of an element?",
-    "Who founded the Academy Awards?",
-    "Where is Andorra located?",
-    "Which tennis player won the career Golden Slam in 1999?",
-    "Who was the vice president who wrote about climate change?",
-    "What does an aardvark eat?",
-    "Which philosopher wrote The World as Will and Representation?",
-    "What is the SI unit of electric current?",
-    "Who directed the film Solaris in 1972?",
-    "What is anarcho-capitalism?",
-    "Which ocean lies between Africa and the Americas?",
-    "Who was Alexander the Great's teacher?",
-    "What is the largest city of Alaska?",
-]
 
 log = logging.getLogger("jobs.bench_serve")
 
@@ -133,37 +108,6 @@ class InProcessRetrieval:
         return Retrieval(units=units, coverage=Coverage(shards=n, answered=n))
 
 
-def retrieve_check(k: int, traces: list[dict[str, float]] | None = None):
-    """A check of one ``/v1/retrieve`` response (and, with ``traces``, its trace and client latency)."""
-
-    def check(result: tuple[httpx.Response, float]) -> str | None:
-        r, ms = result
-        if r.status_code != 200:
-            return f"HTTP {r.status_code}: {r.text[:200]}"
-        body = r.json()
-        if len(body["units"]) != k or body["coverage"]["degraded"]:
-            return f"{len(body['units'])} units (asked {k}), coverage {body['coverage']}"
-        if traces is not None:
-            t = body["trace"]
-            row = {key: float(t[key]) for key in ("encode_ms", "retrieve_ms", "retrieve.search_ms",
-                                                    "retrieve.fetch_ms", "total_ms") if key in t}
-            row["client_ms"] = ms
-            row["outside_ingress_ms"] = ms - float(t["total_ms"])
-            traces.append(row)
-        return None
-
-    return check
-
-
-def chat_check(result: httpx.Response) -> str | None:
-    if result.status_code != 200:
-        return f"HTTP {result.status_code}: {result.text[:200]}"
-    body = result.json()
-    if not body["choices"][0]["message"]["content"].strip():
-        return "empty answer"
-    return None
-
-
 async def bench_retrieve(client: httpx.AsyncClient, local: InProcessRetrieval, levels: list[int], requests: int,
                          k: int, say) -> list[dict[str, Any]]:
     async def call(i: int) -> tuple[httpx.Response, float]:
@@ -203,7 +147,7 @@ async def bench_retrieve(client: httpx.AsyncClient, local: InProcessRetrieval, l
         row = {"concurrency": c, "http": served.to_dict(), "handles": via_handles.to_dict(),
                "in_process": local_res.to_dict(), "overhead": overhead(served, local_res).to_dict(),
                "overhead_handles": overhead(via_handles, local_res).to_dict(), "trace_p50_ms": median_by_key(traces)}
-        say(f"retrieve c={c}: http {_brief(served)} | handles {_brief(via_handles)} | in process {_brief(local_res)} | "
+        say(f"retrieve c={c}: http {brief(served)} | handles {brief(via_handles)} | in process {brief(local_res)} | "
             f"overhead p50 +{row['overhead']['p50_ms']} ms (x{row['overhead']['p50_ratio']}), of which handles "
             f"+{row['overhead_handles']['p50_ms']} ms | trace p50 {row['trace_p50_ms']}")
         rows.append(row)
@@ -250,17 +194,12 @@ async def bench_chat(client: httpx.AsyncClient, local: InProcessRetrieval, cfg: 
                                     check=lambda res: None if res.answer.strip() else "empty answer")
             row = {"concurrency": c, "http": served.to_dict(), "in_process": alone.to_dict(),
                    "overhead": overhead(served, alone).to_dict()}
-            say(f"chat c={c}: http {_brief(served)} | reader alone {_brief(alone)} | "
+            say(f"chat c={c}: http {brief(served)} | reader alone {brief(alone)} | "
                 f"overhead p50 +{row['overhead']['p50_ms']} ms (x{row['overhead']['p50_ratio']})")
             rows.append(row)
     finally:
         await llm.aclose()
     return rows
-
-
-def _brief(r: LevelResult) -> str:
-    return (f"{r.throughput_rps} req/s, p50 {r.latency.p50_ms} ms, p99 {r.latency.p99_ms} ms"
-            + (f", {r.errors} errors ({r.error_examples[0]})" if r.errors else ""))
 
 
 def ensure_index(index: str | None, say) -> str:
@@ -297,24 +236,6 @@ async def _bench(args: argparse.Namespace, index: str, config: dict[str, Any], s
     return result
 
 
-def summary(result: dict[str, Any]) -> dict[str, Any]:
-    """The figures the issue asks for: overhead at concurrency 1 against the goal, and scaling."""
-    rows = result["retrieve"]
-    first = min(rows, key=lambda r: r["concurrency"])
-    out = {
-        "retrieve_overhead_p50_ms": {str(r["concurrency"]): r["overhead"]["p50_ms"] for r in rows},
-        "retrieve_overhead_p50_ms_goal": GOAL_OVERHEAD_P50_MS,
-        "retrieve_overhead_goal_met": first["overhead"]["p50_ms"] <= GOAL_OVERHEAD_P50_MS,
-        "retrieve_throughput_rps": {str(r["concurrency"]): r["http"]["throughput_rps"] for r in rows},
-        "retrieve_throughput_grows": grows_with_concurrency({r["concurrency"]: r["http"]["throughput_rps"] for r in rows}),
-        "errors": sum(r["http"]["errors"] + r["in_process"]["errors"] for r in rows + result.get("chat", [])),
-    }
-    if result.get("chat"):
-        out["chat_throughput_rps"] = {str(r["concurrency"]): r["http"]["throughput_rps"] for r in result["chat"]}
-        out["chat_overhead_p50_ms"] = {str(r["concurrency"]): r["overhead"]["p50_ms"] for r in result["chat"]}
-    return out
-
-
 def run(args: argparse.Namespace, terminal: TextIO) -> dict[str, Any]:
     def say(line: str) -> None:
         print(f"bench_serve: {line}", file=terminal, flush=True)
@@ -322,8 +243,7 @@ def run(args: argparse.Namespace, terminal: TextIO) -> dict[str, Any]:
     from ray import serve
 
     from cluster.local import start_or_join
-    from jobs.demo import wait_healthy
-    from serve.run import deploy, wait_running
+    from serve.run import deploy, wait_healthy, wait_running
 
     t0 = time.perf_counter()
     before = machine()
@@ -349,28 +269,16 @@ def run(args: argparse.Namespace, terminal: TextIO) -> dict[str, Any]:
             "wall_s": round(time.perf_counter() - t0, 1)}
 
 
-def levels_arg(text: str) -> list[int]:
-    try:
-        levels = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not levels or any(c < 1 for c in levels):
-        raise argparse.ArgumentTypeError(f"concurrency levels must be integers >= 1, got {text!r}")
-    return levels
-
-
 def main(argv: list[str] | None = None) -> int:
-    from jobs.demo import transcript
-
     job_setup(logging.WARNING)
     p = argparse.ArgumentParser(prog="python -m jobs.bench_serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--index", help="build folder or URI (default: the bundled sample in artifacts/bench-serve)")
     p.add_argument("--port", type=number(int, min_value=1, max_value=65535), default=8000)
-    p.add_argument("--levels", type=levels_arg, default=[1, 8, 32], help="retrieve concurrency levels")
+    p.add_argument("--levels", type=int_list(), default=[1, 8, 32], help="retrieve concurrency levels")
     p.add_argument("--requests", type=number(int, min_value=1), default=200,
                    help="retrieve requests per level (at least the level's concurrency)")
     p.add_argument("--k", type=number(int, min_value=1), default=4)
-    p.add_argument("--chat-levels", type=levels_arg, default=[1, 8])
+    p.add_argument("--chat-levels", type=int_list(), default=[1, 8])
     p.add_argument("--chat-requests", type=number(int, min_value=1), default=4,
                    help="chat requests per level (at least the level's concurrency)")
     p.add_argument("--chat-k", type=number(int, min_value=1), default=2)

@@ -16,14 +16,11 @@ its session folder, also named at the end.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
-import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -31,7 +28,7 @@ import httpx
 import psutil
 
 from longrag.bench import latency_stats
-from longrag.cli import add_config_flags, job_setup
+from longrag.cli import add_config_flags, job_setup, transcript
 from longrag.data import SAMPLE_WIKI, data_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,47 +85,6 @@ class MemorySampler:
         self._thread.join()
 
 
-@contextlib.contextmanager
-def transcript(log_path: str | Path) -> Iterator[TextIO]:
-    """Route everything written to this process's stdout and stderr (file descriptors 1 and 2, so
-    also Ray's C++ core and the threads that print forwarded worker output) into ``log_path``, and
-    yield a stream to the original stdout for the demo's own lines. Restored on exit."""
-    path = Path(log_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved_out, saved_err = os.dup(1), os.dup(2)
-    terminal = os.fdopen(os.dup(saved_out), "w", buffering=1, encoding="utf-8", errors="replace")
-    with open(path, "w", encoding="utf-8") as log_file:
-        os.dup2(log_file.fileno(), 1)
-        os.dup2(log_file.fileno(), 2)
-        try:
-            yield terminal
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved_out, 1)
-            os.dup2(saved_err, 2)
-            os.close(saved_out)
-            os.close(saved_err)
-            terminal.close()
-
-
-def wait_healthy(client: httpx.Client, timeout_s: float = 300) -> dict[str, Any]:
-    deadline = time.time() + timeout_s
-    last = ""
-    while time.time() < deadline:
-        try:
-            r = client.get("/healthz")
-            if r.status_code == 200:
-                return r.json()
-            last = f"{r.status_code} {r.text[:200]}"
-        except httpx.HTTPError as exc:
-            last = str(exc)
-        time.sleep(1)
-    raise TimeoutError(f"the Serve app did not become healthy in {timeout_s}s (last: {last})")
-
-
 def p50(values: list[float]) -> float:
     return latency_stats(values, digits=1).p50_ms
 
@@ -154,6 +110,7 @@ def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], st
     from actors.build import build_index
     from longrag.config import load_config
     from serve.app import AppArgs, app_builder
+    from serve.run import wait_healthy
 
     t_start = time.perf_counter()
     config = load_config(args.config, [

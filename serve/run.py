@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 # Serve's status message for replicas that wait to be placed ("... taken more than 30s to be
@@ -101,6 +102,23 @@ def deploy(config: dict[str, Any], address: str | None = None) -> Any:
     )
     client.deploy_apps(schema, _blocking=False)
     return schema
+
+
+def wait_healthy(client: httpx.Client, timeout_s: float = 300) -> dict[str, Any]:
+    """Poll ``GET /healthz`` through ``client`` until it answers 200; returns its body. Raises
+    TimeoutError with the last answer (or connection error) after ``timeout_s``."""
+    deadline = time.time() + timeout_s
+    last = ""
+    while time.time() < deadline:
+        try:
+            r = client.get("/healthz")
+            if r.status_code == 200:
+                return r.json()
+            last = f"{r.status_code} {r.text[:200]}"
+        except httpx.HTTPError as exc:
+            last = str(exc)
+        time.sleep(1)
+    raise TimeoutError(f"the Serve app did not become healthy in {timeout_s}s (last: {last})")
 
 
 def wait_running(app_names: list[str], *, schedule_timeout_s: float = 0.0, ready_timeout_s: float = 900.0,

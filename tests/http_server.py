@@ -71,13 +71,3 @@ class FileServer:
     def __exit__(self, *exc) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
-
-
-def wait_healthy(client, timeout_s: float = 120.0) -> None:
-    """Poll ``GET /healthz`` on an httpx client until it answers 200; fail with its last body."""
-    import time
-
-    deadline = time.time() + timeout_s
-    while client.get("/healthz").status_code != 200:
-        assert time.time() < deadline, client.get("/healthz").text
-        time.sleep(1)

@@ -15,7 +15,7 @@ def test_transcript_routes_everything_else_to_the_log(tmp_path):
     log = tmp_path / "logs" / "demo.log"
     script = textwrap.dedent(f"""
         import logging, os, sys, warnings
-        from jobs.demo import transcript
+        from longrag.cli import transcript
         logging.basicConfig(level=logging.INFO)
         print("before")
         with transcript({str(log)!r}) as term:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from longrag.config import LongRAGConfig
 from longrag.data import HOTPOTQA_SAMPLE, data_path
 from longrag.eval import pipeline as P
 from longrag.eval.datasets import QAExample

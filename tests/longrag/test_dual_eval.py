@@ -10,7 +10,6 @@ import asyncio
 import pytest
 
 from longrag.config import DualConfig
-from longrag.dual.chunking import SourceParagraph
 from longrag.dual.pipeline import DualPipeline, index_paragraphs
 from longrag.eval import dual_bench as db
 from longrag.eval.datasets import Paragraph, QAExample

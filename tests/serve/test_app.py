@@ -25,7 +25,7 @@ from actors.index_shard import IndexShardImpl
 from cluster.local import start_or_join
 from serve.run import deploy, wait_running
 from serve.run import main as run_main
-from tests.http_server import wait_healthy
+from serve.run import wait_healthy
 
 SHARD_CLASS = IndexShardImpl.__name__  # the class name Ray records for IndexShard actors
 PORT = 8323

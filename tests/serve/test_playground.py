@@ -18,7 +18,7 @@ from cluster.local import WORKER_ENV
 from longrag.config import LongRAGConfig
 from serve.app import build_app
 from tests.browser import ask, browser_page
-from tests.http_server import wait_healthy
+from serve.run import wait_healthy
 from tests.fakes import HashEncoder, LocalIndex, TitleReader, write_tiny_build
 
 ROOT = Path(__file__).resolve().parents[2]

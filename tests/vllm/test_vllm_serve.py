@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from longrag.llm.hf_export import CHATML_TEMPLATE, STAMP, export_hf_model
-from tests.http_server import wait_healthy
+from serve.run import wait_healthy
 from tests.dual_expected import EXPECTED_STAGES
 
 pytestmark = pytest.mark.vllm

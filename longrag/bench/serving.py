@@ -1,0 +1,90 @@
+"""What ``python -m jobs.bench_serve`` asks and checks (Ray-free): the questions it cycles through,
+the checks of one served response, and the summary against the issue's goals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from longrag.bench.load import LevelResult, grows_with_concurrency
+
+GOAL_OVERHEAD_P50_MS = 10.0  # /v1/retrieve overhead p50 at most 10 ms over in-process encode + search
+
+# Questions the enwiki sample answers; requests cycle through them (chat levels take their own).
+QUESTIONS = [
+    "Who wrote the novel Animal Farm?",
+    "Which spaceflight first landed humans on the Moon?",
+    "What is the capital of Angola?",
+    "Who composed An American in Paris?",
+    "Which country is Aruba a constituent country of?",
+    "Who wrote Atlas Shrugged?",
+    "Which Apollo mission first orbited the Moon?",
+    "What is the atomic number of an element?",
+    "Who founded the Academy Awards?",
+    "Where is Andorra located?",
+    "Which tennis player won the career Golden Slam in 1999?",
+    "Who was the vice president who wrote about climate change?",
+    "What does an aardvark eat?",
+    "Which philosopher wrote The World as Will and Representation?",
+    "What is the SI unit of electric current?",
+    "Who directed the film Solaris in 1972?",
+    "What is anarcho-capitalism?",
+    "Which ocean lies between Africa and the Americas?",
+    "Who was Alexander the Great's teacher?",
+    "What is the largest city of Alaska?",
+]
+
+
+def retrieve_check(k: int, traces: list[dict[str, float]] | None = None):
+    """A check of one ``/v1/retrieve`` response (and, with ``traces``, its trace and client latency)."""
+
+    def check(result: tuple[httpx.Response, float]) -> str | None:
+        r, ms = result
+        if r.status_code != 200:
+            return f"HTTP {r.status_code}: {r.text[:200]}"
+        body = r.json()
+        if len(body["units"]) != k or body["coverage"]["degraded"]:
+            return f"{len(body['units'])} units (asked {k}), coverage {body['coverage']}"
+        if traces is not None:
+            t = body["trace"]
+            row = {key: float(t[key]) for key in ("encode_ms", "retrieve_ms", "retrieve.search_ms",
+                                                    "retrieve.fetch_ms", "total_ms") if key in t}
+            row["client_ms"] = ms
+            row["outside_ingress_ms"] = ms - float(t["total_ms"])
+            traces.append(row)
+        return None
+
+    return check
+
+
+def chat_check(result: httpx.Response) -> str | None:
+    if result.status_code != 200:
+        return f"HTTP {result.status_code}: {result.text[:200]}"
+    body = result.json()
+    if not body["choices"][0]["message"]["content"].strip():
+        return "empty answer"
+    return None
+
+
+def brief(r: LevelResult) -> str:
+    return (f"{r.throughput_rps} req/s, p50 {r.latency.p50_ms} ms, p99 {r.latency.p99_ms} ms"
+            + (f", {r.errors} errors ({r.error_examples[0]})" if r.errors else ""))
+
+
+def summary(result: dict[str, Any]) -> dict[str, Any]:
+    """The figures the issue asks for: overhead at concurrency 1 against the goal, and scaling."""
+    rows = result["retrieve"]
+    first = min(rows, key=lambda r: r["concurrency"])
+    out = {
+        "retrieve_overhead_p50_ms": {str(r["concurrency"]): r["overhead"]["p50_ms"] for r in rows},
+        "retrieve_overhead_p50_ms_goal": GOAL_OVERHEAD_P50_MS,
+        "retrieve_overhead_goal_met": first["overhead"]["p50_ms"] <= GOAL_OVERHEAD_P50_MS,
+        "retrieve_throughput_rps": {str(r["concurrency"]): r["http"]["throughput_rps"] for r in rows},
+        "retrieve_throughput_grows": grows_with_concurrency({r["concurrency"]: r["http"]["throughput_rps"] for r in rows}),
+        "errors": sum(r["http"]["errors"] + r["in_process"]["errors"] for r in rows + result.get("chat", [])),
+    }
+    if result.get("chat"):
+        out["chat_throughput_rps"] = {str(r["concurrency"]): r["http"]["throughput_rps"] for r in result["chat"]}
+        out["chat_overhead_p50_ms"] = {str(r["concurrency"]): r["overhead"]["p50_ms"] for r in result["chat"]}
+    return out
