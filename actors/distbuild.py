@@ -309,9 +309,15 @@ def plan_corpus(sources: str | list[str], fmt: str, out: str, config: LongRAGCon
     t0 = time.perf_counter()
     if cfg.kind == "grouped":
         titles = meta.title[order].tolist()
-        src, dst = resolve_edges(out, parts, titles, final_redirects(redirects) if fmt == "wikixml" else None,
-                                 keys_sorted, pos_sorted)
+        if cfg.links == "hyperlinks":
+            src, dst = resolve_edges(out, parts, titles, final_redirects(redirects) if fmt == "wikixml" else None,
+                                     keys_sorted, pos_sorted)
+        else:  # a corpus without hyperlinks: title mentions and/or TF-IDF neighbours (actors/distlinks.py)
+            from actors.distlinks import computed_edges
+
+            src, dst = computed_edges(out, parts, titles, (keys_sorted, pos_sorted), cfg)
         del titles
+        read_report["links"] = {"source": cfg.links, "edges": int(src.shape[0])}
     else:
         src = dst = np.zeros(0, dtype=np.int64)
     timings["links_s"] = time.perf_counter() - t0

@@ -7,7 +7,8 @@
 
 Reading, parsing, token counting and unit assembly run in Ray Data workers; the driver holds only
 the documents' metadata and link graph (:mod:`actors.distbuild`), and the parsed documents are kept
-as the build's ``documents/`` parquet artifact.
+as the build's ``documents/`` parquet artifact. A corpus without hyperlinks is grouped along links
+computed part by part on the cluster (``--links titles|tfidf|both``, :mod:`actors.distlinks`).
 
 The plan (units, shards, resume decision) is :mod:`longrag.index.plan`; the Ray Data execution is
 :mod:`actors.build`. An existing build at ``--out`` is refused unless ``--overwrite`` is given: two
@@ -22,8 +23,10 @@ import argparse
 import json
 import logging
 import sys
+from typing import get_args
 
 from longrag.cli import add_cluster_flags, add_config_flags, config_from_args, job_setup, number
+from longrag.config import LinkSource
 from longrag.index.plan import BuildExistsError, ResumeError, check_out
 
 log = logging.getLogger("jobs.index")
@@ -33,6 +36,7 @@ CONFIG_FLAGS = {
     "unit": "units.kind",
     "text_mode": "units.text_mode",
     "max_group_tokens": "units.max_group_tokens",
+    "links": "units.links",
     "embedding_model": "embedding.model",
 }
 
@@ -49,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--text-mode", choices=["full", "lead"], help="whole pages or lead sections (units.text_mode)")
     p.add_argument("--max-group-tokens", type=number(int, min_value=1),
                    help="token budget of a grouped unit (units.max_group_tokens)")
+    p.add_argument("--links", choices=get_args(LinkSource),
+                   help="what grouped units group along (units.links): the documents' hyperlinks, or, for a corpus "
+                        "without them, title mentions, TF-IDF neighbours or both, computed on the cluster")
     p.add_argument("--embedding-model", help="embedding.model")
     add_config_flags(p)
     add_cluster_flags(p)

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         u = config.units
         plan = plan_update(docs, _parent_units(parent), Changes(upserts=upserts, deletes=deletes), kind=u.kind,
                            counter=counter, budget=u.max_group_tokens, passage_words=u.passage_words,
-                           symmetric=u.symmetric_links)
+                           symmetric=u.symmetric_links, links=u.links)
         embedder = Embedder(config.embedding) if plan.new_unit_ids or plan.rebuild else None
         manifest = write_update(parent, ArtifactStore.open(out), plan, build_id=build_id,
                                 embed=lambda texts: embedder.encode_passages(texts), counter=counter,

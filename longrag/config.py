@@ -44,6 +44,10 @@ class EmbeddingConfig(_Section):
         None, ge=1, description="Torch threads per embedding actor; None = sized with the pool.")
 
 
+LinkSource = Literal["hyperlinks", "titles", "tfidf", "both"]
+"""What grouping relates documents by: their hyperlinks, title mentions, TF-IDF neighbours, or both."""
+
+
 class UnitConfig(_Section):
     """How documents become retrieval units (LongRAG, Jiang et al., 2024, Section 3.1 and Table 3)."""
 
@@ -54,6 +58,15 @@ class UnitConfig(_Section):
     max_group_tokens: int = Field(4096, gt=0, description="Token budget of a grouped unit.")
     passage_words: int = Field(100, gt=0, description="Words per passage for kind=passage.")
     symmetric_links: bool = Field(True, description="Treat a hyperlink as relating both documents.")
+    links: LinkSource = Field(
+        "hyperlinks", description="What grouped units group along: the documents' own hyperlinks, or links "
+        "computed for corpora without them (longrag.index.links): titles = a document's text mentions another's "
+        "title; tfidf = its top tfidf_top_m TF-IDF neighbours; both = titles and tfidf.")
+    tfidf_top_m: int = Field(5, ge=1, description="links=tfidf|both: neighbours per document.")
+    tfidf_threshold: float = Field(
+        0.2, gt=0, le=1, description="links=tfidf|both: least cosine similarity of a neighbour.")
+    tfidf_features: int = Field(
+        1 << 20, ge=16, description="links=tfidf|both: hashed term buckets (no vocabulary is gathered).")
 
 
 class ChunkConfig(_Section):

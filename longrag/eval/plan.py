@@ -17,7 +17,7 @@ from typing import Any, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from longrag.config import LongRAGConfig
+from longrag.config import LinkSource, LongRAGConfig
 from longrag.index.plan import BuildSettings
 
 FINGERPRINT_VERSION = 1
@@ -30,7 +30,6 @@ LINK_SOURCES = ("hyperlinks", *LINK_METHODS)
 
 Dataset = Literal["hotpotqa", "musique", "2wiki", "nq", "longbench"]
 UnitKind = Literal["grouped", "document", "passage"]
-LinkSource = Literal["hyperlinks", "titles", "tfidf", "both"]
 Pipeline = Literal["retrieve", "longrag"]
 """``retrieve``: retrieval only; ``longrag``: retrieval, then the long reader over the top
 ``reader_k`` units (LongRAG, Section 3.2)."""

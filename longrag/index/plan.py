@@ -59,6 +59,11 @@ class UnitsBuild(_Frozen):
     max_group_tokens: int | None = None
     symmetric_links: bool | None = None
     passage_words: int | None = None
+    # grouped units only; the TF-IDF fields only where the links are computed by TF-IDF
+    links: str | None = None
+    tfidf_top_m: int | None = None
+    tfidf_threshold: float | None = None
+    tfidf_features: int | None = None
 
 
 class ChunkingBuild(_Frozen):
@@ -75,8 +80,9 @@ class BuildSettings(_Frozen):
     """The config fields that decide what an index build holds -- its units, chunks and vectors.
 
     In: the embedding model, its input length and normalization (they make the stored vectors); the
-    unit settings that the unit kind reads (the group budget and link symmetry only for grouped
-    units, the passage length only for passages); chunking; the FAISS factory, metric and shard count.
+    unit settings that the unit kind reads (the group budget, link symmetry and link source only for
+    grouped units, the TF-IDF link settings only where they make the links, the passage length only
+    for passages); chunking; the FAISS factory, metric and shard count.
     Out: ``embedding.query_instruction`` (it changes query vectors only, and the query encoder reads
     it from the serving config), resources (batch size, device, GPUs, actor counts, replicas) and the
     reader/serving sections. Settings outside may change between a build and its resume, and an
@@ -99,6 +105,7 @@ class BuildSettings(_Frozen):
         emb, units = section("embedding", EmbeddingConfig), section("units", UnitConfig)
         chunking, index = section("chunking", ChunkConfig), section("index", IndexConfig)
         kind = units["kind"]
+        tfidf = kind == "grouped" and units["links"] in ("tfidf", "both")
         return cls(
             embedding=EmbeddingBuild(model=emb["model"], max_seq_length=emb["max_seq_length"], normalize=emb["normalize"]),
             units=UnitsBuild(
@@ -106,6 +113,9 @@ class BuildSettings(_Frozen):
                 max_group_tokens=units["max_group_tokens"] if kind == "grouped" else None,
                 symmetric_links=units["symmetric_links"] if kind == "grouped" else None,
                 passage_words=units["passage_words"] if kind == "passage" else None,
+                # None for hyperlinks, the default: builds made before the field keep their fingerprint
+                links=units["links"] if kind == "grouped" and units["links"] != "hyperlinks" else None,
+                **{k: units[k] if tfidf else None for k in ("tfidf_top_m", "tfidf_threshold", "tfidf_features")},
             ),
             chunking=ChunkingBuild(max_tokens=chunking["max_tokens"]),
             index=IndexBuild(factory=index["factory"], metric=index["metric"], shards=index["shards"]),

@@ -194,6 +194,7 @@ def plan_update(
     budget: int = 4096,
     passage_words: int = 100,
     symmetric: bool = True,
+    links: str = "hyperlinks",
 ) -> UpdatePlan:
     """Regroup the affected documents of the updated corpus and place the units on shards: a unit
     the parent has (same documents and text) stays on its shard with its id; new units go, largest
@@ -201,6 +202,11 @@ def plan_update(
     units are not a grouping of ``parent_docs`` (another corpus, or a unit across the affected set)."""
     if kind not in _PREFIX:
         raise UpdateError(f"units.kind must be one of {sorted(_PREFIX)}, got {kind!r}")
+    if kind == "grouped" and links != "hyperlinks":
+        # title mentions and TF-IDF neighbours (and its document frequencies) change with every
+        # document added anywhere: no component of the parent's graph is safe to keep
+        raise UpdateError(f"the parent's units were grouped along computed links (units.links={links}), which "
+                          "any added or deleted document can change everywhere: rebuild with jobs.index instead")
     t0 = time.perf_counter()
     new_docs, kinds = apply_changes(parent_docs, changes)
     seeds = set(kinds["added"]) | set(kinds["changed"]) | set(kinds["deleted"])

@@ -107,3 +107,67 @@ def test_parquet_row_groups_and_passages(tmp_path, cluster):
         plan, report, _ = plan_corpus(str(tmp_path / "docs.parquet"), "parquet", str(tmp_path / kind), config)
         assert report["read_tasks"] == 5 and report["n_ok"] == len(docs)
         _assert_same_units(plan, plan_build(docs, config))
+
+
+def _hotpot_documents(n: int) -> list:
+    """The bundled HotpotQA paragraphs as documents without hyperlinks (the first ``n`` titles)."""
+    from longrag.data import HOTPOTQA_CORPUS, data_path
+    from longrag.eval.corpus import load_corpus_file
+    from longrag.types import Document
+
+    pooled = load_corpus_file(data_path(HOTPOTQA_CORPUS))
+    docs = [Document(doc_id=str(i), title=d.title, text=d.text) for i, d in enumerate(pooled.documents[:n])]
+    assert not any(d.links for d in docs)
+    return docs
+
+
+def _reference_links(docs: list, links: str, cfg) -> list:
+    """The in-memory reference: the evaluation's title-mention links, and hashed TF-IDF over the whole
+    corpus as one matrix and one block of columns."""
+    import numpy as np
+
+    from longrag.eval.links import title_mention_links
+    from longrag.index.links import HashedTfidf, topm_neighbours
+
+    found: list[list[str]] = [[] for _ in docs]
+    if links in ("titles", "both"):
+        found = [list(d.links) for d in title_mention_links(docs)]
+    if links in ("tfidf", "both"):
+        tf = HashedTfidf(cfg.tfidf_features)
+        counts = tf.counts([f"{d.title}\n{d.text}" for d in docs])
+        terms, df = tf.doc_freq(counts)
+        total = np.zeros(tf.n_features, dtype=np.int64)
+        np.add.at(total, terms, df)
+        x = tf.weigh(counts, tf.idf(total, len(docs)))
+        pos = np.arange(len(docs))
+        near = topm_neighbours(x, pos, [(x, pos)], top_m=cfg.tfidf_top_m, threshold=cfg.tfidf_threshold)
+        found = [f + [docs[j].title for j in n] for f, n in zip(found, near)]
+    from dataclasses import replace
+
+    return [replace(d, links=f) for d, f in zip(docs, found)]
+
+
+@pytest.mark.parametrize("links", ["titles", "tfidf", "both"])
+def test_a_corpus_without_hyperlinks_is_grouped_along_computed_links(tmp_path, cluster, links):
+    """``units.links``: the links computed part by part on Ray (actors/distlinks.py) group the units
+    exactly as the in-memory references would (in-driver path over the same documents with those links)."""
+    import json
+
+    from longrag.corpus.documents import read_documents as read
+
+    docs = _hotpot_documents(400)
+    src = tmp_path / "corpus"
+    src.mkdir()
+    for i in range(2):  # two files: two read tasks, parts of several sizes
+        with open(src / f"part{i}.jsonl", "w") as fh:
+            for d in docs[i * 250 : (i + 1) * 250]:
+                fh.write(json.dumps({"id": d.doc_id, "title": d.title, "text": d.text}) + "\n")
+    config = load_config(None, ["units.kind=grouped", "index.shards=2", "units.max_group_tokens=1024",
+                                f"units.links={links}", "units.tfidf_top_m=3", "units.tfidf_threshold=0.15"])
+    read_docs = [d for f in sorted(src.iterdir()) for d in read(str(f), "jsonl")[0]]
+    reference = plan_build(_reference_links(read_docs, links, config.units), config)
+    without = plan_build(read_docs, config)
+    assert reference.grouping["n_units"] < without.grouping["n_units"] == len(read_docs)  # the links group
+    plan, report, _ = plan_corpus(str(src), "jsonl", str(tmp_path / "build"), config)
+    assert report["links"]["source"] == links and report["links"]["edges"] > 0
+    _assert_same_units(plan, reference)

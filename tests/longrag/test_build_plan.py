@@ -113,6 +113,24 @@ def test_fingerprint_tracks_what_changes_the_index():
         index_fingerprint(CORPUS, BuildSettings.of(cfg), links="web")
 
 
+def test_link_source_decides_a_grouped_build_only():
+    """``units.links`` and, with TF-IDF links, their settings decide a grouped build; nothing else reads them."""
+    grouped = LongRAGConfig()
+    of = BuildSettings.of
+    assert of(grouped) == of(grouped.with_overrides(["units.tfidf_top_m=9"]))  # hyperlinks read no TF-IDF field
+    titles = grouped.with_overrides(["units.links=titles"])
+    tfidf = grouped.with_overrides(["units.links=tfidf"])
+    assert len({of(grouped), of(titles), of(tfidf)}) == 3
+    assert of(titles).diff(of(grouped)) == ["units.links"]
+    assert of(tfidf) != of(tfidf.with_overrides(["units.tfidf_threshold=0.3"]))
+    assert of(titles) == of(titles.with_overrides(["units.tfidf_threshold=0.3"]))
+    doc = grouped.with_overrides(["units.kind=document"])
+    assert of(doc) == of(doc.with_overrides(["units.links=tfidf"]))
+    assert "links" not in of(grouped).as_dict()["units"]  # the default: earlier builds keep their fingerprint
+    with pytest.raises(ValueError, match="tfidf_threshold"):
+        grouped.with_overrides(["units.tfidf_threshold=0"])
+
+
 def test_fingerprints_of_earlier_builds_still_match():
     """The fingerprint parts are unchanged by the move to BuildSettings, so the evaluation still
     reuses indexes built before it (digests computed with the earlier ``index_fingerprint``)."""

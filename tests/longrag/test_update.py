@@ -124,6 +124,13 @@ def test_bad_changes_are_named():
     with pytest.raises(UpdateError, match="not a grouping of its documents"):
         plan_update(docs[:-1], {0: units}, Changes(deletes=["0"]), kind="grouped", counter=counter, budget=150)
     assert read_delete_ids("1\n\n# a comment\n 2  # trailing\n") == ["1", "2"]
+    # units grouped along computed links: no update, a rebuild (any document changes them everywhere)
+    for links in ("titles", "tfidf", "both"):
+        with pytest.raises(UpdateError, match=f"computed links \\(units.links={links}\\).*rebuild with jobs.index"):
+            plan_update(docs, {0: units}, Changes(deletes=["0"]), kind="grouped", counter=counter, budget=150,
+                        links=links)
+    doc_units = make_units(docs, kind="document", counter=counter)
+    plan_update(docs, {0: doc_units}, Changes(deletes=["0"]), kind="document", counter=counter, links="tfidf")
 
 
 # ------------------------------------------------------------------------------ builds on disk
