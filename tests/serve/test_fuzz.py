@@ -8,20 +8,11 @@ handling is what is under test here; the deadlines and the faults of misbehaving
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
-import ray
-from ray import serve
 
-from cluster.local import WORKER_ENV
 from longrag.config import LongRAGConfig
-from serve.app import build_app
-from serve.run import wait_running
-from tests.fakes import HashEncoder, LocalIndex, TitleReader, write_tiny_build
+from tests.fakes import serve_fake_app, write_tiny_build
 
-ROOT = Path(__file__).resolve().parents[2]
 PORT = 8440
 APP = "fuzz"
 DOCS = [
@@ -37,18 +28,8 @@ OPERATIONS = {"GET /healthz", "POST /v1/retrieve", "POST /v1/answer", "GET /v1/m
 @pytest.fixture(scope="module")
 def base_url(tmp_path_factory):
     build = write_tiny_build(tmp_path_factory.mktemp("tiny") / "build", DOCS, shards=2)
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="longrag",
-             runtime_env={"env_vars": {**WORKER_ENV, "PYTHONPATH": path}})
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-        app = build_app(LongRAGConfig(), build, encoder_cls=HashEncoder, index_cls=LocalIndex, engine_cls=TitleReader)
-        serve.run(app, name=APP, route_prefix="/", blocking=False)
-        assert wait_running([APP], ready_timeout_s=180) is None
-        yield f"http://127.0.0.1:{PORT}"
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    with serve_fake_app(build, PORT, name=APP) as url:  # LongRAGConfig's defaults: the production deadlines
+        yield url
 
 
 def test_the_production_deadlines_are_the_defaults():

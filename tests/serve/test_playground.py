@@ -6,22 +6,13 @@ with the real bundled models: ``tests/serve/test_app.py::test_playground_answers
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import httpx
 import pytest
-import ray
-from ray import serve
 
-from cluster.local import WORKER_ENV
-from longrag.config import LongRAGConfig
-from serve.app import build_app
 from tests.browser import ask, browser_page
 from serve.run import wait_healthy
-from tests.fakes import HashEncoder, LocalIndex, TitleReader, write_tiny_build
+from tests.fakes import serve_fake_app, write_tiny_build
 
-ROOT = Path(__file__).resolve().parents[2]
 PORT = 8414
 KEY = "playground-key"
 DOCS = [
@@ -36,20 +27,10 @@ BASE = f"http://127.0.0.1:{PORT}"
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     build = write_tiny_build(tmp_path_factory.mktemp("tiny") / "build", DOCS, shards=2)
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="longrag",
-             runtime_env={"env_vars": {**WORKER_ENV, "PYTHONPATH": path}})
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-        cfg = LongRAGConfig().with_overrides(["index.replicas=1", f"serve.api_keys=[{KEY}]"])
-        serve.run(build_app(cfg, build, encoder_cls=HashEncoder, index_cls=LocalIndex, engine_cls=TitleReader),
-                  name="longrag", route_prefix="/", blocking=False)
-        with httpx.Client(base_url=BASE, timeout=60) as client:
+    with serve_fake_app(build, PORT, ["index.replicas=1", f"serve.api_keys=[{KEY}]"]) as url:
+        with httpx.Client(base_url=url, timeout=60) as client:
             wait_healthy(client)
             yield client
-    finally:
-        serve.shutdown()
-        ray.shutdown()
 
 
 def test_page_and_its_files_load_without_a_key(app):
