@@ -152,13 +152,12 @@ class LinkResolver:
         self.redirects = redirects
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import pyarrow.parquet as pq
 
         from longrag.index.distplan import resolve_links
 
         part, row, dst = [], [], []
         for key, code in zip(batch["key"], batch["code"]):
-            table = pq.read_table(io.BytesIO(self.store.storage.read_bytes(str(key))), columns=["title", "links"])
+            table = read_part(self.store, key, ["title", "links"])
             for r, (title, links) in enumerate(zip(table.column("title").to_pylist(), table.column("links").to_pylist())):
                 found = resolve_links(title, links or [], self.keys, self.redirects)
                 dst.extend(found)
@@ -170,6 +169,18 @@ class LinkResolver:
 
 def _row_keys(part: np.ndarray, row: np.ndarray) -> np.ndarray:
     return np.asarray(part, dtype=np.int64) * 65536 + np.asarray(row, dtype=np.int64)
+
+
+def read_part(store: Any, key: str, columns: list[str]) -> Any:
+    """Columns of one ``documents/`` parquet part of the build."""
+    import pyarrow.parquet as pq
+
+    return pq.read_table(io.BytesIO(store.storage.read_bytes(str(key))), columns=columns)
+
+
+def part_positions(keys_sorted: np.ndarray, pos_sorted: np.ndarray, code: int, n_rows: int) -> np.ndarray:
+    """Corpus positions of a part's rows (-1: a dropped duplicate), from the sorted ``(part, row)`` keys."""
+    return pos_sorted[np.searchsorted(keys_sorted, _row_keys(np.full(n_rows, code), np.arange(n_rows)))]
 
 
 def resolve_edges(out: str, parts: list[tuple[str, int]], titles: list[str], redirects: dict[str, str] | None,
@@ -205,15 +216,13 @@ class AttachPlan:
         self.kind, self.passage_words = kind, passage_words
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list[Any]]:
-        import pyarrow.parquet as pq
 
         from longrag.index.distplan import passage_rows
 
         out: dict[str, list[Any]] = {c: [] for c in ("shard", "unit", "pos", "doc_id", "title", "text", "n_tokens")}
         for key, code in zip(batch["key"], batch["code"]):
-            table = pq.read_table(io.BytesIO(self.store.storage.read_bytes(str(key))),
-                                  columns=["doc_id", "title", "text", "n_tokens"])
-            pos = self.pos[np.searchsorted(self.keys, _row_keys(np.full(table.num_rows, int(code)), np.arange(table.num_rows)))]
+            table = read_part(self.store, key, ["doc_id", "title", "text", "n_tokens"])
+            pos = part_positions(self.keys, self.pos, int(code), table.num_rows)
             for r, rec in enumerate(table.to_pylist()):
                 p = int(pos[r])
                 if p < 0:

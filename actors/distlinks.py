@@ -4,43 +4,33 @@ both): links computed from the parsed-document parts on Ray, the driver holding 
 
 * titles: a Ray Data actor pool; each actor builds one title matcher over all titles (broadcast once
   through the object store, as the hyperlink resolver's title keys) and reads one part at a time.
-* tfidf: (1) Ray Data tasks count each part's hashed-term document frequencies, summed on the driver
-  into one ``tfidf_features`` array; (2) one Ray task per part weighs its rows (the matrix stays in
-  the object store, the driver holds references); (3) Ray Data tasks, one per part of rows, multiply
-  their rows by every part's columns in turn and keep a running top-m per row.
+* tfidf: (1) one Ray task per part reads and tokenizes it once: its hashed-term counts stay in the
+  object store, its document frequencies are summed on the driver into one ``tfidf_features``
+  array; (2) one Ray task per part weighs its counts into TF-IDF rows (in the object store; the
+  driver holds references); (3) Ray Data tasks, one per part of rows, multiply their rows by every
+  part's columns in turn and keep a running top-m per row.
 
 The logic is :mod:`longrag.index.links`; this module places it."""
 
 from __future__ import annotations
 
-import io
 import logging
 from typing import Any
 
 import numpy as np
 import ray
 
+from actors.distbuild import part_positions, read_part
 from longrag.config import UnitConfig
 from longrag.index.links import HashedTfidf
 
 log = logging.getLogger(__name__)
 
 
-def _read_part(store: Any, key: str, columns: list[str]) -> Any:
-    import pyarrow.parquet as pq
-
-    return pq.read_table(io.BytesIO(store.storage.read_bytes(str(key))), columns=columns)
-
-
-def _positions(lookup: tuple[np.ndarray, np.ndarray], code: int, n_rows: int) -> np.ndarray:
-    """Corpus positions of a part's rows (-1: a dropped duplicate), from the sorted ``(part, row)`` keys."""
-    keys_sorted, pos_sorted = lookup
-    keys = np.int64(code) * 65536 + np.arange(n_rows, dtype=np.int64)
-    return pos_sorted[np.searchsorted(keys_sorted, keys)]
-
-
 def _texts(table: Any) -> list[str]:
-    return [f"{t}\n{x}" if t else x for t, x in zip(table.column("title").to_pylist(), table.column("text").to_pylist())]
+    from longrag.index.grouping import titled_text
+
+    return [titled_text(t, x) for t, x in zip(table.column("title").to_pylist(), table.column("text").to_pylist())]
 
 
 # ---------------------------------------------------------------------------------------- titles
@@ -53,7 +43,7 @@ class MentionFinder:
         from longrag.store import ArtifactStore
 
         self.store = ArtifactStore.open(store_uri)
-        titles, self.lookup = ray.get(shared[0])
+        titles, (self.keys, self.pos) = ray.get(shared[0])
         titles = titles.to_pylist()
         self.matcher = TitleMatcher(titles)
         self.positions = title_positions(titles)
@@ -64,8 +54,8 @@ class MentionFinder:
         src: list[int] = []
         dst: list[int] = []
         for key, code in zip(batch["key"], batch["code"]):
-            table = _read_part(self.store, key, ["title", "text"])
-            pos = _positions(self.lookup, int(code), table.num_rows)
+            table = read_part(self.store, key, ["title", "text"])
+            pos = part_positions(self.keys, self.pos, int(code), table.num_rows)
             for p, title, text in zip(pos, table.column("title").to_pylist(), table.column("text").to_pylist()):
                 if p >= 0:
                     found = mention_positions(self.matcher, self.positions, title, text)
@@ -95,29 +85,25 @@ def _collect(ds: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ---------------------------------------------------------------------------------------- TF-IDF
-def doc_freq_task(batch: dict[str, np.ndarray], store_uri: str, n_features: int, shared: list[Any]) -> dict[str, np.ndarray]:
-    """Ray Data task: parts -> the ``(term, df)`` pairs of their documents (duplicates left out)."""
+@ray.remote(num_cpus=1, num_returns=2)
+def count_part(store_uri: str, key: str, code: int, n_features: int,
+               shared: list[Any]) -> tuple[tuple[Any, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """One part read and tokenized once: its term counts with their corpus positions (kept in the
+    object store for :func:`weigh_part`) and its ``(term, df)`` pairs, duplicates left out."""
     from longrag.store import ArtifactStore
 
-    store, tfidf, lookup = ArtifactStore.open(store_uri), HashedTfidf(n_features), ray.get(shared[0])
-    terms, dfs = [], []
-    for key, code in zip(batch["key"], batch["code"]):
-        table = _read_part(store, key, ["title", "text"])
-        term, df = tfidf.doc_freq(tfidf.counts(_texts(table)), keep=_positions(lookup, int(code), table.num_rows) >= 0)
-        terms.append(term)
-        dfs.append(df)
-    return {"term": np.concatenate(terms), "df": np.concatenate(dfs)}
+    keys_sorted, pos_sorted = ray.get(shared[0])
+    table = read_part(ArtifactStore.open(store_uri), key, ["title", "text"])
+    tfidf = HashedTfidf(n_features)
+    counts, pos = tfidf.counts(_texts(table)), part_positions(keys_sorted, pos_sorted, code, table.num_rows)
+    return (counts, pos), tfidf.doc_freq(counts, keep=pos >= 0)
 
 
 @ray.remote(num_cpus=1)
-def weigh_part(store_uri: str, key: str, code: int, n_features: int, shared: list[Any]) -> tuple[Any, np.ndarray]:
+def weigh_part(counted: tuple[Any, np.ndarray], idf: np.ndarray) -> tuple[Any, np.ndarray]:
     """One part's L2-normalized TF-IDF rows and their corpus positions (kept in the object store)."""
-    from longrag.store import ArtifactStore
-
-    idf, lookup = ray.get(shared[0])
-    table = _read_part(ArtifactStore.open(store_uri), key, ["title", "text"])
-    tfidf = HashedTfidf(n_features)
-    return tfidf.weigh(tfidf.counts(_texts(table)), idf), _positions(lookup, code, table.num_rows)
+    counts, pos = counted
+    return HashedTfidf.weigh(counts, idf), pos
 
 
 def topm_task(batch: dict[str, np.ndarray], parts: list[Any], top_m: int, threshold: float) -> dict[str, np.ndarray]:
@@ -128,9 +114,9 @@ def topm_task(batch: dict[str, np.ndarray], parts: list[Any], top_m: int, thresh
     refs = parts[0]
     src, dst = [], []
     for i in batch["index"]:
-        rows, row_pos = ray.get(refs[int(i)])
-        blocks = (ray.get(ref) for ref in refs)
-        s, d = edges_from_neighbours(row_pos, topm_neighbours(rows, row_pos, blocks, top_m=top_m, threshold=threshold))
+        own = ray.get(refs[int(i)])
+        blocks = (own if j == int(i) else ray.get(ref) for j, ref in enumerate(refs))
+        s, d = edges_from_neighbours(own[1], topm_neighbours(*own, blocks, top_m=top_m, threshold=threshold))
         src.append(s)
         dst.append(d)
     return {"src": np.concatenate(src), "dst": np.concatenate(dst)}
@@ -139,17 +125,16 @@ def topm_task(batch: dict[str, np.ndarray], parts: list[Any], top_m: int, thresh
 def tfidf_edges(out: str, parts: list[tuple[str, int]], n_docs: int, lookup: tuple[np.ndarray, np.ndarray],
                 cfg: UnitConfig) -> tuple[np.ndarray, np.ndarray]:
     shared = [ray.put(lookup)]
-    ds = ray.data.from_items([{"key": k, "code": c} for k, c in parts], override_num_blocks=len(parts))
+    counted, freqs = zip(*(count_part.remote(out, k, c, cfg.tfidf_features, shared) for k, c in parts))
     df = np.zeros(cfg.tfidf_features, dtype=np.int64)
-    for b in ds.map_batches(doc_freq_task, batch_size=1, num_cpus=1, fn_kwargs={
-            "store_uri": out, "n_features": cfg.tfidf_features, "shared": shared}).iter_batches(
-            batch_size=None, batch_format="numpy"):
-        np.add.at(df, b["term"], b["df"])
-    idf = HashedTfidf.idf(df, n_docs)
+    for ref in freqs:  # a part's (term, df) pairs, summed as they arrive: one array on the driver
+        terms, counts = ray.get(ref)
+        np.add.at(df, terms, counts)
+    idf = ray.put(HashedTfidf.idf(df, n_docs))
     del df
-    weighed = [ray.put((idf, lookup))]
-    refs = [weigh_part.remote(out, k, c, cfg.tfidf_features, weighed) for k, c in parts]
+    refs = [weigh_part.remote(c, idf) for c in counted]
     ray.wait(refs, num_returns=len(refs), fetch_local=False)
+    del counted
     log.info("TF-IDF rows of %d parts in the object store; top-%d neighbours next", len(refs), cfg.tfidf_top_m)
     rows = ray.data.from_items([{"index": i} for i in range(len(refs))], override_num_blocks=len(refs))
     return _collect(rows.map_batches(topm_task, batch_size=1, num_cpus=1, fn_kwargs={

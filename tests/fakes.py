@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 from typing import Callable
@@ -358,38 +359,34 @@ def faults_app(args: dict):
 
 
 # ---------------------------------------------------------------------------- the app over fakes
+@contextlib.contextmanager
 def serve_fake_app(build: str, port: int, overrides: list[str] | None = None, *, name: str = "longrag"):
-    """Context manager: a local Ray (4 logical CPUs, no dashboard) with the repository on the workers'
-    path, Serve on 127.0.0.1:``port`` and the real app over the plain fakes (:class:`HashEncoder`,
-    :class:`LocalIndex`, :class:`TitleReader`) of ``build``, configured by ``overrides``; yields the
-    base URL once the app is RUNNING; shuts Serve and Ray down on exit."""
-    import contextlib
+    """A local Ray (4 logical CPUs, no dashboard) with the repository on the workers' path, Serve on
+    127.0.0.1:``port`` and the real app over the plain fakes (:class:`HashEncoder`, :class:`LocalIndex`,
+    :class:`TitleReader`) of ``build``, configured by ``overrides``; yields the base URL once the app is
+    RUNNING; shuts Serve and Ray down on exit."""
     import os
     from pathlib import Path
 
-    @contextlib.contextmanager
-    def run():
-        import ray
-        from ray import serve
+    import ray
+    from ray import serve
 
-        from cluster.local import WORKER_ENV
-        from longrag.config import LongRAGConfig
-        from serve.app import build_app
-        from serve.run import wait_running
+    from cluster.local import WORKER_ENV
+    from longrag.config import LongRAGConfig
+    from serve.app import build_app
+    from serve.run import wait_running
 
-        root = str(Path(__file__).resolve().parents[1])
-        path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-        ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="longrag",
-                 runtime_env={"env_vars": {**WORKER_ENV, "PYTHONPATH": path}})
-        try:
-            serve.start(http_options={"host": "127.0.0.1", "port": port})
-            cfg = LongRAGConfig().with_overrides(list(overrides or []))
-            app = build_app(cfg, build, encoder_cls=HashEncoder, index_cls=LocalIndex, engine_cls=TitleReader)
-            serve.run(app, name=name, route_prefix="/", blocking=False)
-            assert wait_running([name], ready_timeout_s=180) is None
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            serve.shutdown()
-            ray.shutdown()
-
-    return run()
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="longrag",
+             runtime_env={"env_vars": {**WORKER_ENV, "PYTHONPATH": path}})
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        cfg = LongRAGConfig().with_overrides(list(overrides or []))
+        app = build_app(cfg, build, encoder_cls=HashEncoder, index_cls=LocalIndex, engine_cls=TitleReader)
+        serve.run(app, name=name, route_prefix="/", blocking=False)
+        assert wait_running([name], ready_timeout_s=180) is None
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()

@@ -59,9 +59,13 @@ def normalize_title(title: str) -> str:
     return t[:1].upper() + t[1:]
 
 
-def document_text(doc: Document) -> str:
+def titled_text(title: str, text: str) -> str:
     """``Title\\ntext`` (just the text when the title is empty)."""
-    return f"{doc.title}\n{doc.text}" if doc.title else doc.text
+    return f"{title}\n{text}" if title else text
+
+
+def document_text(doc: Document) -> str:
+    return titled_text(doc.title, doc.text)
 
 
 def build_adjacency(docs: Sequence[Document], symmetric: bool = True) -> list[list[int]]:

@@ -43,7 +43,7 @@ def mention_positions(matcher: Any, positions: dict[str, int], title: str, text:
     """Positions of the documents whose titles ``text`` mentions (in order of first mention), the
     document's own title left out (as :func:`longrag.eval.links.title_mention_links`)."""
     own = normalize_title(title)
-    return [positions[t] for t in matcher.find(text) if t != title and normalize_title(t) != own and t in positions]
+    return [positions[t] for t in matcher.find(text) if normalize_title(t) != own and t in positions]
 
 
 # ---------------------------------------------------------------------------------------- TF-IDF
