@@ -30,6 +30,7 @@ import ray
 from actors.build import build_shards, clear_staging
 from longrag.config import LongRAGConfig
 from longrag.index.distplan import DOCUMENTS_PREFIX, DocMeta, UnitPlan
+from longrag.index.grouping import index_dtype
 from longrag.index.manifest import CorpusArtifact, CorpusPart
 from longrag.index.plan import StagedPlan, check_out, chunk_limits, finish_build, start_build
 
@@ -193,15 +194,15 @@ def resolve_edges(out: str, parts: list[tuple[str, int]], titles: list[str], red
     ds = ray.data.from_items([{"key": k, "code": c} for k, c in parts], override_num_blocks=len(parts))
     ds = ds.map_batches(LinkResolver, batch_size=1, fn_constructor_kwargs={"store_uri": out, "shared": [shared]},
                         concurrency=min(cpus, len(parts)), num_cpus=1)
+    # per batch: links of dropped duplicates (position -1) out, positions in the narrowest type
+    dtype = index_dtype(len(titles))
     src, dst = [], []
     for b in ds.iter_batches(batch_size=None, batch_format="numpy"):
-        idx = np.searchsorted(keys_sorted, _row_keys(b["part"], b["row"]))
-        src.append(pos_sorted[idx])
-        dst.append(b["dst"])
-    src_a = np.concatenate(src) if src else np.zeros(0, np.int64)
-    dst_a = np.concatenate(dst) if dst else np.zeros(0, np.int64)
-    keep = src_a >= 0  # links of dropped duplicates
-    return src_a[keep], dst_a[keep]
+        s = pos_sorted[np.searchsorted(keys_sorted, _row_keys(b["part"], b["row"]))]
+        keep = s >= 0
+        src.append(s[keep].astype(dtype))
+        dst.append(b["dst"][keep].astype(dtype))
+    return (np.concatenate(src) if src else np.zeros(0, dtype)), (np.concatenate(dst) if dst else np.zeros(0, dtype))
 
 
 # ---------------------------------------------------------------------------------------- 4. assembly

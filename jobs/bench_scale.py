@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from longrag.bench.scale import embed_texts, grouping_run, project, rss_mb
+from longrag.bench.scale import PeakRss, embed_texts, grouping_run, project
 from longrag.cli import int_list, number
 
 WIKIPEDIA_ARTICLES = 6_000_000
@@ -53,7 +53,6 @@ def driver_memory_run(corpus: str, n_docs: int, cpus: int) -> dict[str, Any]:
     """In this (fresh) process: start Ray, plan the corpus with the distributed build and report the
     driver's memory. Run through ``--_driver-run`` so each size gets its own process."""
     import tempfile
-    import threading
 
     from actors.distbuild import plan_corpus
     from cluster.local import start_or_join
@@ -61,35 +60,22 @@ def driver_memory_run(corpus: str, n_docs: int, cpus: int) -> dict[str, Any]:
 
     handle = start_or_join(None, num_cpus=cpus)
     config = load_config(None, ["units.kind=grouped", "index.shards=4"])
-    base = rss_mb()
-    peak = [base]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.wait(0.05):
-            peak[0] = max(peak[0], rss_mb())
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
     t0 = time.perf_counter()
     try:
-        with tempfile.TemporaryDirectory(prefix="bench-scale-build-") as out:
+        with PeakRss() as mem, tempfile.TemporaryDirectory(prefix="bench-scale-build-") as out:
             plan, report, corpus_art = plan_corpus(corpus, "jsonl", out, config)
     finally:
-        done.set()
-        sampler.join()
         handle.shutdown()
-    peak[0] = max(peak[0], rss_mb())
     text_bytes = int(plan.grouping["text_bytes"])
     return {
         "docs": n_docs,
         "units": int(plan.grouping["n_units"]),
         "wall_s": round(time.perf_counter() - t0, 1),
         "timings_s": {k: round(v, 1) for k, v in report["timings_s"].items()},
-        "driver_base_mb": round(base, 1),
-        "driver_peak_mb": round(peak[0], 1),
-        "driver_extra_mb": round(peak[0] - base, 1),
-        "driver_extra_mb_per_1k_docs": round((peak[0] - base) / n_docs * 1000, 3),
+        "driver_base_mb": round(mem.base, 1),
+        "driver_peak_mb": round(mem.peak, 1),
+        "driver_extra_mb": round(mem.extra_mb, 1),
+        "driver_extra_mb_per_1k_docs": round(mem.extra_mb / n_docs * 1000, 3),
         "unit_text_mb": round(text_bytes / 2**20, 1),
         "unit_text_mb_per_1k_docs": round(text_bytes / 2**20 / n_docs * 1000, 3),
         "documents_artifact_mb": round(sum(p.bytes for p in corpus_art.parts) / 2**20, 1),
@@ -226,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.grouping_sizes:
         log(f"grouping {n:,} documents ...")
         rows.append(grouping_run(n, args.mean_links, args.budget, args.seed))
-    cols = ["docs", "links", "csr_s", "group_s", "wall_s", "cpu_s", "driver_extra_mb", "groups", "docs_per_unit"]
+    cols = ["docs", "links", "csr_s", "group_s", "wall_s", "cpu_s", "driver_extra_mb", "driver_peak_extra_mb",
+            "peak_bytes_per_link", "groups", "docs_per_unit"]
     print(" | ".join(cols))
     for r in rows:
         print(" | ".join(f"{r[c]:,}" if isinstance(r[c], int) else str(r[c]) for c in cols))

@@ -15,7 +15,8 @@ own (instead of being dropped), and a document longer than the budget stays a un
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterator, Sequence
 from itertools import chain
 from typing import TYPE_CHECKING, Literal
 
@@ -34,11 +35,13 @@ __all__ = [
     "csr_from_edges",
     "document_passages",
     "document_text",
+    "earlier_neighbours",
     "group_csr",
     "group_documents",
     "groups_from_labels",
     "grouping_stats",
     "grouping_stats_arrays",
+    "index_dtype",
     "make_units",
     "make_units_from_config",
     "normalize_title",
@@ -115,31 +118,92 @@ def _check_sizes(n_tokens: Sequence[int] | np.ndarray) -> np.ndarray:
     return sizes.astype(np.int64, copy=False)
 
 
+def index_dtype(n: int) -> np.dtype:
+    """The narrowest integer type for document positions ``0..n-1`` (int32 up to 2**31 documents)."""
+    return np.dtype(np.int32) if n < 2**31 else np.dtype(np.int64)
+
+
+def _unique_sorted_inplace(keys: np.ndarray, block: int = 1 << 20) -> np.ndarray:
+    """The distinct values of sorted ``keys``, compacted to its front block by block (bounded
+    temporaries, no second array); returns that front as a view."""
+    w, prev = 0, None
+    for lo in range(0, keys.shape[0], block):
+        chunk = keys[lo : lo + block]
+        keep = np.empty(chunk.shape[0], dtype=bool)
+        keep[0] = prev is None or chunk[0] != prev
+        np.not_equal(chunk[1:], chunk[:-1], out=keep[1:])
+        prev = chunk[-1]
+        kept = chunk[keep]  # a copy, so writing over keys[w:] (w <= lo) is safe
+        keys[w : w + kept.shape[0]] = kept
+        w += kept.shape[0]
+    return keys[:w]
+
+
 def csr_from_edges(
     n: int, src: np.ndarray, dst: np.ndarray, symmetric: bool = True, what: str = "edges"
 ) -> tuple[np.ndarray, np.ndarray]:
     """The related-documents graph as CSR arrays ``(indptr, indices)`` from edge arrays: self-loops
     dropped, duplicates collapsed, each row sorted; ``symmetric`` relates both ends of an edge.
-    About 16 bytes per edge at peak: a 6M-document, 100M-link Wikipedia graph fits a driver's memory."""
-    src = np.asarray(src, dtype=np.int64)
-    dst = np.asarray(dst, dtype=np.int64)
+    ``indptr`` is int64, ``indices`` :func:`index_dtype` (int32 below 2**31 documents).
+
+    Memory, beside the inputs: one int64 key per directed edge (two per link when symmetric), sorted
+    and deduplicated in place, then ``indices``: about 24 bytes per symmetric link at peak, 8 retained."""
+    src = np.asarray(src)
+    dst = np.asarray(dst)
     if src.shape != dst.shape or src.ndim != 1:
         raise ValueError(f"src and dst must be 1-D arrays of one length, got {src.shape} and {dst.shape}")
-    bad = (dst < 0) | (dst >= n) | (src < 0) | (src >= n)
-    if bad.any():
-        k = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{what}[{int(src[k])}] holds {int(dst[k])}, outside 0..{n - 1}")
-    keep = src != dst
-    src, dst = src[keep], dst[keep]
-    if symmetric:
-        src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
-    keys = np.sort(src * max(n, 1) + dst)  # by (src, dst); sort + mask: np.unique is 100x slower here
-    if keys.size:
-        keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
-    src = keys // max(n, 1)
-    indices = keys - src * max(n, 1)
-    indptr = np.searchsorted(src, np.arange(n + 1, dtype=np.int64)).astype(np.int64)
-    return indptr, indices
+    if src.size and not (np.issubdtype(src.dtype, np.integer) and np.issubdtype(dst.dtype, np.integer)):
+        raise ValueError(f"{what} must hold integer document positions, got {src.dtype} and {dst.dtype}")
+    for a in (src, dst):
+        if a.size and (int(a.min()) < 0 or int(a.max()) >= n):
+            k = int(np.flatnonzero((src < 0) | (src >= n) | (dst < 0) | (dst >= n))[0])
+            raise ValueError(f"{what}[{int(src[k])}] holds {int(dst[k])}, outside 0..{n - 1}")
+    m, e = max(n, 1), int(src.shape[0])
+    loop = np.iinfo(np.int64).max  # self-loops get this key: sorted last, then cut off
+    keys = np.empty(2 * e if symmetric else e, dtype=np.int64)  # (src, dst) as src * n + dst
+    for lo, (a, b) in enumerate(((src, dst), (dst, src))[: 2 if symmetric else 1]):
+        part = keys[lo * e : (lo + 1) * e]
+        part[:] = a
+        part *= m
+        part += b
+        part[a == b] = loop
+    keys.sort()  # by (src, dst); sort + in-place compaction: np.unique is 100x slower and copies
+    keys = _unique_sorted_inplace(keys[: int(np.searchsorted(keys, loop))])
+    indptr = np.searchsorted(keys, np.arange(n + 1, dtype=np.int64) * m).astype(np.int64)
+    np.remainder(keys, m, out=keys)
+    return indptr, keys.astype(index_dtype(n))
+
+
+def earlier_neighbours(
+    indptr: np.ndarray, indices: np.ndarray, rank: np.ndarray, block: int = 1 << 20
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per document, its related documents of lower ``rank`` (visited earlier), as CSR
+    ``(ptr, idx)`` in row order. Computed over blocks of about ``block`` entries, so the temporary
+    arrays stay bounded whatever the graph's size; ``idx`` keeps ``indices``' dtype."""
+    n = int(indptr.shape[0]) - 1
+    counts = np.zeros(n, dtype=np.int64)
+    kept: list[np.ndarray] = []
+    start = 0
+    while start < n:
+        # rows [start, stop): as many as fit about ``block`` entries, at least one
+        stop = max(int(np.searchsorted(indptr, indptr[start] + block, side="right")) - 1, start + 1)
+        lo, hi = int(indptr[start]), int(indptr[stop])
+        nbr = indices[lo:hi]
+        rows = np.repeat(np.arange(start, stop, dtype=np.int64), np.diff(indptr[start : stop + 1]))
+        earlier = rank[nbr] < rank[rows]
+        counts[start:stop] = np.bincount(rows[earlier] - start, minlength=stop - start)
+        kept.append(nbr[earlier])
+        start = stop
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    idx = np.concatenate(kept) if kept else np.zeros(0, dtype=indices.dtype)
+    return ptr, idx
+
+
+def _iter_ints(a: np.ndarray, block: int = 1 << 16) -> Iterator[int]:
+    """The entries of ``a`` as Python ints, converted a block at a time (not one list of them all)."""
+    for lo in range(0, a.shape[0], block):
+        yield from a[lo : lo + block].tolist()
 
 
 def group_csr(n_tokens: np.ndarray, indptr: np.ndarray, indices: np.ndarray, budget: int = 4096) -> np.ndarray:
@@ -151,7 +215,11 @@ def group_csr(n_tokens: np.ndarray, indptr: np.ndarray, indices: np.ndarray, bud
     Documents are visited from low to high degree (ties in corpus order); each one starts a new group
     and absorbs the existing groups that hold any of its related documents, smallest first (ties: the
     older group first), while the group's token total stays within ``budget``. Bookkeeping is a
-    union-find with path compression and union by size, so a step costs about its degree."""
+    union-find with path compression and union by size, so a step costs about its degree.
+
+    Memory: each relation is looked at once, from its later end, so the loop keeps one array entry
+    per relation (:func:`earlier_neighbours`, the ``indices`` dtype) and five Python lists of one int
+    per document; the rows are turned into Python ints one document at a time."""
     sizes = _check_sizes(n_tokens)
     n = int(sizes.shape[0])
     if budget <= 0:
@@ -159,32 +227,30 @@ def group_csr(n_tokens: np.ndarray, indptr: np.ndarray, indices: np.ndarray, bud
     indptr = np.asarray(indptr, dtype=np.int64)
     if indptr.shape != (n + 1,):
         raise ValueError(f"indptr must have n + 1 = {n + 1} entries, got {indptr.shape}")
+    indices = np.asarray(indices)
+    if indices.size and not np.issubdtype(indices.dtype, np.integer):
+        raise ValueError(f"indices must hold integers, got dtype {indices.dtype}")
     degree = np.diff(indptr)
     order = np.lexsort((np.arange(n), degree))  # degree, then corpus order
-    # Only related documents visited earlier can hold a group when d is visited: keep, per document,
-    # its earlier neighbours (vectorized), so every relation is looked at once, from its later end.
-    pos = np.empty(n, dtype=np.int64)
-    pos[order] = np.arange(n, dtype=np.int64)
-    indices = np.asarray(indices, dtype=np.int64)
-    row = np.repeat(np.arange(n, dtype=np.int64), degree)
-    earlier = pos[indices] < pos[row]
-    e_ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(row[earlier], minlength=n), out=e_ptr[1:])
-    ip = e_ptr.tolist()
-    ix = indices[earlier].tolist()
-    del row, earlier, pos
-    tokens = sizes.tolist()  # group total, valid at roots
-    parent = list(range(n))
-    members = [1] * n  # member count, valid at roots
-    created = [0] * n  # step at which the root's group was (re)created: the age tie-break
+    rank = np.empty(n, dtype=index_dtype(n))
+    rank[order] = np.arange(n, dtype=rank.dtype)
+    e_ptr, e_idx = earlier_neighbours(indptr, indices, rank)
+    del rank, degree
+    # typed arrays, not lists: 8 bytes per document each instead of ~40 (a list's pointer + an int)
+    ip = array("q", e_ptr.tobytes())
+    del e_ptr
+    tokens = array("q", sizes.tobytes())  # group total, valid at roots
+    parent = array("q", np.arange(n, dtype=np.int64).tobytes())
+    members = array("q", np.ones(n, dtype=np.int64).tobytes())  # member count, valid at roots
+    created = array("q", bytes(8 * n))  # step at which the root's group was (re)created: the age tie-break
 
-    for step, d in enumerate(order.tolist(), start=1):
+    for step, d in enumerate(_iter_ints(order), start=1):
         root = d
         total = tokens[d]
         lo, hi = ip[d], ip[d + 1]
         if lo != hi:
             roots = set()
-            for r in ix[lo:hi]:
+            for r in e_idx[lo:hi].tolist():
                 x = r
                 while parent[x] != x:
                     x = parent[x]
@@ -209,7 +275,9 @@ def group_csr(n_tokens: np.ndarray, indptr: np.ndarray, indices: np.ndarray, bud
         tokens[root] = total
         created[root] = step
 
+    del ip, e_idx, tokens, members, created
     roots = np.asarray(parent, dtype=np.int64)
+    del parent
     while True:  # pointer jumping: every document's root
         nxt = roots[roots]
         if np.array_equal(nxt, roots):

@@ -16,8 +16,10 @@ from longrag.data import DPR_PASSAGES, data_path, open_text
 from longrag.index.grouping import (
     UNIT_SEPARATOR,
     build_adjacency,
+    _unique_sorted_inplace,
     csr_from_edges,
     document_text,
+    earlier_neighbours,
     group_csr,
     group_documents,
     groups_from_labels,
@@ -177,6 +179,50 @@ def test_csr_from_edges_against_networkx():
             assert indices[indptr[i] : indptr[i + 1]].tolist() == sorted(nbrs(i))
     with pytest.raises(ValueError, match="outside"):
         csr_from_edges(3, np.array([0]), np.array([3]))
+
+
+@pytest.mark.parametrize("block", [1, 2, 5, 1 << 20])
+def test_unique_sorted_inplace_across_blocks(block):
+    rng = np.random.default_rng(block)
+    for size in (0, 1, 7, 200):
+        keys = np.sort(rng.integers(0, 12, size=size)).astype(np.int64)  # many duplicates, runs across blocks
+        want = np.unique(keys)
+        got = _unique_sorted_inplace(keys, block=block)
+        assert got.tolist() == want.tolist()
+        assert got.base is keys or got is keys or size == 0  # a view of the input: no second array
+
+
+@pytest.mark.parametrize("block", [1, 3, 17, 1 << 20])
+def test_earlier_neighbours_blocks_match_the_definition(block):
+    graph = wikilike_graph(400, mean_links=5, seed=4)
+    indptr, indices = csr_from_edges(graph.n_docs, graph.src, graph.dst, symmetric=True)
+    rank = np.random.default_rng(0).permutation(graph.n_docs)
+    ptr, idx = earlier_neighbours(indptr, indices, rank, block=block)
+    assert idx.dtype == indices.dtype
+    for d in range(graph.n_docs):
+        row = indices[indptr[d] : indptr[d + 1]]
+        assert idx[ptr[d] : ptr[d + 1]].tolist() == [int(r) for r in row if rank[r] < rank[d]]
+
+
+def test_csr_from_edges_narrow_indices_loops_and_dtypes():
+    src = np.array([0, 1, 1, 2, 2, 3], dtype=np.int32)
+    dst = np.array([1, 0, 1, 2, 0, 0], dtype=np.int32)
+    indptr, indices = csr_from_edges(4, src, dst, symmetric=False)
+    assert indptr.dtype == np.int64 and indices.dtype == np.int32
+    assert [indices[indptr[i] : indptr[i + 1]].tolist() for i in range(4)] == [[1], [0], [0], [0]]
+    indptr, indices = csr_from_edges(3, np.array([1, 2]), np.array([1, 2]))  # only self-loops
+    assert indptr.tolist() == [0, 0, 0, 0] and indices.size == 0
+    with pytest.raises(ValueError, match="integer"):
+        csr_from_edges(3, np.array([0.0]), np.array([1.0]))
+
+
+def test_group_csr_matches_literal_on_a_wikilike_graph():
+    """Power-law hubs, lognormal sizes, duplicate links and self-loops: the array path against Algorithm 1 as printed."""
+    graph = wikilike_graph(600, mean_links=4, seed=5)
+    indptr, indices = csr_from_edges(graph.n_docs, graph.src, graph.dst, symmetric=True)
+    adj = [indices[indptr[i] : indptr[i + 1]].tolist() for i in range(graph.n_docs)]
+    sizes = graph.n_tokens.tolist()
+    assert groups_from_labels(group_csr(graph.n_tokens, indptr, indices, 4096)) == literal_algorithm_1(sizes, adj, 4096)
 
 
 def test_group_csr_labels_match_group_lists():
