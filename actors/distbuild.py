@@ -25,6 +25,7 @@ from dataclasses import asdict
 from typing import Any, Iterator
 
 import numpy as np
+import pyarrow as pa
 import ray
 
 from actors.build import build_shards, clear_staging
@@ -62,8 +63,6 @@ def parse_tasks(batch: dict[str, np.ndarray], store_uri: str, text_mode: str, mo
                 passage_words: int) -> Iterator[dict[str, Any]]:
     """Ray Data generator: read tasks -> documents written as parquet parts; yields their metadata.
     Redirects, bad records and the parts written go to a small JSON report per task."""
-    import pyarrow as pa
-
     from longrag.corpus.documents import documents_to_table
     from longrag.corpus.sources import ReadTask, read_task_records
     from longrag.index.grouping import document_passages, document_text
@@ -131,9 +130,7 @@ def read_metadata(sources: list[str], fmt: str, out: str, config: LongRAGConfig)
     ds = ds.map_batches(parse_tasks, batch_size=1, fn_kwargs={
         "store_uri": out, "text_mode": config.units.text_mode, "model": config.embedding.model,
         "kind": config.units.kind, "passage_words": config.units.passage_words})
-    batches = [b for b in ds.iter_batches(batch_size=None, batch_format="numpy")]
-    meta = DocMeta.concat(batches)
-    del batches
+    meta = DocMeta.concat(list(ds.iter_batches(batch_size=None, batch_format="pyarrow")))
     store = ArtifactStore.open(out)
     reports = [json.loads(store.storage.read_bytes(k)) for k in sorted(store.storage.list(READ_REPORTS))]
     return meta, reports, len(tasks)
@@ -184,12 +181,10 @@ def part_positions(keys_sorted: np.ndarray, pos_sorted: np.ndarray, code: int, n
     return pos_sorted[np.searchsorted(keys_sorted, _row_keys(np.full(n_rows, code), np.arange(n_rows)))]
 
 
-def resolve_edges(out: str, parts: list[tuple[str, int]], titles: list[str], redirects: dict[str, str] | None,
+def resolve_edges(out: str, parts: list[tuple[str, int]], titles: pa.Array, redirects: dict[str, str] | None,
                   keys_sorted: np.ndarray, pos_sorted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Stage 2: the link graph as position arrays ``(src, dst)``."""
-    import pyarrow as pa
-
-    shared = ray.put((pa.array(titles, type=pa.string()), redirects))
+    """Stage 2: the link graph as position arrays ``(src, dst)``; ``titles`` in corpus order."""
+    shared = ray.put((titles, redirects))
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     ds = ray.data.from_items([{"key": k, "code": c} for k, c in parts], override_num_blocks=len(parts))
     ds = ds.map_batches(LinkResolver, batch_size=1, fn_constructor_kwargs={"store_uri": out, "shared": [shared]},
@@ -318,7 +313,7 @@ def plan_corpus(sources: str | list[str], fmt: str, out: str, config: LongRAGCon
     cfg = config.units
     t0 = time.perf_counter()
     if cfg.kind == "grouped":
-        titles = meta.title[order].tolist()
+        titles = meta.title.take(pa.array(order)).combine_chunks()
         if cfg.links == "hyperlinks":
             src, dst = resolve_edges(out, parts, titles, final_redirects(redirects) if fmt == "wikixml" else None,
                                      keys_sorted, pos_sorted)

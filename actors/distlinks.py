@@ -18,6 +18,7 @@ import logging
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import ray
 
 from actors.distbuild import part_positions, read_part
@@ -64,11 +65,9 @@ class MentionFinder:
         return {"src": np.asarray(src, dtype=np.int64), "dst": np.asarray(dst, dtype=np.int64)}
 
 
-def mention_edges(out: str, parts: list[tuple[str, int]], titles: list[str],
+def mention_edges(out: str, parts: list[tuple[str, int]], titles: pa.Array,
                   lookup: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    import pyarrow as pa
-
-    shared = ray.put((pa.array(titles, type=pa.string()), lookup))
+    shared = ray.put((titles, lookup))
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     ds = ray.data.from_items([{"key": k, "code": c} for k, c in parts], override_num_blocks=len(parts))
     ds = ds.map_batches(MentionFinder, batch_size=1, fn_constructor_kwargs={"store_uri": out, "shared": [shared]},
@@ -141,7 +140,7 @@ def tfidf_edges(out: str, parts: list[tuple[str, int]], n_docs: int, lookup: tup
         "parts": [refs], "top_m": cfg.tfidf_top_m, "threshold": cfg.tfidf_threshold}))
 
 
-def computed_edges(out: str, parts: list[tuple[str, int]], titles: list[str], lookup: tuple[np.ndarray, np.ndarray],
+def computed_edges(out: str, parts: list[tuple[str, int]], titles: pa.Array, lookup: tuple[np.ndarray, np.ndarray],
                    cfg: UnitConfig) -> tuple[np.ndarray, np.ndarray]:
     """The link graph of ``cfg.links`` (titles, tfidf or both) as position arrays ``(src, dst)``."""
     edges = []

@@ -4,7 +4,7 @@ Workers parse the corpus and write the documents to the build's ``documents/`` p
 driver gets back, per document, where it was written (part, row), its id, title and token count
 (:class:`DocMeta`), and, from a second pass over the parts, its links as document positions. That is
 what LongRAG's grouping needs (Jiang et al., 2024, Section 3.1, Algorithm 1): token counts and the
-link graph, a few tens of bytes per document plus 16 bytes per link.
+link graph: ids and titles as Arrow strings, a few integers per document, 8 bytes per link.
 
 - :func:`order_documents` puts documents in the order the in-driver path reads them (wiki page ids
   numerically, JSONL/parquet in file and line order) and drops later duplicates of a ``doc_id``;
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from longrag.index.grouping import (
     UNIT_SEPARATOR,
@@ -83,65 +84,75 @@ def staged_chunks_prefix(shard: int) -> str:
 class DocMeta:
     """Per-document metadata the driver holds, in arrival order: ``part``/``row`` (where the
     document lies in ``documents/``), ``task``/``seq`` (source order), ``doc_id``, ``title``,
-    ``n_tokens`` (of ``Title\\ntext``) and, for passage units, the token count of each passage."""
+    ``n_tokens`` (of ``Title\ntext``) and, for passage units, the token count of each passage.
+    Ids and titles stay Arrow string arrays (their bytes plus an offset each, no Python object per
+    document)."""
 
     part: np.ndarray
     row: np.ndarray
     task: np.ndarray
     seq: np.ndarray
-    doc_id: np.ndarray
-    title: np.ndarray
+    doc_id: pa.ChunkedArray
+    title: pa.ChunkedArray
     n_tokens: np.ndarray
     passage_tokens: list[np.ndarray] = field(default_factory=list)
 
     @classmethod
-    def concat(cls, batches: Sequence[dict[str, Any]]) -> "DocMeta":
+    def concat(cls, tables: Sequence[pa.Table]) -> "DocMeta":
+        """From the parse tasks' output batches (Arrow tables with the columns above)."""
+
         def cat(name: str, dtype: Any) -> np.ndarray:
-            arrays = [np.asarray(b[name], dtype=dtype) for b in batches]
+            arrays = [t.column(name).to_numpy().astype(dtype, copy=False) for t in tables]
             return np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype)
+
+        def strings(name: str) -> pa.ChunkedArray:
+            return pa.chunked_array([c for t in tables for c in t.column(name).chunks], type=pa.string())
 
         return cls(
             part=cat("part", np.int32), row=cat("row", np.int32), task=cat("task", np.int32),
-            seq=cat("seq", np.int64), doc_id=cat("doc_id", object), title=cat("title", object),
+            seq=cat("seq", np.int64), doc_id=strings("doc_id"), title=strings("title"),
             n_tokens=cat("n_tokens", np.int64),
-            passage_tokens=[np.asarray(p, dtype=np.int64) for b in batches for p in b.get("passage_tokens", [])],
+            passage_tokens=[np.asarray(p, dtype=np.int64) for t in tables if "passage_tokens" in t.column_names
+                            for p in t.column("passage_tokens").to_pylist()],
         )
 
     def __len__(self) -> int:
-        return int(self.doc_id.shape[0])
+        return int(self.part.shape[0])
 
     @property
     def nbytes(self) -> int:
-        """Memory of the arrays, strings included (Python objects), bytes."""
-        import sys
-
+        """Memory of the arrays, bytes."""
         fixed = sum(a.nbytes for a in (self.part, self.row, self.task, self.seq, self.n_tokens))
-        strings = sum(sys.getsizeof(s) for s in self.doc_id) + sum(sys.getsizeof(s) for s in self.title)
-        return int(fixed + strings + self.doc_id.nbytes + self.title.nbytes)
+        return int(fixed + self.doc_id.nbytes + self.title.nbytes + sum(p.nbytes for p in self.passage_tokens))
 
 
 def order_documents(meta: DocMeta, fmt: str) -> tuple[np.ndarray, list[tuple[int, str]]]:
     """``(order, duplicates)``: the arrival indices of the kept documents in corpus order, and
     ``(arrival index, doc_id)`` of each later duplicate of an id (dropped, as the JSONL reader drops
     them). Wiki exports are ordered by page id (the in-driver path sorts by ``(len(id), id)``),
-    other formats by file and line."""
+    other formats by file and line. Vectorized over the Arrow ids: no Python string per document."""
+    import pyarrow.compute as pc
+
     n = len(meta)
-    if fmt == "wikixml":
-        lengths = np.fromiter((len(d) for d in meta.doc_id), dtype=np.int64, count=n)
-        ids = meta.doc_id.astype(str) if n else np.zeros(0, dtype=str)
-        order = np.lexsort((ids, lengths)) if n else np.zeros(0, dtype=np.int64)
+    if not n:
+        return np.zeros(0, dtype=np.int64), []
+    if fmt == "wikixml":  # (length in characters, id); UTF-8 byte order is code point order
+        by = pa.table({"len": pc.utf8_length(meta.doc_id), "id": meta.doc_id})
+        order = pc.sort_indices(by, sort_keys=[("len", "ascending"), ("id", "ascending")]).to_numpy()
     else:
-        order = np.lexsort((meta.seq, meta.task)) if n else np.zeros(0, dtype=np.int64)
-    seen: set[str] = set()
+        order = np.lexsort((meta.seq, meta.task))
+    ids = meta.doc_id.take(pa.array(order))
+    # a stable sort by id keeps each id's occurrences in corpus order: all but the first are duplicates
+    by_id = pc.sort_indices(ids).to_numpy() if n > 1 else np.zeros(n, dtype=np.int64)
+    sorted_ids = ids.take(pa.array(by_id))
+    repeat = np.zeros(n, dtype=bool)
+    if n > 1:
+        repeat[1:] = pc.equal(sorted_ids[1:], sorted_ids[:-1]).to_numpy(zero_copy_only=False)
+    dup_k = np.sort(by_id[repeat])
     keep = np.ones(n, dtype=bool)
-    dups: list[tuple[int, str]] = []
-    for k, i in enumerate(order.tolist()):
-        d = meta.doc_id[i]
-        if d in seen:
-            keep[k] = False
-            dups.append((i, d))
-        else:
-            seen.add(d)
+    keep[dup_k] = False
+    dup_ids = ids.take(pa.array(dup_k)).to_pylist()
+    dups = [(int(order[k]), d) for k, d in zip(dup_k.tolist(), dup_ids)]
     return order[keep].astype(np.int64), dups
 
 
