@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from longrag.bench.scale import PeakRss, embed_texts, grouping_run, project
+from longrag.bench.memory import MemorySampler
+from longrag.bench.scale import embed_texts, grouping_run, project
 from longrag.cli import int_list, number
 
 WIKIPEDIA_ARTICLES = 6_000_000
@@ -62,7 +63,7 @@ def driver_memory_run(corpus: str, n_docs: int, cpus: int) -> dict[str, Any]:
     config = load_config(None, ["units.kind=grouped", "index.shards=4"])
     t0 = time.perf_counter()
     try:
-        with PeakRss() as mem, tempfile.TemporaryDirectory(prefix="bench-scale-build-") as out:
+        with MemorySampler(0.05) as mem, tempfile.TemporaryDirectory(prefix="bench-scale-build-") as out:
             plan, report, corpus_art = plan_corpus(corpus, "jsonl", out, config)
     finally:
         handle.shutdown()
@@ -72,8 +73,8 @@ def driver_memory_run(corpus: str, n_docs: int, cpus: int) -> dict[str, Any]:
         "units": int(plan.grouping["n_units"]),
         "wall_s": round(time.perf_counter() - t0, 1),
         "timings_s": {k: round(v, 1) for k, v in report["timings_s"].items()},
-        "driver_base_mb": round(mem.base, 1),
-        "driver_peak_mb": round(mem.peak, 1),
+        "driver_base_mb": round(mem.base_mb, 1),
+        "driver_peak_mb": round(mem.peak_mb, 1),
         "driver_extra_mb": round(mem.extra_mb, 1),
         "driver_extra_mb_per_1k_docs": round(mem.extra_mb / n_docs * 1000, 3),
         "unit_text_mb": round(text_bytes / 2**20, 1),

@@ -19,15 +19,14 @@ import argparse
 import json
 import logging
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
 import httpx
-import psutil
 
 from longrag.bench import latency_stats
+from longrag.bench.memory import MemorySampler
 from longrag.cli import add_config_flags, job_setup, transcript
 from longrag.data import SAMPLE_WIKI, data_path
 
@@ -51,38 +50,6 @@ def is_correct(answer: str, golds: tuple[str, ...]) -> bool:
     return any(f" {normalize_answer(g)} " in got for g in golds)
 
 log = logging.getLogger("jobs.demo")
-
-
-class MemorySampler:
-    """Peak resident memory of this process and its descendants (the local Ray), sampled."""
-
-    def __init__(self, interval_s: float = 0.5) -> None:
-        self.interval_s, self.peak_bytes = interval_s, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _sample(self) -> int:
-        me = psutil.Process()
-        total = 0
-        for p in [me, *me.children(recursive=True)]:
-            try:
-                total += p.memory_info().rss
-            except psutil.Error:
-                pass
-        return total
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak_bytes = max(self.peak_bytes, self._sample())
-            self._stop.wait(self.interval_s)
-
-    def __enter__(self) -> "MemorySampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def p50(values: list[float]) -> float:
@@ -123,7 +90,7 @@ def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], st
     answer_ms: list[float] = []
     correct: list[bool] = []
     report: dict[str, Any] = {}
-    with MemorySampler() as mem:
+    with MemorySampler(0.5, children=True) as mem:
         handle = start_or_join(None, num_cpus=args.num_cpus)
         ray_logs = handle.logs_dir
         try:

@@ -1,55 +1,23 @@
 """What ``python -m jobs.bench_scale`` measures in its own process (Ray-free): Algorithm 1 on the
-arrays a Wikipedia-sized driver holds, the projection to a larger corpus, the chunk texts of the
-embedding benchmark, and this process' resident memory."""
+arrays a Wikipedia-sized driver holds (time and peak memory), the projection to a larger corpus, and
+the chunk texts of the embedding benchmark."""
 
 from __future__ import annotations
 
 import math
-import os
-import threading
 import time
 from typing import Any
 
 import numpy as np
 
+from longrag.bench.memory import MemorySampler
 from longrag.index.grouping import csr_from_edges, group_csr
 from longrag.synthetic.wikigraph import wikilike_graph
 
 
-def rss_mb() -> float:
-    """Current resident memory of this process (Linux /proc), MB."""
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-class PeakRss:
-    """Peak resident memory of this process while the block runs (sampled every 10 ms), MB."""
-
-    def __enter__(self) -> "PeakRss":
-        self.base = self.peak = rss_mb()
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._done.wait(0.01):
-            self.peak = max(self.peak, rss_mb())
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
-        self.peak = max(self.peak, rss_mb())
-
-    @property
-    def extra_mb(self) -> float:
-        return self.peak - self.base
-
-
 def grouping_run(n_docs: int, mean_links: float, budget: int, seed: int) -> dict[str, Any]:
     graph = wikilike_graph(n_docs, mean_links=mean_links, seed=seed)
-    base = rss_mb()
-    with PeakRss() as mem:
+    with MemorySampler(0.01) as mem:
         t0, c0 = time.perf_counter(), time.process_time()
         indptr, indices = csr_from_edges(n_docs, graph.src, graph.dst, symmetric=True)
         t1 = time.perf_counter()
@@ -69,7 +37,7 @@ def grouping_run(n_docs: int, mean_links: float, budget: int, seed: int) -> dict
         "group_s": round(t2 - t1, 2),
         "wall_s": round(t2 - t0, 2),
         "cpu_s": round(c2 - c0, 3),
-        "driver_extra_mb": round(rss_mb() - base, 1),
+        "driver_extra_mb": round((mem.sample() - mem.base_bytes) / 2**20, 1),
         "driver_peak_extra_mb": round(mem.extra_mb, 1),
         "peak_bytes_per_link": round(mem.extra_mb * 2**20 / max(graph.n_links, 1), 1),
         "input_mb": round(graph.nbytes / 2**20, 1),
