@@ -138,31 +138,31 @@ def read_metadata(sources: list[str], fmt: str, out: str, config: LongRAGConfig)
 
 # ---------------------------------------------------------------------------------------- 2. links
 class LinkResolver:
-    """Ray Data callable: parts -> ``(part, row, dst)`` for each resolved link of their documents."""
+    """Ray Data callable: parts -> ``(src, dst)`` positions of their documents' resolved links
+    (a dropped duplicate's links left out)."""
 
     def __init__(self, store_uri: str, shared: list[Any]) -> None:
         from longrag.index.distplan import title_keys
         from longrag.store import ArtifactStore
 
         self.store = ArtifactStore.open(store_uri)
-        titles, redirects = ray.get(shared[0])
+        titles, self.redirects, (self.lookup_keys, self.lookup_pos) = ray.get(shared[0])
         self.keys = title_keys(titles.to_pylist())
-        self.redirects = redirects
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-
         from longrag.index.distplan import resolve_links
 
-        part, row, dst = [], [], []
+        src: list[int] = []
+        dst: list[int] = []
         for key, code in zip(batch["key"], batch["code"]):
             table = read_part(self.store, key, ["title", "links"])
-            for r, (title, links) in enumerate(zip(table.column("title").to_pylist(), table.column("links").to_pylist())):
-                found = resolve_links(title, links or [], self.keys, self.redirects)
-                dst.extend(found)
-                row.extend([r] * len(found))
-            part.extend([int(code)] * (len(dst) - len(part)))
-        return {"part": np.asarray(part, dtype=np.int64), "row": np.asarray(row, dtype=np.int64),
-                "dst": np.asarray(dst, dtype=np.int64)}
+            pos = part_positions(self.lookup_keys, self.lookup_pos, int(code), table.num_rows)
+            for p, title, links in zip(pos.tolist(), table.column("title").to_pylist(), table.column("links").to_pylist()):
+                if p >= 0:
+                    found = resolve_links(title, links or [], self.keys, self.redirects)
+                    src.extend([p] * len(found))
+                    dst.extend(found)
+        return {"src": np.asarray(src, dtype=np.int64), "dst": np.asarray(dst, dtype=np.int64)}
 
 
 def _row_keys(part: np.ndarray, row: np.ndarray) -> np.ndarray:
@@ -181,23 +181,31 @@ def part_positions(keys_sorted: np.ndarray, pos_sorted: np.ndarray, code: int, n
     return pos_sorted[np.searchsorted(keys_sorted, _row_keys(np.full(n_rows, code), np.arange(n_rows)))]
 
 
-def resolve_edges(out: str, parts: list[tuple[str, int]], titles: pa.Array, redirects: dict[str, str] | None,
-                  keys_sorted: np.ndarray, pos_sorted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Stage 2: the link graph as position arrays ``(src, dst)``; ``titles`` in corpus order."""
-    shared = ray.put((titles, redirects))
+def over_parts(parts: list[tuple[str, int]], fn: type, **kwargs: Any) -> Any:
+    """A Ray Data pool of the callable class ``fn`` (built with ``kwargs``) over the build's
+    ``documents/`` parts, one part per batch, at most one actor per CPU."""
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     ds = ray.data.from_items([{"key": k, "code": c} for k, c in parts], override_num_blocks=len(parts))
-    ds = ds.map_batches(LinkResolver, batch_size=1, fn_constructor_kwargs={"store_uri": out, "shared": [shared]},
-                        concurrency=min(cpus, len(parts)), num_cpus=1)
-    # per batch: links of dropped duplicates (position -1) out, positions in the narrowest type
-    dtype = index_dtype(len(titles))
+    return ds.map_batches(fn, batch_size=1, fn_constructor_kwargs=kwargs, concurrency=min(cpus, len(parts)), num_cpus=1)
+
+
+def collect_edges(ds: Any, n_docs: int) -> tuple[np.ndarray, np.ndarray]:
+    """A dataset's ``(src, dst)`` batches as two position arrays of :func:`index_dtype`, converted
+    batch by batch."""
+    dtype = index_dtype(n_docs)
     src, dst = [], []
     for b in ds.iter_batches(batch_size=None, batch_format="numpy"):
-        s = pos_sorted[np.searchsorted(keys_sorted, _row_keys(b["part"], b["row"]))]
-        keep = s >= 0
-        src.append(s[keep].astype(dtype))
-        dst.append(b["dst"][keep].astype(dtype))
+        src.append(b["src"].astype(dtype))
+        dst.append(b["dst"].astype(dtype))
     return (np.concatenate(src) if src else np.zeros(0, dtype)), (np.concatenate(dst) if dst else np.zeros(0, dtype))
+
+
+def resolve_edges(out: str, parts: list[tuple[str, int]], titles: pa.Array, redirects: dict[str, str] | None,
+                  lookup: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Stage 2: the link graph as position arrays ``(src, dst)``; ``titles`` in corpus order,
+    ``lookup`` the sorted ``(part, row)`` keys and their positions."""
+    shared = ray.put((titles, redirects, lookup))
+    return collect_edges(over_parts(parts, LinkResolver, store_uri=out, shared=[shared]), len(titles))
 
 
 # ---------------------------------------------------------------------------------------- 4. assembly
@@ -254,11 +262,8 @@ def assemble(out: str, parts: list[tuple[str, int]], keys_sorted: np.ndarray, po
              plan: UnitPlan, config: LongRAGConfig) -> list[dict[str, Any]]:
     """Stage 4: the plan table to the workers, units assembled and staged per shard."""
     shared = ray.put((keys_sorted, pos_sorted, plan.first_unit, plan.shard_of_unit))
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    ds = ray.data.from_items([{"key": k, "code": c} for k, c in parts], override_num_blocks=len(parts))
-    ds = ds.map_batches(AttachPlan, batch_size=1, concurrency=min(cpus, len(parts)), num_cpus=1,
-                        fn_constructor_kwargs={"store_uri": out, "shared": [shared], "kind": plan.kind,
-                                               "passage_words": config.units.passage_words})
+    ds = over_parts(parts, AttachPlan, store_uri=out, shared=[shared], kind=plan.kind,
+                    passage_words=config.units.passage_words)
     ds = ds.groupby("shard", num_partitions=plan.n_shards).map_groups(
         assemble_shard, batch_format="numpy",
         fn_kwargs={"store_uri": out, "kind": plan.kind, "model": config.embedding.model,
@@ -316,7 +321,7 @@ def plan_corpus(sources: str | list[str], fmt: str, out: str, config: LongRAGCon
         titles = meta.title.take(pa.array(order)).combine_chunks()
         if cfg.links == "hyperlinks":
             src, dst = resolve_edges(out, parts, titles, final_redirects(redirects) if fmt == "wikixml" else None,
-                                     keys_sorted, pos_sorted)
+                                     (keys_sorted, pos_sorted))
         else:  # a corpus without hyperlinks: title mentions and/or TF-IDF neighbours (actors/distlinks.py)
             from actors.distlinks import computed_edges
 

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import ray
 
-from actors.distbuild import part_positions, read_part
+from actors.distbuild import collect_edges, over_parts, part_positions, read_part
 from longrag.config import UnitConfig
 from longrag.index.links import HashedTfidf
 
@@ -68,19 +68,7 @@ class MentionFinder:
 def mention_edges(out: str, parts: list[tuple[str, int]], titles: pa.Array,
                   lookup: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     shared = ray.put((titles, lookup))
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    ds = ray.data.from_items([{"key": k, "code": c} for k, c in parts], override_num_blocks=len(parts))
-    ds = ds.map_batches(MentionFinder, batch_size=1, fn_constructor_kwargs={"store_uri": out, "shared": [shared]},
-                        concurrency=min(cpus, len(parts)), num_cpus=1)
-    return _collect(ds)
-
-
-def _collect(ds: Any) -> tuple[np.ndarray, np.ndarray]:
-    src, dst = [], []
-    for b in ds.iter_batches(batch_size=None, batch_format="numpy"):
-        src.append(b["src"])
-        dst.append(b["dst"])
-    return (np.concatenate(src) if src else np.zeros(0, np.int64), np.concatenate(dst) if dst else np.zeros(0, np.int64))
+    return collect_edges(over_parts(parts, MentionFinder, store_uri=out, shared=[shared]), len(titles))
 
 
 # ---------------------------------------------------------------------------------------- TF-IDF
@@ -136,8 +124,8 @@ def tfidf_edges(out: str, parts: list[tuple[str, int]], n_docs: int, lookup: tup
     del counted
     log.info("TF-IDF rows of %d parts in the object store; top-%d neighbours next", len(refs), cfg.tfidf_top_m)
     rows = ray.data.from_items([{"index": i} for i in range(len(refs))], override_num_blocks=len(refs))
-    return _collect(rows.map_batches(topm_task, batch_size=1, num_cpus=1, fn_kwargs={
-        "parts": [refs], "top_m": cfg.tfidf_top_m, "threshold": cfg.tfidf_threshold}))
+    return collect_edges(rows.map_batches(topm_task, batch_size=1, num_cpus=1, fn_kwargs={
+        "parts": [refs], "top_m": cfg.tfidf_top_m, "threshold": cfg.tfidf_threshold}), n_docs)
 
 
 def computed_edges(out: str, parts: list[tuple[str, int]], titles: pa.Array, lookup: tuple[np.ndarray, np.ndarray],

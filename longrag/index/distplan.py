@@ -84,7 +84,7 @@ def staged_chunks_prefix(shard: int) -> str:
 class DocMeta:
     """Per-document metadata the driver holds, in arrival order: ``part``/``row`` (where the
     document lies in ``documents/``), ``task``/``seq`` (source order), ``doc_id``, ``title``,
-    ``n_tokens`` (of ``Title\ntext``) and, for passage units, the token count of each passage.
+    ``n_tokens`` (of ``Title\\ntext``) and, for passage units, the token count of each passage.
     Ids and titles stay Arrow string arrays (their bytes plus an offset each, no Python object per
     document)."""
 
@@ -143,11 +143,10 @@ def order_documents(meta: DocMeta, fmt: str) -> tuple[np.ndarray, list[tuple[int
         order = np.lexsort((meta.seq, meta.task))
     ids = meta.doc_id.take(pa.array(order))
     # a stable sort by id keeps each id's occurrences in corpus order: all but the first are duplicates
-    by_id = pc.sort_indices(ids).to_numpy() if n > 1 else np.zeros(n, dtype=np.int64)
+    by_id = pc.sort_indices(ids).to_numpy()
     sorted_ids = ids.take(pa.array(by_id))
     repeat = np.zeros(n, dtype=bool)
-    if n > 1:
-        repeat[1:] = pc.equal(sorted_ids[1:], sorted_ids[:-1]).to_numpy(zero_copy_only=False)
+    repeat[1:] = pc.equal(sorted_ids[1:], sorted_ids[:-1]).to_numpy(zero_copy_only=False)
     dup_k = np.sort(by_id[repeat])
     keep = np.ones(n, dtype=bool)
     keep[dup_k] = False

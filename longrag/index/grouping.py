@@ -154,10 +154,9 @@ def csr_from_edges(
         raise ValueError(f"src and dst must be 1-D arrays of one length, got {src.shape} and {dst.shape}")
     if src.size and not (np.issubdtype(src.dtype, np.integer) and np.issubdtype(dst.dtype, np.integer)):
         raise ValueError(f"{what} must hold integer document positions, got {src.dtype} and {dst.dtype}")
-    for a in (src, dst):
-        if a.size and (int(a.min()) < 0 or int(a.max()) >= n):
-            k = int(np.flatnonzero((src < 0) | (src >= n) | (dst < 0) | (dst >= n))[0])
-            raise ValueError(f"{what}[{int(src[k])}] holds {int(dst[k])}, outside 0..{n - 1}")
+    if src.size and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n):
+        k = int(np.flatnonzero((src < 0) | (src >= n) | (dst < 0) | (dst >= n))[0])
+        raise ValueError(f"{what}[{int(src[k])}] holds {int(dst[k])}, outside 0..{n - 1}")
     m, e = max(n, 1), int(src.shape[0])
     loop = np.iinfo(np.int64).max  # self-loops get this key: sorted last, then cut off
     keys = np.empty(2 * e if symmetric else e, dtype=np.int64)  # (src, dst) as src * n + dst
@@ -218,7 +217,7 @@ def group_csr(n_tokens: np.ndarray, indptr: np.ndarray, indices: np.ndarray, bud
     union-find with path compression and union by size, so a step costs about its degree.
 
     Memory: each relation is looked at once, from its later end, so the loop keeps one array entry
-    per relation (:func:`earlier_neighbours`, the ``indices`` dtype) and five Python lists of one int
+    per relation (:func:`earlier_neighbours`, the ``indices`` dtype) and five typed arrays of 8 bytes
     per document; the rows are turned into Python ints one document at a time."""
     sizes = _check_sizes(n_tokens)
     n = int(sizes.shape[0])
