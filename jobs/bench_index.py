@@ -38,6 +38,7 @@ from typing import Any
 import faiss
 import numpy as np
 
+from longrag.bench.tables import markdown_table
 from longrag.cli import int_list, number
 from longrag.index.capacity import (
     CapacityModel,
@@ -249,13 +250,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _table(rows: list[dict[str, Any]], cols: list[str]) -> str:
-    lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
-    for r in rows:
-        lines.append("| " + " | ".join(f"{r[c]:,}" if isinstance(r[c], int) else str(r[c]) for c in cols) + " |")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
@@ -268,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         plot_tradeoff(rows, out / "ann_tradeoff.png")
         print(f"\n## ANN / compression vs exact MaxP ({args.vectors:,} clustered vectors x {args.dim}, "
               f"k={args.k}, one search thread)\n")
-        print(_table(rows, ["factory", "search_params", "bytes_per_vector", "projected_bytes_per_vector", "build_s",
+        print(markdown_table(rows, ["factory", "search_params", "bytes_per_vector", "projected_bytes_per_vector", "build_s",
                             "search_ms_per_query", "queries_per_s", "recall_at_k"]))
         print(f"\nplot: {out / 'ann_tradeoff.png'}")
     chunk_bytes, base_bytes = 2.0 * args.chunk_chars + 300.0, 250 * 2**20  # used only without the cluster check
@@ -278,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         chunk_bytes, base_bytes = check["model"]["chunk_bytes"], check["model"]["base_mib"] * 2**20
         print(f"\n## Shard memory on a simulated {check['nodes']}-node Ray cluster "
               f"(Flat, {args.dim} dims, {args.chunk_chars} chars per chunk)\n")
-        print(_table(check["shards"], ["shard", "chunks", "rss_mib", "node"]))
+        print(markdown_table(check["shards"], ["shard", "chunks", "rss_mib", "node"]))
         m, c = check["model"], check["check"]
         print(f"\nfit on {m['fitted_on']}: RSS = {m['base_mib']} MiB + chunks x ({m['vector_bytes']:.0f} B vector + "
               f"{m['chunk_bytes']:.0f} B text/ids)")
@@ -297,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n## Plan: {args.plan_chunks:,} chunks x {args.plan_dim} dims, {args.plan_chunk_chars} chars each, "
           f"{args.replicas} replicas, {args.node_gib:g} GiB / {args.node_cpus}-core nodes "
           f"({args.usable_fraction:.0%} of memory for shards, scans within {args.target_ms:g} ms)\n")
-    print(_table(plan_rows, ["factory", "bytes_per_vector", "vectors_gib", "shards", "chunks_per_shard",
+    print(markdown_table(plan_rows, ["factory", "bytes_per_vector", "vectors_gib", "shards", "chunks_per_shard",
                              "shard_rss_gib", "scan_ms", "shards_per_node", "nodes", "total_gib", "qps_max"]))
     result["wall_s"] = round(time.perf_counter() - t_all, 1)
     (out / "bench_index.json").write_text(json.dumps(result, indent=2, default=str))

@@ -40,6 +40,7 @@ import numpy as np
 
 from longrag.bench.memory import MemorySampler
 from longrag.bench.scale import embed_texts, grouping_run, project
+from longrag.bench.tables import markdown_table
 from longrag.cli import int_list, number
 
 WIKIPEDIA_ARTICLES = 6_000_000
@@ -215,9 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(grouping_run(n, args.mean_links, args.budget, args.seed))
     cols = ["docs", "links", "csr_s", "group_s", "wall_s", "cpu_s", "driver_extra_mb", "driver_peak_extra_mb",
             "peak_bytes_per_link", "groups", "docs_per_unit"]
-    print(" | ".join(cols))
-    for r in rows:
-        print(" | ".join(f"{r[c]:,}" if isinstance(r[c], int) else str(r[c]) for c in cols))
+    print(markdown_table(rows, cols))
     proj = project(rows, WIKIPEDIA_ARTICLES)
     print(f"projected for {proj['docs']:,} articles: {proj['cpu_s']} CPU s (log-log slope {proj['slope']})")
     memory = (driver_memory(args.driver_memory_sizes, args.cpus, args.seed, args.text_scale_control)
@@ -225,9 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     if memory:
         cols = ["docs", "text_scale", "units", "wall_s", "driver_extra_mb", "driver_extra_mb_per_1k_docs", "unit_text_mb",
                 "unit_text_mb_per_1k_docs"]
-        print(" | ".join(cols))
-        for r in memory:
-            print(" | ".join(str(r[c]) for c in cols))
+        print(markdown_table(memory, cols))
     embed = embedding_throughput(args.embed_chunks, args.cpus, args.seed, args.embed_pools) if args.embed_chunks else None
     at_1m = next((r for r in rows if r["docs"] == 1_000_000), None)
     summary = {

@@ -1,0 +1,18 @@
+"""The benchmark jobs' tables: records as Markdown, ready to paste into the README."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def cell(value: Any) -> str:
+    """Integers with thousands separators, anything else as ``str``."""
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]], cols: Sequence[str], missing: str = "-") -> str:
+    """``rows`` (records) as a Markdown table of ``cols``; a record without a column shows ``missing``."""
+    lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
+    lines += ["| " + " | ".join(cell(r[c]) if c in r else missing for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
