@@ -145,6 +145,16 @@ class LLMConfig(_Section):
 
 
 class ReaderConfig(_Section):
+    answer: Literal["direct", "two_turn"] = Field(
+        "direct",
+        description="How the short answer is made. direct: one message over the documents that asks for the answer "
+        "alone (the long answer, when written, is for the trace and never feeds it); two_turn: the paper's second "
+        "turn, which extracts it from the long answer (docs/evaluation.md compares both with a bare prompt).",
+    )
+    long_answer: bool = Field(
+        True, description="direct: also write the long answer (a few sentences, streamed; the trace and the "
+        "playground show it). It costs a second generation; off, a request makes one LLM call. two_turn always writes it.",
+    )
     long_answer_max_tokens: int = 96
     short_answer_max_tokens: int = 24
     context_reserve_tokens: int = Field(

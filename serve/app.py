@@ -228,6 +228,8 @@ _READ_TRACE = {
     "context_tokens": "context_tokens",
     "cached_prompt_tokens": "cached_prompt_tokens",
     "answer_fallback": "answer_fallback",
+    "reader_model": "model",
+    "answer_mode": "answer_mode",
 }
 
 

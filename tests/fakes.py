@@ -250,13 +250,15 @@ def _first_title(text: str) -> str:
 
 class TitleReader(ScriptedLLM):
     """An LLM engine for ``LLMServer(engine_cls=TitleReader)``: the long answer names the first
-    document's title ("The documents say: <title>."), the short answer is the title."""
+    document's title ("The documents say: <title>."), the short answer (turn 2, or the direct prompt) is the
+    title."""
 
     def __init__(self, config=None) -> None:
         def reply(messages: list[dict]) -> str:
             text = messages[1]["content"] if len(messages) > 1 else messages[-1]["content"]
             title = _first_title(text)
-            return title if len(messages) > 2 else f"The documents say: {title}."
+            short = len(messages) > 2 or "Reply with only the answer" in messages[-1]["content"]
+            return title if short else f"The documents say: {title}."
 
         super().__init__(default=reply, name="title-reader", context_window=8192)
 

@@ -92,6 +92,11 @@ class MixPRConfig(BaseModel):
 
     # --- long-context reading (longrag.reading.longcontext) and its endpoint
     answer_max_tokens: int = Field(128, ge=1, description="Tokens the reader may generate for the answer.")
+    short_answer: bool = Field(
+        True, description="With a question: ask for the answer alone and finish it as the LongReader's direct answer "
+        "(cleaned, cut to its span, yes/no for a yes/no question); off: the reader's reply as it comes (open-ended "
+        "requests). Without a question (the document's own closing request) the reply is always kept whole.",
+    )
     reader_reserve_tokens: int = Field(
         64, ge=0, description="Tokens kept free in the reader's window beyond the prompt and the answer."
     )

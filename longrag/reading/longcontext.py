@@ -36,6 +36,7 @@ from longrag.mixpr import MixPRConfig, MixPRResult, MixPRRetriever, SparseRetrie
 from longrag.mixpr.baselines import DenseEncoder, HybridRetriever
 from longrag.mixpr.retriever import PreparedDocument
 from longrag.mixpr.router import route_query, router_text
+from longrag.reading.answers import finish_short_answer
 
 __all__ = [
     "RetrieverName",
@@ -56,6 +57,10 @@ READER_SYSTEM = (
     "only these passages. Answer briefly and directly."
 )
 _USER_WITH_QUESTION = "PASSAGES:\n{context}\n\nQUESTION: {question}\nANSWER:"
+_USER_SHORT_ANSWER = (
+    "PASSAGES:\n{context}\n\nQUESTION: {question}\nReply with only the answer: a name, a place, a date, a number "
+    "or a short phrase, or yes or no. No explanation.\nANSWER:"
+)
 _USER_WITHOUT_QUESTION = (
     "PASSAGES:\n{context}\n\nThe document ends with this request; carry it out using the passages.\n"
     "REQUEST: {question}\nANSWER:"
@@ -81,10 +86,14 @@ class LongContextResult:
         return d
 
 
-def reader_messages(question: str, chunk_texts: Sequence[str], *, has_question: bool = True) -> list[dict]:
+def reader_messages(question: str, chunk_texts: Sequence[str], *, has_question: bool = True,
+                    short_answer: bool = False) -> list[dict]:
     """The reader's conversation: passages in the order given, then the question (or, without a
-    question, the document's own closing request)."""
-    template = _USER_WITH_QUESTION if has_question else _USER_WITHOUT_QUESTION
+    question, the document's own closing request); ``short_answer`` asks for the answer alone."""
+    if not has_question:
+        template = _USER_WITHOUT_QUESTION
+    else:
+        template = _USER_SHORT_ANSWER if short_answer else _USER_WITH_QUESTION
     context = _CHUNK_SEP.join(chunk_texts)
     return [
         {"role": "system", "content": READER_SYSTEM},
@@ -218,7 +227,8 @@ class LongContextPipeline:
         """Tokens left for the passages: the window minus the prompt without passages, the answer
         budget and the reserve."""
         llm = self.llm
-        empty = llm.count_message_tokens(reader_messages(question, [], has_question=has_question))
+        empty = llm.count_message_tokens(reader_messages(question, [], has_question=has_question,
+                                                         short_answer=cfg.short_answer))
         return llm.context_window - empty - cfg.answer_max_tokens - cfg.reader_reserve_tokens
 
     async def _read(
@@ -235,9 +245,14 @@ class LongContextPipeline:
         else:
             costs, keep = np.zeros(len(texts), np.int64), np.zeros(0, np.int64)
         kept = [texts[i] for i in keep.tolist()]
-        messages = reader_messages(question, kept, has_question=has_question)
+        short = has_question and cfg.short_answer
+        messages = reader_messages(question, kept, has_question=has_question, short_answer=short)
         out = await llm.chat(messages, max_tokens=cfg.answer_max_tokens)
+        answer = out.text.strip()
+        if short:
+            answer, _ = finish_short_answer(out.text, question, "", _CHUNK_SEP.join(kept))
         trace = {
+            "raw_answer": out.text,
             "prompt_tokens": out.prompt_tokens,
             "completion_tokens": out.completion_tokens,
             "context_budget_tokens": int(budget),
@@ -245,7 +260,7 @@ class LongContextPipeline:
             "chunks_read": len(kept),
             "chunks_dropped": len(texts) - len(kept),
         }
-        return out.text.strip(), trace
+        return answer, trace
 
 
 def _ms(seconds: float) -> float:

@@ -1,9 +1,15 @@
-"""Prompts of the two-turn long reader (LongRAG, Jiang et al. 2024, Section 3.2 and Appendix 6.1), in our words.
+"""Prompts of the long reader (LongRAG, Jiang et al. 2024, Section 3.2 and Appendix 6.1), in our words.
 
 Turn 1 shows the retrieved units (each as ``Title: ...`` then its text) and asks for a short
-paragraph that answers the question. Turn 2 continues the same conversation and asks for the
-*short* answer only (an entity, a date, a number, a short span), calibrated with a few worked
-examples. The examples are written for this project; none come from an evaluation set.
+paragraph that answers the question (the *long answer*). The short answer comes one of two ways
+(``reader.answer``):
+
+* ``direct`` (the default): a message over the same documents that asks for the answer alone
+  (:func:`direct_messages`); it shares turn 1's system message and documents, so a backend with a
+  prefix cache evaluates the documents once;
+* ``two_turn`` (the paper's): turn 2 continues the turn-1 conversation and asks for the *short*
+  answer only (an entity, a date, a number, a short span), calibrated with a few worked examples.
+  The examples are written for this project; none come from an evaluation set.
 
 Small models drift, so every prompt restates the question right before the model has to answer
 and ends with the exact cue (``Short answer:``) whose continuation we parse.
@@ -17,13 +23,25 @@ from longrag.types import Unit
 
 READER_SYSTEM = "You answer questions using the documents you are given. You answer briefly and directly."
 
-TURN1_TEMPLATE = """Question: {question}
-
-Documents:
+# Documents first, then the question and the instruction: the long answer's and the direct answer's
+# prompts (and the reader benchmark's bare prompt) share the system message and the documents, so a
+# backend with a prefix cache evaluates the documents once per question.
+TURN1_TEMPLATE = """Documents:
 
 {context}
 
+Question: {question}
+
 Using the documents, answer the question "{question}" in one to three sentences. Say the answer explicitly (the name, date, number or phrase the question asks for)."""
+
+# The bare prompt's words (the baseline of ``jobs.bench_reader``): listing the kinds of answer ("a
+# name, a date, ... or yes or no") made the 0.5B reply "Yes" to 13 of 16 HotpotQA questions.
+DIRECT_TEMPLATE = """Documents:
+
+{context}
+
+Question: {question}
+Reply with only the answer."""
 
 TURN2_TEMPLATE = """Now give only the short answer to the question "{question}": the few words of your answer that answer it, usually a name, a place, a date, a number or a short phrase, or yes/no. No explanation.
 {examples}
@@ -115,6 +133,15 @@ def turn1_messages(question: str, context: str) -> list[dict]:
     return [
         {"role": "system", "content": READER_SYSTEM},
         {"role": "user", "content": TURN1_TEMPLATE.format(question=question, context=context)},
+    ]
+
+
+def direct_messages(question: str, context: str) -> list[dict]:
+    """System + user message that asks for the short answer straight from the documents (``reader.answer
+    = direct``); the same system message and opening as :func:`turn1_messages`."""
+    return [
+        {"role": "system", "content": READER_SYSTEM},
+        {"role": "user", "content": DIRECT_TEMPLATE.format(question=question, context=context)},
     ]
 
 

@@ -1,12 +1,19 @@
-"""The long reader (LongRAG, Jiang et al. 2024, Section 3.2): top-ranked long units -> a long answer -> a short answer.
-
-Two turns of one conversation:
+"""The long reader (LongRAG, Jiang et al. 2024, Section 3.2): top-ranked long units -> a long answer and a short answer.
 
 1. the units that fit the window (with their titles) and the question -> a few sentences that
-   contain the answer (the *long answer*);
-2. the same conversation plus the model's reply plus a new user message with worked examples ->
-   the *short answer* (a few words), which is then cleaned (:func:`clean_short_answer`) and, when
-   the model just repeated a sentence, cut to its answer span (:func:`reduce_to_span`).
+   contain the answer (the *long answer*, for the trace and the playground; streamed);
+2. the *short answer* (a few words), made as ``reader.answer`` says:
+
+   * ``direct`` (default): one message over the same documents asks for the answer alone
+     (:func:`~longrag.reading.prompts.direct_messages`). The long answer never feeds it, so it cannot
+     degrade it; with ``reader.long_answer`` off, step 1 is skipped and a read is one LLM call.
+   * ``two_turn`` (the paper's): the turn-1 conversation plus the model's reply plus a new user
+     message (optionally with worked examples) -> the short answer. With small readers this loses
+     5-15 EM points to a bare prompt over the same documents: the second turn paraphrases, copies a
+     sentence or drifts from the evidence (docs/evaluation.md, "where the points went").
+
+   Either reply is cleaned (:func:`clean_short_answer`) and, when the model wrote a sentence, cut
+   to its answer span (:func:`reduce_to_span`); a yes/no question gets yes or no.
 
 Context fitting (:func:`fit_units`) keeps whole units in rank order while they fit the token budget
 (the model window minus the prompt's own tokens, both turns' answer budgets and
@@ -27,6 +34,7 @@ from longrag.config import ReaderConfig
 from longrag.llm.base import LLM, ChatResult, ContextOverflowError
 from longrag.reading.prompts import (
     FEW_SHOT_EXAMPLES,
+    direct_messages,
     UNIT_SEPARATOR,
     FewShotExample,
     completion_prompt,
@@ -34,6 +42,16 @@ from longrag.reading.prompts import (
     format_unit,
     turn1_messages,
     turn2_message,
+)
+# The short-answer rules live in longrag.reading.answers; the others stay importable from here.
+from longrag.reading.answers import (  # noqa: F401
+    clean_short_answer,
+    finish_short_answer,
+    first_sentence,
+    is_yes_no_question,
+    reduce_to_span,
+    short_answer_problem,
+    yes_no_answer,
 )
 from longrag.types import Unit
 
@@ -77,6 +95,10 @@ class ReaderResult:
     answer_fallback: str | None = None
     #: Prompt tokens the backend took from its prefix cache (the second turn repeats the first).
     cached_prompt_tokens: int = 0
+    #: The model that wrote the short answer (the backend's name for it).
+    model: str = ""
+    #: How the short answer was made: "direct" or "two_turn" (``reader.answer``).
+    answer_mode: str = "direct"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -153,153 +175,6 @@ def fit_units(
     )
 
 
-_PREFIX = re.compile(
-    r"^\s*(?:(?:the\s+)?(?:short\s+|final\s+|long\s+)?answer(?:\s+is\s*:?|\s*[:\-])|a\s*:|output\s*:)\s*",
-    re.IGNORECASE,
-)
-_QUOTES = "\"'`“”‘’«»*_"
-_ABBREV_END = re.compile(r"(?:\b[A-Za-z]\.){2,}$|\b(?:Jr|Sr|Inc|Ltd|Co|St|Dr|Mr|Mrs|Ms|etc)\.$")
-
-
-def clean_short_answer(raw: str) -> str:
-    """Reduce a model's short-answer reply to the answer span.
-
-    Takes the first non-empty line, strips "Answer:"-style prefixes, surrounding quotes and
-    markdown emphasis, and a trailing period (kept after abbreviations like "U.S.").
-    """
-    lines = [ln.strip() for ln in raw.replace("\r", "\n").split("\n")]
-    text = next((ln for ln in lines if ln and not _PREFIX.fullmatch(ln) and not ln.startswith("Title:")), "")
-    if not text:
-        # A reply like "Short answer:\nCanberra" has the answer on the next line.
-        text = next((ln for ln in lines if ln), "")
-    for _ in range(3):
-        new = _PREFIX.sub("", text, count=1).strip()
-        new = new.strip(_QUOTES).strip()
-        if new == text:
-            break
-        text = new
-    # Echoed few-shot structure: cut at a following "Question:"/"Long answer:" marker.
-    text = re.split(r"\s*(?:Question|Long answer|Short answer)\s*:", text, maxsplit=1, flags=re.IGNORECASE)[0]
-    text = text.strip().strip(_QUOTES).strip()
-    while text.endswith((".", ",", ";", ":", "!")) and not _ABBREV_END.search(text):
-        text = text[:-1].rstrip()
-    return text.strip(_QUOTES).strip()
-
-
-_STOPWORDS = frozenset(
-    "a an the of in on at to for by with and or is are was were be been did does do what which who whom "
-    "whose when where why how many much name answer question".split()
-)
-_COPULA = re.compile(r"\b(?:is|are|was|were)\b:?\s+", re.IGNORECASE)
-_CLAUSE_END = re.compile(r",\s|;\s|\.\s|\s\((?!\d)|\s(?:because|which|who|since|as it|and it)\s", re.IGNORECASE)
-
-
-def _content_words(text: str) -> set[str]:
-    return {w for w in re.findall(r"[a-z0-9]+", text.lower()) if w not in _STOPWORDS}
-
-
-def reduce_to_span(answer: str, question: str, max_words: int = 6) -> str:
-    """Cut a sentence-long "short answer" down to its answer span.
-
-    Small models often repeat their long answer ("The national sport of Zorbland is rowing.")
-    instead of extracting from it. When ``answer`` has more than ``max_words`` words this takes
-    the part after an explicit ``is:``-style cue, or after the first copula whose left side
-    restates the question ("The national sport of Zorbland" -> "rowing"), then keeps the first
-    clause. Short answers are returned unchanged.
-    """
-    if len(answer.split()) <= max_words:
-        return answer
-    cand = answer
-    m = re.search(r":\s+(\S.*)$", cand)
-    if m:
-        cand = m.group(1)
-    q_words = _content_words(question)
-    for m in _COPULA.finditer(cand):
-        left = _content_words(cand[: m.start()])
-        if left and len(left & q_words) >= 0.5 * len(left):
-            cand = cand[m.end() :]
-            break
-    cand = _CLAUSE_END.split(cand + " ", maxsplit=1)[0]
-    cand = clean_short_answer(cand)
-    return cand or answer
-
-
-_YES_NO = frozenset({"yes", "no"})
-
-
-def _normalized(text: str) -> str:
-    return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
-
-
-def short_answer_problem(answer: str, question: str, evidence: str, examples: Sequence[FewShotExample]) -> str | None:
-    """Why a short answer cannot be the answer, or None when it may be.
-
-    * ``"empty"``: nothing left after cleaning;
-    * ``"question echo"``: the reply restates the question (it ends with "?", or its words cover at
-      least 3/4 of the question's content words) -- an entity named in the question, as comparison
-      questions need, covers less and passes;
-    * ``"few-shot example"``: the reply is one of the worked examples of the prompt rather than an
-      answer from this conversation: its content words come from an example more than from the
-      ``evidence`` (the long answer and the context), or it is an example's short answer that the
-      evidence never mentions. "yes"/"no" are always allowed.
-    """
-    if not answer.strip():
-        return "empty"
-    norm = _normalized(answer)
-    if norm in _YES_NO:
-        return None
-    words = _content_words(answer)
-    q_words = _content_words(question)
-    if answer.rstrip().endswith("?") or (q_words and words <= q_words and len(words) >= 0.75 * len(q_words)):
-        return "question echo"
-    evidence_norm = f" {_normalized(evidence)} "
-    from_evidence = len(words & _content_words(evidence)) / len(words) if words else 0.0
-    for ex in examples:
-        if norm == _normalized(ex.short_answer) and f" {norm} " not in evidence_norm:
-            return "few-shot example"
-        if words:
-            from_example = len(words & _content_words(f"{ex.question} {ex.long_answer}")) / len(words)
-            if from_example >= 0.5 and from_example > from_evidence:
-                return "few-shot example"
-    return None
-
-
-_YES_NO_QUESTION = re.compile(
-    r"^\s*(?:is|are|was|were|am|do|does|did|can|could|has|have|had|will|would|should|shall|may|might|must)\b",
-    re.IGNORECASE,
-)
-_LEADING_YES_NO = re.compile(r"^\W*(yes|no)\b", re.IGNORECASE)
-_NEGATION = re.compile(r"\b(?:no|not|never|neither|nor|none|different|n't)\b|n't\b", re.IGNORECASE)
-
-
-def is_yes_no_question(question: str) -> bool:
-    """A question answered by yes or no: it opens with an auxiliary verb ("Are both ...", "Was X
-    ...") and offers no alternatives ("Is X or Y older?" asks for one of them)."""
-    return bool(_YES_NO_QUESTION.match(question)) and not re.search(r"\bor\b", question, re.IGNORECASE)
-
-
-def yes_no_answer(question: str, short: str, long_answer: str) -> str | None:
-    """"yes"/"no" for a yes/no question: the reply's or the long answer's leading yes/no, else the
-    long answer's polarity (a negation -> "no", an affirmation -> "yes"). None for other questions."""
-    if not is_yes_no_question(question):
-        return None
-    for text in (short, long_answer):
-        m = _LEADING_YES_NO.match(text)
-        if m:
-            return m.group(1).lower()
-    if not long_answer.strip():
-        return None
-    return "no" if _NEGATION.search(long_answer) else "yes"
-
-
-def first_sentence(text: str, max_words: int = 30) -> str:
-    """The first sentence of ``text`` (for a fallback answer), at most ``max_words`` words."""
-    text = " ".join(text.split())
-    m = re.search(r"(?<=[a-z0-9\)\]])[.!?](?=\s|$)", text)
-    sent = text[: m.start()] if m else text
-    return " ".join(sent.split()[:max_words])
-
-
 class LongReader:
     """Two-turn long reader over any :class:`~longrag.llm.base.LLM`."""
 
@@ -318,13 +193,21 @@ class LongReader:
     # -- budget -------------------------------------------------------------------------------
 
     def context_budget(self, question: str) -> int:
-        """Tokens left for unit text: window minus both turns' fixed prompt tokens, both answer
-        budgets (the long answer appears twice in turn 2: as the reply and quoted), and the reserve;
-        capped at ``reader.max_context_tokens``."""
+        """Tokens left for unit text: the window minus the fixed prompt tokens, the answer budgets
+        and the reserve, capped at ``reader.max_context_tokens``. ``two_turn``: both turns' prompts
+        and answers (the long answer appears twice in turn 2: as the reply and quoted); ``direct``:
+        the larger of its calls, each with its own answer."""
         cfg = self.config
-        fixed = self.llm.count_message_tokens(turn1_messages(question, ""))
-        fixed += self.llm.count_message_tokens([turn2_message(question, "", cfg.few_shot_examples)])
-        answers = 2 * cfg.long_answer_max_tokens + cfg.short_answer_max_tokens
+        if cfg.answer == "two_turn":
+            fixed = self.llm.count_message_tokens(turn1_messages(question, ""))
+            fixed += self.llm.count_message_tokens([turn2_message(question, "", cfg.few_shot_examples)])
+            answers = 2 * cfg.long_answer_max_tokens + cfg.short_answer_max_tokens
+        else:  # each call holds the documents once: the larger prompt and its own answer must fit
+            fixed = self.llm.count_message_tokens(direct_messages(question, ""))
+            answers = cfg.short_answer_max_tokens
+            if cfg.long_answer:
+                fixed = max(fixed, self.llm.count_message_tokens(turn1_messages(question, "")))
+                answers = max(answers, cfg.long_answer_max_tokens)
         budget = self.llm.context_window - fixed - answers - cfg.context_reserve_tokens
         return budget if cfg.max_context_tokens is None else min(budget, cfg.max_context_tokens)
 
@@ -356,29 +239,35 @@ class LongReader:
         prompt = completion_prompt(messages)
         return await self.llm.complete(prompt, max_tokens=max_tokens, stop=stop + ["\n\n"])
 
+    @property
+    def writes_long_answer(self) -> bool:
+        return self.config.answer == "two_turn" or self.config.long_answer
+
     async def read(self, question: str, units: list[Unit], compression: str | None = None) -> ReaderResult:
         """Answer ``question`` from ``units`` (best first). With no units the model answers from
         the question alone (the context says no documents were found)."""
         question, fitted, context, messages, t_start = self._prepare(question, units, compression)
         t_fit = time.perf_counter()
-        first = await self._generate(messages, max_tokens=self.config.long_answer_max_tokens, stop=_TURN1_STOP)
+        first = None
+        if self.writes_long_answer:
+            first = await self._generate(messages, max_tokens=self.config.long_answer_max_tokens, stop=_TURN1_STOP)
         t_long = time.perf_counter()
-        second = await self._generate(self._turn2(question, messages, first), max_tokens=self.config.short_answer_max_tokens,
-                                      stop=_TURN2_STOP)
+        second = await self._short(question, context, messages, first)
         return self._finish(question, fitted, context, first, second, (t_start, t_fit, t_long, time.perf_counter()))
 
     async def read_stream(
         self, question: str, units: list[Unit], compression: str | None = None
     ) -> AsyncIterator[str | ReaderResult]:
         """:meth:`read`, streamed: yields the long answer's text deltas (turn 1) as the model
-        writes them, then the :class:`ReaderResult`. The short answer (turn 2) is not streamed: it
-        is cleaned and checked (:func:`clean_short_answer`, :func:`short_answer_problem`) before
+        writes them, then the :class:`ReaderResult`. The short answer is not streamed: it is
+        cleaned and checked (:func:`clean_short_answer`, :func:`short_answer_problem`) before
         anyone may see it, and it is a few tokens. A base model (no chat template) is not streamed
-        either: its long answer comes as one delta."""
+        either: its long answer comes as one delta. Without a long answer (``reader.long_answer``
+        off) only the result comes."""
         question, fitted, context, messages, t_start = self._prepare(question, units, compression)
         t_fit = time.perf_counter()
-        if self.llm.is_chat_model:
-            first = None
+        first = None
+        if self.writes_long_answer and self.llm.is_chat_model:
             async for item in self.llm.stream_chat(messages, max_tokens=self.config.long_answer_max_tokens,
                                                    stop=_TURN1_STOP):
                 if isinstance(item, ChatResult):
@@ -387,14 +276,22 @@ class LongReader:
                     yield item
             if first is None:
                 raise RuntimeError(f"{self.llm.name}: the stream ended without its ChatResult")
-        else:
+        elif self.writes_long_answer:
             first = await self._generate(messages, max_tokens=self.config.long_answer_max_tokens, stop=_TURN1_STOP)
             if first.text:
                 yield first.text
         t_long = time.perf_counter()
-        second = await self._generate(self._turn2(question, messages, first), max_tokens=self.config.short_answer_max_tokens,
-                                      stop=_TURN2_STOP)
+        second = await self._short(question, context, messages, first)
         yield self._finish(question, fitted, context, first, second, (t_start, t_fit, t_long, time.perf_counter()))
+
+    async def _short(self, question: str, context: str, messages: list[dict], first: ChatResult | None) -> ChatResult:
+        """The short-answer call: turn 2 of the conversation (``two_turn``) or the direct message."""
+        if self.config.answer == "two_turn":
+            assert first is not None
+            return await self._generate(self._turn2(question, messages, first),
+                                        max_tokens=self.config.short_answer_max_tokens, stop=_TURN2_STOP)
+        return await self._generate(direct_messages(question, context), max_tokens=self.config.short_answer_max_tokens,
+                                    stop=_TURN1_STOP)
 
     def _prepare(self, question: str, units: list[Unit], compression: str | None):
         if not isinstance(question, str) or not question.strip():
@@ -414,25 +311,22 @@ class LongReader:
             turn2_message(question, long_answer, self.config.few_shot_examples),
         ]
 
-    def _finish(self, question: str, fitted: FittedContext, context: str, first: ChatResult, second: ChatResult,
-                times: tuple[float, float, float, float]) -> ReaderResult:
+    def _finish(self, question: str, fitted: FittedContext, context: str, first: ChatResult | None,
+                second: ChatResult, times: tuple[float, float, float, float]) -> ReaderResult:
         t_start, t_fit, t_long, t_short = times
-        long_answer = first.text.strip()
-        examples = FEW_SHOT_EXAMPLES[: self.config.few_shot_examples]
-        answer = reduce_to_span(clean_short_answer(second.text), question)
-        fallback = short_answer_problem(answer, question, f"{long_answer}\n{context}", examples)
-        if fallback is not None:
-            # The long answer's first sentence, cut to its answer span.
-            answer = reduce_to_span(clean_short_answer(first_sentence(long_answer)), question)
-        yes_no = yes_no_answer(question, second.text, long_answer)
-        if yes_no is not None and answer.lower() != yes_no:
-            answer, fallback = yes_no, fallback or "yes/no question"
+        long_answer = first.text.strip() if first is not None else ""
+        if self.config.answer == "two_turn":
+            examples = FEW_SHOT_EXAMPLES[: self.config.few_shot_examples]
+            answer, fallback = finish_short_answer(second.text, question, long_answer, context, examples)
+        else:  # the long answer never feeds the direct answer: with or without it, the same answer
+            answer, fallback = finish_short_answer(second.text, question, "", context)
+        calls = [c for c in (first, second) if c is not None]
         return ReaderResult(
             answer=answer,
             long_answer=long_answer,
             units_used=fitted.unit_ids,
-            prompt_tokens=first.prompt_tokens + second.prompt_tokens,
-            completion_tokens=first.completion_tokens + second.completion_tokens,
+            prompt_tokens=sum(c.prompt_tokens for c in calls),
+            completion_tokens=sum(c.completion_tokens for c in calls),
             stages_ms={
                 "fit_context": (t_fit - t_start) * 1000.0,
                 "long_answer": (t_long - t_fit) * 1000.0,
@@ -444,5 +338,7 @@ class LongReader:
             compressed=fitted.compressed,
             raw_short_answer=second.text,
             answer_fallback=fallback,
-            cached_prompt_tokens=first.cached_prompt_tokens + second.cached_prompt_tokens,
+            cached_prompt_tokens=sum(c.cached_prompt_tokens for c in calls),
+            model=second.model,
+            answer_mode=self.config.answer,
         )

@@ -45,7 +45,8 @@ def test_mixpr_auto_route_local_reads_chunks_in_document_order():
     cfg = MixPRConfig(top_k=3)
     res = run(LongContextPipeline(cfg, llm=llm).run(DOC, QUESTION, retriever="mixpr", route="auto"))
     ref = MixPRRetriever(cfg).retrieve(DOC, QUESTION, route="local")
-    assert res.route == "local" and res.answer == "In the blue box."
+    assert res.route == "local" and res.answer == "In the blue box"  # cleaned: the trailing period goes
+    assert res.trace["raw_answer"] == "In the blue box."
     assert [c["position"] for c in res.chunks] == [c.position for c in ref]
     assert [c["text"] for c in res.chunks] == [c.text for c in ref]
     np.testing.assert_allclose([c["score"] for c in res.chunks], [c.score for c in ref])
@@ -294,3 +295,20 @@ def test_real_smollm2_router_and_reader_on_hashhop():
         assert res2.trace["context_tokens"] <= res2.trace["context_budget_tokens"]
     finally:
         run(llm.aclose())
+
+
+def test_a_question_gets_the_short_answer_prompt_and_its_finishing():
+    """With a question the reader asks for the answer alone and finishes it as the LongReader does;
+    mixpr.short_answer=false and question-less documents keep the reply whole."""
+    reply = "Answer: the blue box.\nIt is kept there."
+    llm = ScriptedLLM([reply], context_window=4096)
+    res = run(LongContextPipeline(MixPRConfig(top_k=3), llm=llm).run(DOC, QUESTION, retriever="sparse"))
+    assert res.answer == "the blue box" and res.trace["raw_answer"] == reply
+    assert "Reply with only the answer" in llm.calls[0]["messages"][-1]["content"]
+    whole = ScriptedLLM([reply], context_window=4096)
+    res = run(LongContextPipeline(MixPRConfig(top_k=3, short_answer=False), llm=whole).run(
+        DOC, QUESTION, retriever="sparse"))
+    assert res.answer == reply.strip() and "Reply with only the answer" not in whole.calls[0]["messages"][-1]["content"]
+    no_q = ScriptedLLM([reply], context_window=4096)
+    res = run(LongContextPipeline(MixPRConfig(top_k=3), llm=no_q).run(DOC, None, retriever="sparse"))
+    assert res.answer == reply.strip()

@@ -42,12 +42,16 @@ def run(coro):
     return asyncio.run(coro)
 
 
+#: The paper's two turns (``reader.answer=two_turn``); the default is the direct short answer.
+TWO_TURN = ReaderConfig(answer="two_turn")
+
+
 # -- the two turns --------------------------------------------------------------------------
 
 
 def test_turn2_carries_turn1_conversation():
     llm = ScriptedLLM(["Canberra is the capital of Australia.", 'Short answer: "Canberra".'])
-    reader = LongReader(llm, ReaderConfig())
+    reader = LongReader(llm, TWO_TURN)
     units = [
         Unit("u1", ["d1"], ["Australia"], "Australia's capital is Canberra. Sydney is its largest city.", 10),
         Unit("u2", ["d2"], ["Sydney"], "Sydney hosts the Opera House.", 5),
@@ -85,7 +89,7 @@ def test_turn2_carries_turn1_conversation():
 @pytest.mark.parametrize("n", [0, 3, 8])
 def test_few_shot_examples_present(n):
     llm = ScriptedLLM(["Paris is the capital.", "Paris"])
-    run(LongReader(llm, ReaderConfig(few_shot_examples=n)).read("capital of france?", [make_unit("a", 20)]))
+    run(LongReader(llm, ReaderConfig(answer="two_turn", few_shot_examples=n)).read("capital of france?", [make_unit("a", 20)]))
     t2 = llm.calls[1]["messages"][-1]["content"]
     assert t2.count("Short answer:") == n + 1
     for ex in FEW_SHOT_EXAMPLES[:n]:
@@ -98,13 +102,13 @@ def test_few_shot_examples_present(n):
 
 def test_empty_short_answer_falls_back_to_long_answer():
     llm = ScriptedLLM(["The Nile flows through Cairo. It is long.", "  \n "])
-    res = run(LongReader(llm).read("which river flows through cairo", [make_unit("a", 10)]))
+    res = run(LongReader(llm, TWO_TURN).read("which river flows through cairo", [make_unit("a", 10)]))
     assert res.answer == "The Nile flows through Cairo"
 
 
 def test_base_model_uses_completion_prompts():
     llm = ScriptedLLM(["Ohio, because he was born in Cincinnati.", " Ohio\nQuestion: next"], is_chat_model=False)
-    res = run(LongReader(llm).read("where was spielberg born", [make_unit("a", 12)]))
+    res = run(LongReader(llm, TWO_TURN).read("where was spielberg born", [make_unit("a", 12)]))
     assert [c["kind"] for c in llm.calls] == ["complete", "complete"]
     p1, p2 = llm.calls[0]["prompt"], llm.calls[1]["prompt"]
     assert p1.endswith("\nAnswer:") and p2.endswith("Short answer:")
@@ -374,7 +378,7 @@ def test_reader_replaces_a_bad_short_answer_with_the_long_answer_span(reply, rea
     llm = ScriptedLLM([long_answer, reply])
     unit = Unit("u1", ["d1"], ["Animal Farm"], ORWELL_EVIDENCE, 20)
     # eight worked examples in the prompt: the Beatles example can leak
-    res = run(LongReader(llm, ReaderConfig(few_shot_examples=8)).read("Who wrote the novel Animal Farm?", [unit]))
+    res = run(LongReader(llm, ReaderConfig(answer="two_turn", few_shot_examples=8)).read("Who wrote the novel Animal Farm?", [unit]))
     assert res.answer_fallback == reason
     assert res.raw_short_answer == reply
     assert "George Orwell" in res.answer and "Beatles" not in res.answer and "1945" not in res.answer
@@ -419,7 +423,7 @@ def test_yes_no_answer(question, short, long_answer, expected):
 
 def test_reader_answers_yes_no_questions_with_yes_or_no():
     llm = ScriptedLLM(["Yes, both were film directors.", "Christopher Nolan and Sathish Kalathil"])
-    res = run(LongReader(llm).read("Are Christopher Nolan and Sathish Kalathil both film directors?",
+    res = run(LongReader(llm, TWO_TURN).read("Are Christopher Nolan and Sathish Kalathil both film directors?",
                                    [make_unit("a", 10)]))
     assert res.answer == "yes" and res.answer_fallback == "yes/no question"
 
@@ -448,3 +452,69 @@ def test_read_stream_streams_the_long_answer_then_gives_what_read_gives(is_chat_
     assert (result.answer, result.long_answer, result.units_used, result.prompt_tokens, result.completion_tokens) == (
         expected.answer, expected.long_answer, expected.units_used, expected.prompt_tokens, expected.completion_tokens)
     assert result.answer == "Canberra"
+
+
+# -- the direct short answer (the default) ----------------------------------------------------
+
+
+def test_direct_answer_is_one_message_over_the_documents_beside_the_long_answer():
+    llm = ScriptedLLM(["Canberra is the capital of Australia.", "The answer is Canberra."])
+    units = [Unit("u1", ["d1"], ["Australia"], "Australia's capital is Canberra.", 6)]
+    res = run(LongReader(llm).read("what is the capital of australia", units))
+    assert ReaderConfig().answer == "direct" and res.answer == "Canberra" and res.answer_fallback is None
+    assert res.long_answer == "Canberra is the capital of Australia."
+    long_msgs, short_msgs = llm.calls[0]["messages"], llm.calls[1]["messages"]
+    # the short answer's call never sees the long answer: a fresh system + user message
+    assert [m["role"] for m in short_msgs] == ["system", "user"]
+    assert "Canberra is the capital" not in short_msgs[-1]["content"]
+    assert "Title: Australia\nAustralia's capital is Canberra." in short_msgs[-1]["content"]
+    assert "Reply with only the answer" in short_msgs[-1]["content"]
+    # same system message and the same opening through the documents: a prefix cache reuses them
+    assert short_msgs[0] == long_msgs[0]
+    docs_end = long_msgs[1]["content"].index("Australia's capital is Canberra.") + len("Australia's capital is Canberra.")
+    assert short_msgs[1]["content"][:docs_end] == long_msgs[1]["content"][:docs_end]
+    assert llm.calls[1]["max_tokens"] == ReaderConfig().short_answer_max_tokens
+    assert res.prompt_tokens == llm.count_message_tokens(long_msgs) + llm.count_message_tokens(short_msgs)
+
+
+def test_direct_answer_does_not_depend_on_the_long_answer():
+    """The same short reply gives the same answer whatever the long answer says, and without one
+    (reader.long_answer off) a read is a single call."""
+    units = [make_unit("a", 12)]
+    q = "Were both bands from England?"
+    answers = []
+    for long_answer in ("No. Only the Beatles were English.", "Yes, both were.", None):
+        script = ([long_answer] if long_answer is not None else []) + ["yes"]
+        llm = ScriptedLLM(script)
+        cfg = ReaderConfig(long_answer=long_answer is not None)
+        res = run(LongReader(llm, cfg).read(q, units))
+        assert len(llm.calls) == (2 if long_answer is not None else 1)
+        answers.append(res.answer)
+    assert answers == ["yes", "yes", "yes"]
+
+
+def test_direct_answer_without_long_answer_streams_only_the_result():
+    llm = ScriptedLLM(["Canberra"])
+    units = [Unit("u1", ["d1"], ["Australia"], "Australia's capital is Canberra.", 6)]
+    items = run(_collect(LongReader(llm, ReaderConfig(long_answer=False)).read_stream("capital of australia?", units)))
+    assert len(items) == 1 and isinstance(items[0], ReaderResult)
+    assert items[0].answer == "Canberra" and items[0].long_answer == "" and len(llm.calls) == 1
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ("Answer: George Orwell.", "George Orwell"),
+    ('"George Orwell"\nHe wrote it in 1945.', "George Orwell"),
+])
+def test_direct_answer_is_cleaned(raw, expected):
+    res = run(LongReader(ScriptedLLM([raw]), ReaderConfig(long_answer=False)).read(
+        "Who wrote Animal Farm?", [make_unit("a", 10)]))
+    assert res.answer == expected
+
+
+def test_direct_budget_counts_each_call_once():
+    """Two turns hold the long answer twice and both prompts; direct calls each hold the documents
+    once, so the same window leaves more room for them."""
+    llm = ScriptedLLM(context_window=2000)
+    direct = LongReader(llm, ReaderConfig(max_context_tokens=None)).context_budget("q?")
+    two = LongReader(llm, ReaderConfig(max_context_tokens=None, answer="two_turn")).context_budget("q?")
+    assert direct > two
