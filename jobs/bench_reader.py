@@ -1,7 +1,13 @@
-"""Reader benchmark: full vs MixPR-compressed units at several context budgets, EM/F1 and seconds.
+"""Reader benchmark: the reader against a bare prompt, full vs MixPR-compressed units, EM/F1 and seconds.
 
-    python -m jobs.bench_reader --dataset hotpotqa --limit 30
-    python -m jobs.bench_reader --dataset musique --limit 10 --settings full@2048/fs8,full@2048/fs2,full@2048,mixpr@2048
+    python -m jobs.bench_reader --dataset hotpotqa --limit 100
+    python -m jobs.bench_reader --dataset musique --limit 50 --settings plain@1024,mixpr@1024,mixpr@1024/2t
+    python -m jobs.bench_reader --dataset hotpotqa --set llm.model=qwen2.5-coder-1.5b-instruct
+
+``plain@B`` is the bare-prompt baseline; ``full@B``/``mixpr@B`` the LongReader with its direct short
+answer, ``/2t`` with the paper's two turns (``/2t/fsN``: N worked examples in turn 2). The direct
+answer never reads the long answer, so ``--set reader.long_answer=false`` gives the same answers in
+half the time (the seconds are then the short answer's alone).
 
 Retrieval runs in process (pooled paragraphs of the evaluated questions -> title-linked grouped units
 -> MaxP over the bundled encoder); the candidates are a question's top units up to twice the largest
@@ -29,7 +35,7 @@ from longrag.eval.datasets import load_qa
 
 ROOT = Path(__file__).resolve().parent.parent
 DATASETS = {"hotpotqa": HOTPOTQA_SAMPLE, "musique": MUSIQUE_SAMPLE}
-DEFAULT_SETTINGS = "full@2048/fs8,full@2048/fs2,full@2048,mixpr@2048,full@4096,mixpr@4096,full@8192,mixpr@8192"
+DEFAULT_SETTINGS = "plain@1024,full@1024,full@1024/2t,mixpr@1024"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -40,7 +46,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--k", type=number(int, min_value=1), default=4, help="candidate units per question (at least)")
     p.add_argument("--candidate-tokens", type=number(int, min_value=0), help="take more units until they hold this many tokens "
                    "(default: twice the largest budget, so that every budget must choose)")
-    p.add_argument("--settings", default=DEFAULT_SETTINGS, help="MODE@TOKENS[/fsN],... (MODE: full | mixpr)")
+    p.add_argument("--settings", default=DEFAULT_SETTINGS, help="MODE@TOKENS[/2t][/fsN],... (MODE: plain | full | mixpr)")
     p.add_argument("--out", default=str(ROOT / "reports" / "bench-reader"))
     p.add_argument("--config")
     p.add_argument("--set", action="append", default=[], help="config override section.field=value")
@@ -73,17 +79,20 @@ def main(argv: list[str] | None = None) -> int:
     rows = asyncio.run(rb.run_settings(llm, examples, cands, args.settings, base=config.reader, mixpr=config.mixpr,
                                        checkpoint=out / f"{args.dataset}.rows.jsonl"))
     summary = rb.summarize(rows)
+    causes = rb.attribution(rows)
     meta = {"llm": config.llm.model_dump(), "data": data, "malformed": loaded.n_malformed,
             "settings_spec": rb.setting_dicts(args.settings), "wall_s": round(time.perf_counter() - t0, 1),
             "command": ["python", "-m", "jobs.bench_reader", *(argv if argv is not None else sys.argv[1:])]}
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.dataset}.json").write_text(json.dumps(rb.report_json(args.dataset, cands, summary, meta), indent=2))
-    table = rb.markdown_table(args.dataset, summary)
+    report = rb.report_json(args.dataset, cands, summary, meta) | {"attribution": causes}
+    (out / f"{args.dataset}.json").write_text(json.dumps(report, indent=2))
+    table = rb.markdown_table(args.dataset, summary) + "\n\n" + rb.attribution_table(args.dataset, causes)
     (out / f"{args.dataset}.md").write_text(table + "\n")
     summaries = {p.stem: json.loads(p.read_text())["settings"] for p in sorted(out.glob("*.json"))}
     rb.plot_summary(summaries, out / "reader_bench.png")
     print(table)
-    print(json.dumps({"dataset": args.dataset, "settings": summary, "wall_s": meta["wall_s"]}))
+    print(json.dumps({"dataset": args.dataset, "model": config.llm.model, "settings": summary,
+                      "vs_plain": rb.versus_plain(summary), "wall_s": meta["wall_s"]}))
     return 0
 
 

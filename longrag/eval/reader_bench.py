@@ -1,4 +1,5 @@
-"""Reader benchmark: which reader context suits a CPU (full units vs MixPR-compressed, by budget).
+"""Reader benchmark: the reader against a bare prompt, and which context suits a CPU (full units vs
+MixPR-compressed, by budget).
 
 The plan, all in process and Ray-free, so it measures the reader and not the cluster:
 
@@ -6,15 +7,19 @@ The plan, all in process and Ray-free, so it measures the reader and not the clu
    distractors plus everyone else's), linked by title mentions and grouped into long units
    (LongRAG, Jiang et al. 2024, Algorithm 1), chunked, embedded with the bundled encoder and searched
    with exact MaxP: the top ``k`` units of every question are the reader's candidates;
-2. every :class:`ReaderSetting` reads them: ``full`` keeps whole top units while they fit the budget
-   (the reader's ``truncate`` mode), ``mixpr`` squeezes all candidates into the same budget with
-   question-seeded Mixture-of-PageRanks (Alonso & Millidge, 2024) sentence selection;
-3. EM / F1 (SQuAD rules), seconds per question, prompt tokens and short-answer fallbacks per setting.
+2. every :class:`ReaderSetting` reads them: ``plain`` is the bare-prompt baseline (one message over
+   the top units that fit the budget, first line kept); ``full`` keeps whole top units while they
+   fit the budget (the reader's ``truncate`` mode), ``mixpr`` squeezes all candidates into the same
+   budget with question-seeded Mixture-of-PageRanks (Alonso & Millidge, 2024) sentence selection;
+   either with the reader's ``direct`` short answer or the paper's ``two_turn`` one (``/2t``);
+3. EM / F1 (SQuAD rules), seconds per question, prompt tokens and short-answer fallbacks per
+   setting, and where the points go (:func:`attribution`): the raw reply, each cleaning step, and
+   for two turns the long answer's own span.
 
 Two settings whose fitted contexts are equal for a question (the candidates fit the budget whole,
 so MixPR has nothing to remove) share one read. Settings that differ only in few-shot examples run
-back to back, so their first turn comes from the KV cache: compare their turn-2 seconds, not totals. Results are appended to a checkpoint as they come,
-so a rerun resumes.
+back to back, so their first turn comes from the KV cache: compare their turn-2 seconds, not totals.
+Results are appended to a checkpoint as they come, so a rerun resumes.
 """
 
 from __future__ import annotations
@@ -40,46 +45,104 @@ from longrag.types import Unit
 
 log = logging.getLogger(__name__)
 
-Mode = Literal["full", "mixpr"]
+Mode = Literal["full", "mixpr", "plain"]
+Answer = Literal["direct", "two_turn"]
 MAX_CANDIDATES = 64
+
+#: The bare-prompt baseline: one system + one user message over the candidate text, nothing else. It
+#: opens as the reader's prompts do (system message, "Documents:"), so the reads of one question share
+#: the documents' KV cache; what follows the documents is the bare request.
+PLAIN_USER = "Documents:\n\n{context}\n\nQuestion: {question}\nReply with only the answer."
+PLAIN_MAX_TOKENS = 32
 
 
 @dataclass(frozen=True)
 class ReaderSetting:
-    """One reader configuration under test."""
+    """One reader configuration under test. ``plain`` is the baseline every reader table carries:
+    the same candidate text as ``full`` at the same budget (whole top units, the next one trimmed),
+    one system + user message asking for the answer alone, greedy, ``PLAIN_MAX_TOKENS``, the
+    reply's first line kept as it is. ``full``/``mixpr`` are the LongReader with that context fit
+    and ``answer`` (``direct`` or the paper's ``two_turn``)."""
 
     mode: Mode
     budget: int  # reader.max_context_tokens
     few_shot: int = 0
+    answer: Answer = "direct"
 
     @property
     def label(self) -> str:
-        return f"{self.mode}@{self.budget // 1024}K fs{self.few_shot}"
+        head = f"{self.mode}@{self.budget / 1024:g}K"
+        return f"{head} 2turn fs{self.few_shot}" if self.answer == "two_turn" else head
 
     def reader_config(self, base: ReaderConfig) -> ReaderConfig:
         return base.model_copy(update={
             "max_context_tokens": self.budget,
             "few_shot_examples": self.few_shot,
-            "compression": "truncate" if self.mode == "full" else "mixpr",
+            "compression": "mixpr" if self.mode == "mixpr" else "truncate",
+            "answer": self.answer,
         })
 
 
 def parse_settings(spec: str) -> list[ReaderSetting]:
-    """``"full@2048,mixpr@4096,full@2048/fs8"`` -> settings (``/fsN``: N few-shot examples, default 0)."""
+    """``"plain@1024,mixpr@1024,mixpr@1024/2t,full@2048/2t/fs8"`` -> settings (``/2t``: the two-turn
+    short answer; ``/fsN``: N few-shot examples in its second turn, default 0)."""
     out: list[ReaderSetting] = []
     for item in (s.strip() for s in spec.split(",")):
         if not item:
             continue
-        head, _, fs = item.partition("/fs")
+        head, *opts = item.split("/")
         mode, sep, budget = head.partition("@")
-        if mode not in ("full", "mixpr") or not sep or not budget.isdigit() or int(budget) < 1:
-            raise ValueError(f"setting {item!r} is not MODE@TOKENS[/fsN] with MODE full or mixpr")
-        if fs and not fs.isdigit():
-            raise ValueError(f"setting {item!r}: /fs needs a number of few-shot examples (0-8)")
-        out.append(ReaderSetting(mode, int(budget), int(fs) if fs else 0))  # type: ignore[arg-type]
+        if mode not in ("full", "mixpr", "plain") or not sep or not budget.isdigit() or int(budget) < 1:
+            raise ValueError(f"setting {item!r} is not MODE@TOKENS[/2t][/fsN] with MODE full, mixpr or plain")
+        answer, few_shot = "direct", 0
+        for opt in opts:
+            if opt == "2t":
+                answer = "two_turn"
+            elif opt.startswith("fs") and opt[2:].isdigit():
+                few_shot = int(opt[2:])
+            else:
+                raise ValueError(f"setting {item!r}: unknown option {opt!r} (/2t or /fsN)")
+        if few_shot and answer != "two_turn":
+            raise ValueError(f"setting {item!r}: few-shot examples belong to the two-turn answer (/2t/fsN)")
+        if mode == "plain" and answer != "direct":
+            raise ValueError(f"setting {item!r}: the plain baseline has one message (no /2t)")
+        out.append(ReaderSetting(mode, int(budget), few_shot, answer))  # type: ignore[arg-type]
     if not out:
         raise ValueError("no reader settings given")
     return out
+
+
+class PlainReader:
+    """The bare-prompt baseline (see :class:`ReaderSetting`): the LongReader's truncating fit for the
+    candidate text, then one call. Kept here, apart from the product's reader, so that it stays the
+    simplest honest baseline whatever the reader becomes."""
+
+    def __init__(self, llm: LLM, config: ReaderConfig) -> None:
+        from longrag.reading.reader import LongReader
+
+        self.llm = llm
+        self.config = config
+        self._fitter = LongReader(llm, config.model_copy(update={"compression": "truncate"}))
+
+    def fit(self, question: str, units: list[Unit], compression: str | None = None):
+        return self._fitter.fit(question, units, "truncate")
+
+    async def read(self, question: str, units: list[Unit]) -> Any:
+        from longrag.reading.prompts import READER_SYSTEM, format_context
+        from longrag.reading.reader import ReaderResult
+
+        t0 = time.perf_counter()
+        fitted = self.fit(question, units)
+        messages = [{"role": "system", "content": READER_SYSTEM},
+                    {"role": "user", "content": PLAIN_USER.format(context=format_context(fitted.blocks),
+                                                                  question=question)}]
+        out = await self.llm.chat(messages, max_tokens=PLAIN_MAX_TOKENS)
+        lines = [ln.strip() for ln in out.text.strip().splitlines()]
+        ms = (time.perf_counter() - t0) * 1e3
+        return ReaderResult(answer=lines[0] if lines else "", long_answer="", units_used=fitted.unit_ids,
+                            prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
+                            stages_ms={"fit_context": 0.0, "long_answer": 0.0, "short_answer": ms, "total": ms},
+                            truncated=fitted.truncated, context_tokens=fitted.tokens, raw_short_answer=out.text)
 
 
 @dataclass
@@ -174,7 +237,8 @@ async def run_settings(
                 done[(row["setting"], row["qid"])] = row
             except (ValueError, KeyError, TypeError):
                 continue  # a torn last line
-    readers = [(s, LongReader(llm, s.reader_config(base), compressor=compressor)) for s in settings]
+    readers = [(s, PlainReader(llm, s.reader_config(base)) if s.mode == "plain"
+                else LongReader(llm, s.reader_config(base), compressor=compressor)) for s in settings]
     rows: list[dict[str, Any]] = []
     t_start, n_read = time.perf_counter(), 0
     # Question-major: the settings of one question run back to back, so those that give the model
@@ -189,7 +253,8 @@ async def run_settings(
                 rows.append(done[key])
                 continue
             ctx = _context_key(reader, ex.question, units, reader.config.compression)
-            shared = by_context.get((ctx, s.few_shot))
+            share_key = (ctx, s.mode == "plain", s.answer, s.few_shot)
+            shared = by_context.get(share_key)
             if shared is None:
                 res = await reader.read(ex.question, units)
                 n_read += 1
@@ -202,8 +267,8 @@ async def run_settings(
                     "short_s": round(res.stages_ms["short_answer"] / 1e3, 3),
                     "truncated": res.truncated, "compressed": res.compressed,
                 }
-                by_context[(ctx, s.few_shot)] = shared
-            row = {"setting": s.label, "mode": s.mode, "budget": s.budget, "few_shot": s.few_shot,
+                by_context[share_key] = shared
+            row = {"setting": s.label, "mode": s.mode, "budget": s.budget, "few_shot": s.few_shot, "answer_mode": s.answer,
                    "qid": ex.qid, "question": ex.question, "golds": list(ex.answers), **shared,
                    "em": exact_match(shared["answer"], ex.answers), "f1": f1(shared["answer"], ex.answers)}
             rows.append(row)
@@ -225,6 +290,7 @@ def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     for label, rs in by.items():
         out.append({
             "setting": label, "mode": rs[0]["mode"], "budget": rs[0]["budget"], "few_shot": rs[0]["few_shot"],
+            "answer_mode": rs[0].get("answer_mode", "two_turn"),
             "questions": len(rs),
             "em": round(100 * float(np.mean([r["em"] for r in rs])), 1),
             "f1": round(100 * float(np.mean([r["f1"] for r in rs])), 1),
@@ -236,6 +302,88 @@ def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             "fallbacks": sum(1 for r in rs if r["fallback"]),
         })
     return out
+
+
+def versus_plain(summary: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each reader setting's EM and F1 minus the ``plain`` baseline's at the same budget (the
+    smallest plain budget when none matches); empty without a plain setting."""
+    plains = {s["budget"]: s for s in summary if s["mode"] == "plain"}
+    if not plains:
+        return {}
+    out = {}
+    for s in summary:
+        if s["mode"] == "plain":
+            continue
+        base = plains.get(s["budget"]) or plains[min(plains)]
+        out[s["setting"]] = {"vs": base["setting"], "em": round(s["em"] - base["em"], 1),
+                             "f1": round(s["f1"] - base["f1"], 1)}
+    return out
+
+
+def attribution(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Where the points go, per setting (EM / F1 x100 of the same replies, finished differently):
+
+    * ``raw``: the reply's first non-empty line as it came (the bare prompt's rule);
+    * ``cleaned``: :func:`~longrag.reading.reader.clean_short_answer` (prefixes like "The answer is",
+      quotes, a trailing period);
+    * ``span``: cleaned, then cut to its span when it is a sentence (:func:`reduce_to_span`);
+    * ``final``: the answer the reader returned (with yes/no and the guard's replacements);
+    * ``long``: two turns only: the long answer's first sentence cut to its span, i.e. what turn 1
+      alone would have answered;
+    * ``replaced``: answers the guard or the yes/no rule changed, and how many of them gained or lost EM.
+    """
+    from longrag.reading.answers import clean_short_answer, first_sentence, reduce_to_span
+
+    def first_line(text: str) -> str:
+        return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault(r["setting"], []).append(r)
+    out = []
+    for label, rs in by.items():
+        variants: dict[str, list[str]] = {"raw": [], "cleaned": [], "span": [], "final": []}
+        long_ans: list[str] = []
+        gained = lost = 0
+        for r in rs:
+            raw = r.get("raw_short_answer") or ""
+            cleaned = clean_short_answer(raw)
+            span = reduce_to_span(cleaned, r["question"])
+            for name, ans in (("raw", first_line(raw)), ("cleaned", cleaned), ("span", span), ("final", r["answer"])):
+                variants[name].append(ans)
+            if r.get("long_answer"):
+                long_ans.append(reduce_to_span(clean_short_answer(first_sentence(r["long_answer"])), r["question"]))
+            if r["answer"] != span:
+                delta = exact_match(r["answer"], r["golds"]) - exact_match(span, r["golds"])
+                gained += delta > 0
+                lost += delta < 0
+        row: dict[str, Any] = {"setting": label, "questions": len(rs)}
+        for name, answers in variants.items():
+            row[f"{name}_em"] = round(100 * float(np.mean([exact_match(a, r["golds"]) for a, r in zip(answers, rs)])), 1)
+            row[f"{name}_f1"] = round(100 * float(np.mean([f1(a, r["golds"]) for a, r in zip(answers, rs)])), 1)
+        if len(long_ans) == len(rs) and rs[0].get("answer_mode") == "two_turn":
+            row["long_em"] = round(100 * float(np.mean([exact_match(a, r["golds"]) for a, r in zip(long_ans, rs)])), 1)
+            row["long_f1"] = round(100 * float(np.mean([f1(a, r["golds"]) for a, r in zip(long_ans, rs)])), 1)
+        row["replaced"] = sum(1 for r in rs if r.get("fallback"))
+        row["replaced_gained"], row["replaced_lost"] = int(gained), int(lost)
+        out.append(row)
+    return out
+
+
+def attribution_table(dataset: str, rows: Sequence[dict[str, Any]]) -> str:
+    """:func:`attribution` as Markdown: EM / F1 per finishing step."""
+    head = ("| dataset | setting | raw reply | cleaned | span | final | turn 1 alone | guard: replaced (gained / lost) |\n"
+            "| --- | --- | --- | --- | --- | --- | --- | --- |")
+
+    def pair(r: dict[str, Any], name: str) -> str:
+        return f"{r[name + '_em']} / {r[name + '_f1']}" if f"{name}_em" in r else "-"
+
+    lines = [head] + [
+        f"| {dataset} | {r['setting']} | {pair(r, 'raw')} | {pair(r, 'cleaned')} | {pair(r, 'span')} | "
+        f"{pair(r, 'final')} | {pair(r, 'long')} | {r['replaced']} ({r['replaced_gained']} / {r['replaced_lost']}) |"
+        for r in rows
+    ]
+    return "\n".join(lines)
 
 
 def markdown_table(dataset: str, summary: Sequence[dict[str, Any]]) -> str:
@@ -257,7 +405,7 @@ def plot_summary(summaries: dict[str, Sequence[dict[str, Any]]], path: Path) -> 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    markers = {"full": "o", "mixpr": "s"}
+    markers = {"full": "o", "mixpr": "s", "plain": "x"}
     for dataset, summary in summaries.items():
         for s in summary:
             ax.scatter(s["s_per_q"], s["f1"], marker=markers[s["mode"]], s=50)
@@ -265,7 +413,7 @@ def plot_summary(summaries: dict[str, Sequence[dict[str, Any]]], path: Path) -> 
                         xytext=(4, 3), textcoords="offset points")
     ax.set_xlabel("seconds per question (2 turns, CPU)")
     ax.set_ylabel("F1")
-    ax.set_title("Reader: full units (o) vs MixPR-compressed (s), by context budget")
+    ax.set_title("Reader: full units (o), MixPR-compressed (s), bare prompt (x)")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
