@@ -31,6 +31,7 @@ from longrag.config import DUAL_STRATEGIES, DualConfig
 from longrag.dual.chunking import DualChunk, SourceParagraph, chunk_paragraphs, split_document
 from longrag.dual.rerank import DenseEncoder, DualRetriever, PairScorer, Retrieval, RetrievedChunk
 from longrag.llm.base import LLM, ChatResult
+from longrag.reading.answers import finish_short_answer
 
 __all__ = [
     "STRATEGIES",
@@ -401,7 +402,9 @@ class DualPipeline:
         r = await self._ask(prompt, max_t)
         st.add(r)
         st.wall_ms = _ms(t0)
-        return _clean_answer(r.text), r.prompt_tokens, st
+        # finished as the LongReader's direct answer: cleaned, cut to its span, yes/no for a yes/no question
+        answer, _ = finish_short_answer(r.text, question, "", "\n".join(texts))
+        return answer, r.prompt_tokens, st
 
     # -- strategies -------------------------------------------------------------------------------
 
@@ -507,14 +510,6 @@ class DualPipeline:
 
 def _titled(p: SourceParagraph) -> str:
     return f"{p.title}\n{p.text}" if p.title else p.text
-
-
-def _clean_answer(text: str) -> str:
-    t = text.strip()
-    for prefix in ("Answer:", "answer:", "A:"):
-        if t.startswith(prefix):
-            t = t[len(prefix) :].strip()
-    return t.splitlines()[0].strip() if t else t
 
 
 def _ms(t0: float) -> float:

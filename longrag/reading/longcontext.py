@@ -57,10 +57,8 @@ READER_SYSTEM = (
     "only these passages. Answer briefly and directly."
 )
 _USER_WITH_QUESTION = "PASSAGES:\n{context}\n\nQUESTION: {question}\nANSWER:"
-_USER_SHORT_ANSWER = (
-    "PASSAGES:\n{context}\n\nQUESTION: {question}\nReply with only the answer: a name, a place, a date, a number "
-    "or a short phrase, or yes or no. No explanation.\nANSWER:"
-)
+# The bare prompt's instruction (longrag.reading.prompts.DIRECT_TEMPLATE says why no list of answer kinds).
+_USER_SHORT_ANSWER = "PASSAGES:\n{context}\n\nQUESTION: {question}\nReply with only the answer.\nANSWER:"
 _USER_WITHOUT_QUESTION = (
     "PASSAGES:\n{context}\n\nThe document ends with this request; carry it out using the passages.\n"
     "REQUEST: {question}\nANSWER:"
