@@ -10,7 +10,10 @@ the body size, and CORS (``serve.api_keys``, ``serve.rate_limit_rps``, ``serve.m
   logs and metrics by a short hash of its key.
 * Rate limit: a token bucket per client (its key, or its address without keys): ``rate_limit_rps``
   tokens a second, at most ``rate_limit_burst`` at once; an empty bucket gets 429 with
-  ``Retry-After`` (whole seconds). Buckets live in each ingress replica.
+  ``Retry-After`` (whole seconds). Buckets live in each ingress replica, least recently used first: a
+  bucket idle long enough to be full again is dropped (a new one is the same), and past
+  ``MAX_BUCKETS`` clients the least recently used goes even if not yet full (that client gets a
+  fresh burst), so many clients cannot grow the replica's memory without bound.
 * Body size: a POST whose body exceeds its limit gets 413 (``/v1/longcontext``: the document limit
   ``mixpr.max_document_bytes`` plus ``max_body_bytes`` for the rest of the request).
 """
@@ -23,10 +26,13 @@ import math
 import os
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from longrag.config import LongRAGConfig
+
+MAX_BUCKETS = 65_536  # clients with a bucket per ingress replica (a bucket is ~200 bytes)
 
 
 def load_api_keys(config: LongRAGConfig, environ: dict[str, str] | None = None) -> list[str]:
@@ -64,6 +70,10 @@ class TokenBucket:
         if self.tokens < 0:
             self.tokens = float(self.burst)
 
+    def full_at(self) -> float:
+        """When, left alone, the bucket is full again (a new bucket is the same from then on)."""
+        return self.stamp + (self.burst - self.tokens) / self.rate
+
     def take(self, now: float | None = None) -> float:
         now = time.monotonic() if now is None else now
         self.tokens = min(float(self.burst), self.tokens + (now - self.stamp) * self.rate)
@@ -84,7 +94,8 @@ class Guard:
         self.max_body = s.max_body_bytes
         self.max_document = config.mixpr.max_document_bytes
         self.cors_origins = list(s.cors_origins)
-        self._buckets: dict[str, TokenBucket] = {}
+        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()  # least recently used first
+        self.max_buckets = MAX_BUCKETS
         self._lock = threading.Lock()
 
     def body_limit(self, path: str) -> int:
@@ -107,16 +118,33 @@ class Guard:
             return None, "the API key is not valid"
         return client_label(given), None
 
-    def throttle(self, client: str) -> int:
+    def throttle(self, client: str, now: float | None = None) -> int:
         """0 when ``client`` may go on, else the whole seconds to wait (``Retry-After``)."""
         if not self.rate:
             return 0
+        now = time.monotonic() if now is None else now
         with self._lock:
-            bucket = self._buckets.get(client)
+            bucket = self._buckets.pop(client, None)
             if bucket is None:
-                bucket = self._buckets[client] = TokenBucket(self.rate, self.burst)
-            wait = bucket.take()
+                bucket = TokenBucket(self.rate, self.burst, stamp=now)
+            wait = bucket.take(now)
+            self._buckets[client] = bucket  # now the most recently used
+            self._evict(now)
         return 0 if wait == 0 else max(1, math.ceil(wait))
+
+    @property
+    def clients(self) -> int:
+        """Clients holding a bucket now."""
+        return len(self._buckets)
+
+    def _evict(self, now: float) -> None:
+        buckets = self._buckets
+        while buckets:
+            oldest = next(iter(buckets.values()))
+            if oldest.full_at() <= now or len(buckets) > self.max_buckets:
+                buckets.popitem(last=False)
+            else:
+                break
 
 
 # The guard of the ingress replica running in this process (set by its Ingress, read by the

@@ -63,3 +63,29 @@ def test_body_limits():
     guard = Guard(_config("serve.max_body_bytes=2048", "mixpr.max_document_bytes=10000"), environ={})
     assert guard.body_limit("/v1/answer") == 2048
     assert guard.body_limit("/v1/longcontext") == 12048
+
+
+def test_buckets_of_idle_clients_are_dropped_once_full_again():
+    # 0.5 tokens/s, burst 2: full again 4 s after emptying
+    guard = Guard(_config("serve.rate_limit_rps=0.5", "serve.rate_limit_burst=2"), environ={})
+    for i in range(1000):
+        assert guard.throttle(f"client-{i}", now=0.0) == 0
+    assert guard.clients == 1000
+    assert [guard.throttle("a", now=1.0), guard.throttle("a", now=1.0)] == [0, 0]
+    assert guard.throttle("a", now=1.0) == 2
+    # at 4.5 s the 1,000 one-request clients are full again (a new bucket is the same): dropped;
+    # "a" emptied at 1.0 is not full before 5.0, and still owes its wait
+    assert guard.throttle("b", now=4.5) == 0
+    assert guard.clients == 2
+    assert guard.throttle("a", now=4.5) == 0 and guard.throttle("a", now=4.5) == 1
+
+
+def test_buckets_are_bounded_least_recently_used_first():
+    guard = Guard(_config("serve.rate_limit_rps=0.5", "serve.rate_limit_burst=2"), environ={})
+    guard.max_buckets = 100
+    for i in range(10_000):
+        guard.throttle(f"client-{i}", now=0.0)
+    assert guard.clients == 100
+    # the most recent clients keep their (spent) buckets; the first ones got evicted
+    assert [guard.throttle("client-9999", now=0.0), guard.throttle("client-9999", now=0.0)] == [0, 2]
+    assert guard.throttle("client-0", now=0.0) == 0
