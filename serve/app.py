@@ -157,15 +157,55 @@ async def _check(request: Request) -> JSONResponse | None:
     if wait:
         return error_response(429, f"rate limit of {guard.rate:g} requests/s (burst {guard.burst}) exceeded; "
                               f"retry after {wait} s (serve.rate_limit_rps)", headers={"Retry-After": str(wait)})
-    if request.method == "POST":
-        limit = guard.body_limit(request.url.path)
-        declared = request.headers.get("content-length")
-        size = int(declared) if declared and declared.isdigit() else len(await request.body())
-        if size > limit:
-            return error_response(413, f"request body is {size} bytes; the limit is {limit} (serve.max_body_bytes"
-                                  + (" + mixpr.max_document_bytes)" if request.url.path.endswith("/v1/longcontext")
-                                     else ")"))
     return None
+
+
+class _BodyLimit:
+    """413 for a POST body over its limit (:meth:`serve.guard.Guard.body_limit`), decided while the
+    body streams in: a declared Content-Length over the limit is refused before any byte is read,
+    a chunked body (no Content-Length) is counted as it arrives and refused at the first byte over
+    the limit, so the ingress never holds more than the limit. The body read (at most the limit) is
+    handed on to the app as it came."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        guard = guards.current()
+        if guard is None or scope["type"] != "http" or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        limit = guard.body_limit(path)
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            return await self._refuse(scope, receive, send, f"request body is {int(declared)} bytes", limit)
+        messages, size = [], 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break  # the client went away: the app sees it as it would have
+            size += len(message.get("body", b""))
+            if size > limit:
+                return await self._refuse(scope, receive, send, f"request body is over {limit} bytes", limit)
+            if not message.get("more_body", False):
+                break
+
+        async def replay() -> Any:
+            return messages.pop(0) if messages else await receive()
+
+        return await self.app(scope, replay, send)
+
+    @staticmethod
+    async def _refuse(scope: Any, receive: Any, send: Any, what: str, limit: int) -> None:
+        path = scope["path"]
+        extra = " + mixpr.max_document_bytes)" if path.endswith("/v1/longcontext") else ")"
+        response = error_response(413, f"{what}; the limit is {limit} (serve.max_body_bytes{extra}",
+                                  headers={"Connection": "close"})
+        metrics = app_metrics.current()
+        if metrics is not None:
+            metrics.request(path, 413)
+        await response(scope, receive, send)
 
 
 class _ConfiguredCORS:
@@ -186,7 +226,8 @@ class _ConfiguredCORS:
         return await self._cors(scope, receive, send)
 
 
-api.add_middleware(_ConfiguredCORS)
+api.add_middleware(_BodyLimit)  # before the API key check: an oversized body is never held
+api.add_middleware(_ConfiguredCORS)  # outermost: a 413 carries the CORS headers too
 playground.install(api)  # GET /: the web playground (serve/playground.py)
 
 

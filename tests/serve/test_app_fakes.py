@@ -299,6 +299,60 @@ def test_body_size_limit_gives_413(client):
     assert "serve.max_body_bytes" in err["message"]
 
 
+def _ingress_rss() -> int:
+    """RSS of the app's Ingress replica process (Ray titles it ``ray::ServeReplica:<app>:<deployment>``)."""
+    import psutil
+
+    procs = [p for p in psutil.process_iter(["cmdline"]) if "ServeReplica:longrag:Ingress" in " ".join(p.info["cmdline"] or [])]
+    assert procs, "no Ingress replica process"
+    return sum(p.memory_info().rss for p in procs)
+
+
+def _send_chunked(path: str, total: int, chunk: int = 64 * 1024) -> tuple[str, int]:
+    """POST ``total`` bytes as a chunked body (no Content-Length) on a raw socket, reading as it
+    sends; returns the status line and the bytes sent before the server answered (or stopped
+    taking them)."""
+    import select
+    import socket
+
+    sock = socket.create_connection(("127.0.0.1", PORT), timeout=30)
+    sock.sendall((f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
+                  "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").encode())
+    piece = f"{chunk:x}\r\n".encode() + b"x" * chunk + b"\r\n"
+    sent, reply = 0, b""
+    try:
+        while sent < total:
+            if select.select([sock], [], [], 0)[0]:
+                break  # the server answered before the body was sent
+            sock.sendall(piece)
+            sent += chunk
+        else:
+            sock.sendall(b"0\r\n\r\n")
+    except OSError:
+        pass  # the server closed the connection: it stopped reading
+    try:
+        while b"\r\n" not in reply:
+            data = sock.recv(65536)
+            if not data:
+                break
+            reply += data
+    finally:
+        sock.close()
+    return reply.split(b"\r\n", 1)[0].decode(), sent
+
+
+def test_a_chunked_body_over_the_limit_is_refused_as_it_streams(client):
+    """No Content-Length: the body is counted as it arrives and refused past the limit (64 KiB), not
+    read whole first; the Ingress' memory does not grow by the body (64 MiB, 1,000x the limit)."""
+    before = _ingress_rss()
+    total = 1024 * 64 * 1024
+    status, sent = _send_chunked("/v1/retrieve", total)
+    assert status.split()[1:2] == ["413"], status
+    assert sent < total // 2, f"{sent} of {total} bytes taken before the 413"
+    assert _ingress_rss() - before < 16 * 2**20
+    assert client.get("/healthz").status_code in (200, 503)  # the app is still there
+
+
 def test_cors_allows_only_the_configured_origin(client):
     pre = client.options("/v1/answer", headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
                                                 "Access-Control-Request-Headers": "authorization,content-type"})
