@@ -15,7 +15,9 @@ Every error response has one JSON shape, ``{"error": {"code", "message", "detail
 
 
 import asyncio
+import logging
 import time
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -54,6 +56,8 @@ from serve.schemas import (
     state_limits,
 )
 
+log = logging.getLogger("ray.serve")  # Serve's replica logger: lines carry the request id
+
 api = FastAPI(
     title="LongRAG on Ray",
     version="0.1.0",
@@ -80,16 +84,6 @@ def error_response(status: int, message: str, detail: Any = None, code: str | No
                    headers: dict[str, str] | None = None) -> JSONResponse:
     body = {"error": {"code": code or CODES.get(status, f"http_{status}"), "message": message, "detail": detail}}
     return JSONResponse(status_code=status, content=body, headers=headers)
-
-
-def _cause(exc: BaseException) -> BaseException:
-    """The user exception inside a Ray task error (a deployment call that raised)."""
-    return getattr(exc, "cause", None) or exc
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(_cause(exc)).strip()
-    return text.splitlines()[-1] if text else type(exc).__name__
 
 
 @api.exception_handler(ApiError)
@@ -122,13 +116,29 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     return error_response(exc.status_code, message, detail, headers=getattr(exc, "headers", None))
 
 
+def request_id(request: Request) -> str:
+    """The id Serve's proxy gave the request (also in its ``X-Request-ID`` response header and in
+    the replica's log lines), or the client's ``X-Request-ID``, or a new one."""
+    try:
+        from ray.serve.context import _get_serve_request_context
+
+        rid = _get_serve_request_context().request_id
+    except Exception:  # noqa: BLE001 - outside a replica (tests of the bare FastAPI app)
+        rid = ""
+    return rid or request.headers.get("x-request-id") or uuid.uuid4().hex
+
+
 @api.middleware("http")
 async def _unhandled_errors(request: Request, call_next):
-    """Anything else that escapes an endpoint: a JSON 500 naming the error, not a plain-text page."""
+    """Anything else that escapes an endpoint: logged with its traceback and the request id (the
+    replica's log, ``ray.serve`` logger); the client gets a JSON 500 with that id and no internals."""
     try:
         return await call_next(request)
-    except Exception as exc:  # the last line of defence: every error keeps the one JSON shape
-        return error_response(500, f"internal error: {type(_cause(exc)).__name__}: {_one_line(exc)}")
+    except Exception:  # the last line of defence: every error keeps the one JSON shape
+        rid = request_id(request)
+        log.exception("unhandled error in %s %s (request %s)", request.method, request.url.path, rid)
+        return error_response(500, f"internal error; the server log has it under request id {rid}",
+                              {"request_id": rid}, headers={"X-Request-ID": rid})
 
 
 OPEN_PATHS = frozenset({"/healthz", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc",
@@ -327,7 +337,7 @@ class Ingress:
             vector = await stages.run_stage("encode", t.encode_s, lambda: self.encoder.encode.remote(question),
                                             trace=trace)
         except BadQuestion as exc:
-            raise ApiError(422, _one_line(exc), [f"question: {_one_line(exc)}"]) from None
+            raise ApiError(422, stages.one_line(exc), [f"question: {stages.one_line(exc)}"]) from None
         trace["encode_ms"] = _ms(t0)
         t1 = time.perf_counter()
         found: Retrieval = await stages.run_stage("retrieve", t.retrieve_s,
@@ -356,7 +366,7 @@ class Ingress:
             app = status.applications.get(self.app_name) if self.app_name else None
         except Exception as exc:  # the controller is unreachable: say so, keep answering
             app = None
-            problems.append(f"serve.status() failed: {_one_line(exc)}")
+            problems.append(f"serve.status() failed: {stages.one_line(exc)}")
         for name, d in (app.deployments.items() if app else []):
             states = {_value(k): v for k, v in d.replica_states.items()}
             running[name] = states.get("RUNNING", 0)
@@ -374,7 +384,7 @@ class Ingress:
             try:
                 return await asyncio.wait_for(handle.describe.remote(), 10)
             except Exception as exc:
-                problems.append(f"{name}.describe failed: {type(_cause(exc)).__name__}: {_one_line(exc)}")
+                problems.append(f"{name}.describe failed: {stages.describe(exc)}")
                 return None
 
         info, llm = await asyncio.gather(ask(self.retriever, "Retriever"), ask(self.llm, "LLMServer"))
@@ -580,7 +590,7 @@ class Ingress:
                                           lambda: self.dual.units.remote(question, units, strategy),
                                           trace=trace)).to_dict()
         except ValueError as exc:
-            raise ApiError(422, _one_line(exc), [_one_line(exc)]) from None
+            raise ApiError(422, stages.one_line(exc), [stages.one_line(exc)]) from None
         trace["dual_ms"] = _ms(t1)
         trace["dual"] = res["trace"] | {k: res[k] for k in ("kept_chunk_ids", "global_information", "cot",
                                                              "judgements", "chunks")}  # fmt: skip
@@ -611,7 +621,7 @@ class Ingress:
                     req.document, req.question.strip(), req.strategy, req.k, req.retrieve_only))  # fmt: skip
                 res = answer.to_dict()
             except ValueError as exc:
-                raise ApiError(422, _one_line(exc), [_one_line(exc)]) from None
+                raise ApiError(422, stages.one_line(exc), [stages.one_line(exc)]) from None
             trace = res["trace"] | {k: res[k] for k in ("kept_chunk_ids", "global_information", "cot", "judgements")
                                     if k in res}  # fmt: skip
             return LongContextResponse(answer=res.get("answer"), route=None, strategy=req.strategy,
@@ -620,7 +630,7 @@ class Ingress:
             return await stages.run_stage("longcontext", self.config.serve.timeouts.longcontext_s,
                                           lambda: self.longcontext.run.remote(req))
         except ValueError as exc:  # Ray re-raises the pipeline's ValueError (bad k, route, ...) as one
-            raise ApiError(422, _one_line(exc), [_one_line(exc)]) from None
+            raise ApiError(422, stages.one_line(exc), [stages.one_line(exc)]) from None
 
 
 class AppArgs(BaseModel):

@@ -1,0 +1,50 @@
+"""An unhandled error in the ingress: logged server-side with its traceback and a request id; the
+client gets a JSON 500 with that id and nothing of the error (issue 22). The bare FastAPI app in
+process, no Ray: part of `make test-fast`."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from fastapi.testclient import TestClient
+
+from serve import app as app_module
+
+
+def test_an_unhandled_error_is_logged_with_its_traceback_and_hidden_from_the_client(monkeypatch, caplog):
+    def broken_schema():
+        raise RuntimeError("db password is hunter2")  # what must never reach a client
+
+    monkeypatch.setattr(app_module.api, "openapi", broken_schema)
+    caplog.set_level(logging.ERROR, logger="ray.serve")
+    with TestClient(app_module.api, raise_server_exceptions=False) as client:
+        r = client.get("/openapi.json", headers={"X-Request-ID": "req-123"})
+    assert r.status_code == 500
+    body = r.json()["error"]
+    assert body["code"] == "internal_error" and body["detail"] == {"request_id": "req-123"}
+    assert "hunter2" not in r.text and "RuntimeError" not in r.text and "req-123" in body["message"]
+    assert r.headers["x-request-id"] == "req-123"
+    [record] = [rec for rec in caplog.records if "req-123" in rec.getMessage()]
+    assert record.exc_info and "hunter2" in str(record.exc_info[1])  # the traceback is in the server's log
+
+
+def test_a_request_without_an_id_gets_a_new_one(monkeypatch):
+    monkeypatch.setattr(app_module.api, "openapi", lambda: 1 / 0)
+    with TestClient(app_module.api, raise_server_exceptions=False) as client:
+        a, b = client.get("/openapi.json"), client.get("/openapi.json")
+    ids = [r.json()["error"]["detail"]["request_id"] for r in (a, b)]
+    assert a.status_code == b.status_code == 500 and ids[0] != ids[1] and all(len(i) >= 16 for i in ids)
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_an_oversized_body_is_refused_whether_declared_or_chunked(monkeypatch, declared):
+    from longrag.config import LongRAGConfig
+    from serve import guard as guards
+
+    monkeypatch.setitem(guards._CURRENT, "guard", guards.Guard(LongRAGConfig(), environ={}))
+    body = b'{"question": "' + b"x" * 100_000 + b'"}'
+    content = body if declared else iter([body[i:i + 4096] for i in range(0, len(body), 4096)])
+    with TestClient(app_module.api) as client:
+        r = client.post("/v1/retrieve", content=content, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
