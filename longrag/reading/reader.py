@@ -25,6 +25,8 @@ if it alone is too large. ``truncated`` is true when any given unit is missing o
 
 from __future__ import annotations
 
+import asyncio
+
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -246,7 +248,7 @@ class LongReader:
     async def read(self, question: str, units: list[Unit], compression: str | None = None) -> ReaderResult:
         """Answer ``question`` from ``units`` (best first). With no units the model answers from
         the question alone (the context says no documents were found)."""
-        question, fitted, context, messages, t_start = self._prepare(question, units, compression)
+        question, fitted, context, messages, t_start = await self._prepare_off_loop(question, units, compression)
         t_fit = time.perf_counter()
         first = None
         if self.writes_long_answer:
@@ -264,7 +266,7 @@ class LongReader:
         anyone may see it, and it is a few tokens. A base model (no chat template) is not streamed
         either: its long answer comes as one delta. Without a long answer (``reader.long_answer``
         off) only the result comes."""
-        question, fitted, context, messages, t_start = self._prepare(question, units, compression)
+        question, fitted, context, messages, t_start = await self._prepare_off_loop(question, units, compression)
         t_fit = time.perf_counter()
         first = None
         if self.writes_long_answer and self.llm.is_chat_model:
@@ -292,6 +294,12 @@ class LongReader:
                                         max_tokens=self.config.short_answer_max_tokens, stop=_TURN2_STOP)
         return await self._generate(direct_messages(question, context), max_tokens=self.config.short_answer_max_tokens,
                                     stop=_TURN1_STOP)
+
+    async def _prepare_off_loop(self, question: str, units: list[Unit], compression: str | None):
+        """:meth:`_prepare` in a worker thread: token counting and MixPR compression are CPU work (and
+        a llama.cpp tokenizer waits for the model's lock while another request generates), so on the
+        event loop they would stall every other stream of the process."""
+        return await asyncio.to_thread(self._prepare, question, units, compression)
 
     def _prepare(self, question: str, units: list[Unit], compression: str | None):
         if not isinstance(question, str) or not question.strip():

@@ -518,3 +518,57 @@ def test_direct_budget_counts_each_call_once():
     direct = LongReader(llm, ReaderConfig(max_context_tokens=None)).context_budget("q?")
     two = LongReader(llm, ReaderConfig(max_context_tokens=None, answer="two_turn")).context_budget("q?")
     assert direct > two
+
+
+# -- preparation off the event loop ----------------------------------------------------------
+
+
+class _SlowCountingLLM(ScriptedLLM):
+    """Counting tokens takes ``delay_s`` of CPU (a long MixPR preparation); a stream yields a word
+    every 10 ms and the test records when each arrived."""
+
+    def __init__(self, delay_s: float, **kw) -> None:
+        super().__init__(default=" ".join(f"w{i}" for i in range(60)), **kw)
+        self.delay_s, self.slow_calls = delay_s, 0
+
+    def count_tokens(self, text: str) -> int:
+        if self.slow_calls > 0:
+            import time
+
+            self.slow_calls -= 1
+            time.sleep(self.delay_s)  # blocks the thread it runs on, as CPU work does
+        return super().count_tokens(text)
+
+    async def stream_chat(self, messages, *, max_tokens, temperature=None, stop=None):
+        async for item in super().stream_chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop):
+            await asyncio.sleep(0.01)
+            yield item
+
+
+def test_a_stream_keeps_flowing_while_another_request_is_prepared():
+    llm = _SlowCountingLLM(0.3)
+    reader = LongReader(llm, ReaderConfig(long_answer_max_tokens=64))
+    units = [make_unit("u1", 50)]
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        arrivals: list[float] = []
+
+        async def stream():
+            async for item in reader.read_stream("first question", units):
+                if isinstance(item, str):
+                    arrivals.append(loop.time())
+                    if len(arrivals) == 5:
+                        llm.slow_calls = 3  # the second request's preparation: three slow counts
+                        started.set()
+
+        started = asyncio.Event()
+        first = asyncio.create_task(stream())
+        await started.wait()
+        await reader.read("second question", units)  # its preparation: 0.3 s token counts
+        await first
+        return arrivals
+
+    arrivals = run(scenario())
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    assert len(arrivals) == 60 and max(gaps) < 0.25, f"the stream stalled for {max(gaps):.2f} s"
