@@ -17,7 +17,7 @@ for shard actors checked on a simulated multi-node Ray cluster, and a plan for f
    A scatter/gather search over all shards is timed against one in-process index of the same size;
    and (``actor_overhead``) exact MaxP through shard actors against one in-process Flat index over
    the same vectors, a batch of 64 queries per call (the goal: at most 1.15x).
-3. Plan: shards and nodes for ``--plan-chunks`` chunks of ``--plan-dim`` dims (the README's plan:
+3. Plan: shards and nodes for ``--plan-chunks`` chunks of ``--plan-dim`` dims (docs/benchmarks.md's plan:
    full Wikipedia ~5M chunks, bge-large 1024 dims) per factory, for a node of ``--node-gib`` GiB; an
    exhaustive factory's shards are also kept small enough for a ``--target-ms`` one-thread scan.
 

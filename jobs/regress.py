@@ -1,4 +1,4 @@
-"""Rerun the README's reproductions and fail on a drift: one YAML per experiment in ``repro/``.
+"""Rerun the reproductions of the tables in docs/ and fail on a drift: one YAML per experiment in ``repro/``.
 
     python -m jobs.regress --list                 # experiments, slow or not, minutes each
     python -m jobs.regress --fast                 # every experiment not marked slow

@@ -162,12 +162,12 @@ class ReaderConfig(_Section):
     )
     few_shot_examples: int = Field(
         0, ge=0, le=8, description="Worked examples in the short-answer turn. The bundled reader answers as well "
-        "without them and its second turn is 3x faster (README: reader benchmark).",
+        "without them and its second turn is 3x faster (docs/evaluation.md: reader benchmark).",
     )
     max_context_tokens: int | None = Field(
         1024, ge=1, description="At most this many tokens of unit text go to the reader (None: what the window "
         "leaves). The bundled 0.5B reader answers better from 1K MixPR-selected tokens than from 2K, in ~11 s on "
-        "2 cores (README: reader benchmark); a GPU-served long-context reader wants None.",
+        "2 cores (docs/evaluation.md: reader benchmark); a GPU-served long-context reader wants None.",
     )
     min_partial_unit_tokens: int = Field(
         128, ge=1, description="Fill leftover room with a trimmed unit only when at least this many tokens are free."

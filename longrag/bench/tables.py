@@ -1,4 +1,4 @@
-"""The benchmark jobs' tables: records as Markdown, ready to paste into the README."""
+"""The benchmark jobs' tables: records as Markdown, ready to paste into docs/."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ trained reranker (after). Two kinds:
 - ``cross-encoder``: a sentence-transformers ``CrossEncoder`` (``num_labels=1``) initialised from the
   same weights, binary cross-entropy on (question, paragraph) pairs with the same hard negatives. Its
   classification head is new and reads the [CLS] token, which a mean-pooled sentence encoder never
-  trained: on CPU (about 1,300 pairs in 80 steps) it stayed at a constant score, see the README.
+  trained: on CPU (about 1,300 pairs in 80 steps) it stayed at a constant score, see docs/dual-perspective.md.
 
 The step loops are plain PyTorch over the models' own tokenizers (``CrossEncoderTrainer`` /
 ``SentenceTransformerTrainer`` need ``datasets`` and ``accelerate``, which this project does not

@@ -1,11 +1,11 @@
-"""Reproductions as data: one YAML per experiment of the README's tables, with its command and the
+"""Reproductions as data: one YAML per experiment of the tables in docs/, with its command and the
 figures it must reproduce within a tolerance (pyserini's "two-click reproductions" are the model).
 
 An experiment file (``repro/*.yaml``)::
 
     name: mixpr-formats
     title: MixPR recall@100 by document format
-    readme: "Mixture-of-PageRanks: Recall by document format"
+    readme: "docs/mixpr.md: Recall by document format"
     slow: false                      # true: skipped by `jobs.regress --fast`
     command: [python, -m, jobs.bench_mixpr, --skip-timing, --skip-recall]
     result: stdout                   # the last stdout line is JSON; or a file path under {out}
@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 
 class Figure(BaseModel):
-    """One number of a README table and where the experiment's result JSON holds it."""
+    """One number of a table in docs/ and where the experiment's result JSON holds it."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -60,7 +60,7 @@ class Experiment(BaseModel):
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
     title: str
-    readme: str = Field(description="the README passage whose table this reproduces")
+    readme: str = Field(description="the passage (docs page: section) whose table this reproduces")
     command: list[str] = Field(min_length=1)
     result: str = Field("stdout", description="'stdout' (last line is JSON) or a result file path, may use {out}")
     slow: bool = False

@@ -23,10 +23,10 @@ if TYPE_CHECKING:
     from longrag.index.manifest import ShardEntry
 
 #: A shard actor's resident memory before its shard (Python, numpy, FAISS, pyarrow, the Ray worker):
-#: the fitted base of the README's shard memory model is ~218 MiB.
+#: the fitted base of the shard memory model (docs/benchmarks.md) is ~218 MiB.
 BASE_BYTES = 256 * 2**20
 #: Loaded unit and chunk records take this many times their zstd parquet size in memory (text
-#: compresses ~3x, Arrow buffers and id maps add the rest; the README's fit: ~1.9 KB per 1 KB chunk).
+#: compresses ~3x, Arrow buffers and id maps add the rest; docs/benchmarks.md's fit: ~1.9 KB per 1 KB chunk).
 TEXT_EXPANSION = 4.0
 
 
