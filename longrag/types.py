@@ -17,6 +17,12 @@ from pydantic import BaseModel, Field, computed_field
 from pydantic.json_schema import SkipJsonSchema
 
 
+class InvalidRequest(ValueError):
+    """What a caller asked for is refused (an empty document, an unknown strategy, a question the
+    encoder cannot take): the request's fault, an HTTP 4xx, never retried. Every other exception,
+    a plain ``ValueError`` included (a misconfiguration, a decoding error), is the server's."""
+
+
 @dataclass
 class Document:
     """One source document. ``links`` holds the titles of the documents it links to (already

@@ -32,7 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from longrag.config import LongRAGConfig, load_config
 from longrag.reading.reader import ReaderResult
-from longrag.types import Retrieval, describe_redundancy
+from longrag.types import InvalidRequest, Retrieval, describe_redundancy
 from serve import guard as guards
 from serve import metrics as app_metrics
 from serve import openai_compat as oai
@@ -500,7 +500,7 @@ class Ingress:
             question = req.question()
         except oai.ModelNotAvailable as exc:
             raise ApiError(404, str(exc), code="model_not_found") from None
-        except ValueError as exc:
+        except InvalidRequest as exc:
             raise ApiError(422, f"invalid request: {exc}", [f"messages: {exc}"]) from None
         if req.strategy is not None and pipeline != "longrag-dual":
             raise ApiError(422, "strategy applies to model 'longrag-dual' only", ["strategy: only for longrag-dual"])
@@ -589,7 +589,7 @@ class Ingress:
             res = (await stages.run_stage("dual", self.config.serve.timeouts.dual_s,
                                           lambda: self.dual.units.remote(question, units, strategy),
                                           trace=trace)).to_dict()
-        except ValueError as exc:
+        except InvalidRequest as exc:
             raise ApiError(422, stages.one_line(exc), [stages.one_line(exc)]) from None
         trace["dual_ms"] = _ms(t1)
         trace["dual"] = res["trace"] | {k: res[k] for k in ("kept_chunk_ids", "global_information", "cot",
@@ -620,7 +620,7 @@ class Ingress:
                 answer = await stages.run_stage("dual", self.config.serve.timeouts.dual_s, lambda: self.dual.document.remote(
                     req.document, req.question.strip(), req.strategy, req.k, req.retrieve_only))  # fmt: skip
                 res = answer.to_dict()
-            except ValueError as exc:
+            except InvalidRequest as exc:
                 raise ApiError(422, stages.one_line(exc), [stages.one_line(exc)]) from None
             trace = res["trace"] | {k: res[k] for k in ("kept_chunk_ids", "global_information", "cot", "judgements")
                                     if k in res}  # fmt: skip
@@ -629,7 +629,7 @@ class Ingress:
         try:
             return await stages.run_stage("longcontext", self.config.serve.timeouts.longcontext_s,
                                           lambda: self.longcontext.run.remote(req))
-        except ValueError as exc:  # Ray re-raises the pipeline's ValueError (bad k, route, ...) as one
+        except InvalidRequest as exc:  # Ray re-raises the pipeline's InvalidRequest (bad k, route, ...) as one
             raise ApiError(422, stages.one_line(exc), [stages.one_line(exc)]) from None
 
 

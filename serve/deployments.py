@@ -32,6 +32,7 @@ from ray.serve.handle import DeploymentHandle
 
 from longrag.config import EmbeddingConfig, IndexConfig, LLMConfig, ReaderConfig
 from longrag.llm.base import LLM, ChatResult
+from longrag.types import InvalidRequest
 from longrag.mixpr.config import MixPRConfig
 from longrag.reading.reader import ReaderResult
 from longrag.types import Retrieval, Unit
@@ -40,7 +41,7 @@ from serve.schemas import IndexDescription, LLMDescription, ShardRedundancy
 log = logging.getLogger(__name__)
 
 
-class BadQuestion(ValueError):
+class BadQuestion(InvalidRequest):
     """A question the encoder cannot take (it fails alone; the Ingress maps it to 422)."""
 
 

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from longrag.config import DualStrategy
+from longrag.types import InvalidRequest
 from serve.schemas import Coverage, Evidence, check_encodable
 
 MODELS: dict[str, str] = {
@@ -83,9 +84,9 @@ class ChatCompletionRequest(BaseModel):
             if m.role == "user":
                 text = m.text().strip()
                 if not text:
-                    raise ValueError("the last user message is empty")
+                    raise InvalidRequest("the last user message is empty")
                 return text
-        raise ValueError("messages hold no user message (the last one is the question)")
+        raise InvalidRequest("messages hold no user message (the last one is the question)")
 
 
 class ChatCompletionMessage(BaseModel):

@@ -7,8 +7,8 @@ when it fails (a replica that died mid-call, an LLM that raised): all stages onl
 is safe. The outcome is one of
 
 * the stage's result;
-* the stage's own client error, unchanged (a ``ValueError`` such as a question the encoder refuses:
-  the ingress maps it to 422);
+* the stage's own client error, unchanged (:class:`longrag.types.InvalidRequest`, such as a question
+  the encoder refuses: the ingress maps it to 422);
 * :class:`StageTimeout` (HTTP 504) when the deadline passed with no failure seen;
 * :class:`StageFailed` (HTTP 503) when the stage failed twice, or failed and then ran out of time.
 
@@ -22,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+
+from longrag.types import InvalidRequest
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +48,11 @@ def describe(exc: BaseException) -> str:
 
 
 def is_client_error(exc: BaseException) -> bool:
-    """A stage that refused its input (``ValueError``: a bad question, a bad strategy): not retried,
-    the caller answers it as a 4xx. Ray re-raises a deployment's ``ValueError`` as an error that is
-    also a ``ValueError``."""
-    return isinstance(exc, ValueError) or isinstance(cause(exc), ValueError)
+    """A stage that refused its input (:class:`longrag.types.InvalidRequest`: a bad question, a bad
+    strategy): not retried, the caller answers it as a 4xx. Any other error, a plain ``ValueError``
+    included (a misconfiguration, a decoding error), is the server's: retried, then 503. Ray
+    re-raises a deployment's exception as an error that is also of its class, with it as ``cause``."""
+    return isinstance(exc, InvalidRequest) or isinstance(cause(exc), InvalidRequest)
 
 
 class StageError(Exception):

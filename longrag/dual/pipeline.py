@@ -32,6 +32,7 @@ from longrag.dual.chunking import DualChunk, SourceParagraph, chunk_paragraphs, 
 from longrag.dual.rerank import DenseEncoder, DualRetriever, PairScorer, Retrieval, RetrievedChunk
 from longrag.llm.base import LLM, ChatResult
 from longrag.reading.answers import finish_short_answer
+from longrag.types import InvalidRequest
 
 __all__ = [
     "STRATEGIES",
@@ -95,7 +96,7 @@ _SEP = "\n\n"
 
 def check_strategy(strategy: Any) -> str:
     if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
+        raise InvalidRequest(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
     return strategy
 
 
@@ -434,9 +435,9 @@ class DualPipeline:
         t0 = time.perf_counter()
         strategies = [check_strategy(s) for s in dict.fromkeys(strategies)]
         if not strategies:
-            raise ValueError(f"no strategy given; valid: {', '.join(STRATEGIES)}")
+            raise InvalidRequest(f"no strategy given; valid: {', '.join(STRATEGIES)}")
         if not isinstance(question, str) or not question.strip():
-            raise ValueError("question must be a non-empty str")
+            raise InvalidRequest("question must be a non-empty str")
         chunks = list(retrieval.chunks)
         if not chunks:
             raise ValueError("no retrieved chunks to answer from")

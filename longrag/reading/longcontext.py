@@ -37,6 +37,7 @@ from longrag.mixpr.baselines import DenseEncoder, HybridRetriever
 from longrag.mixpr.retriever import PreparedDocument
 from longrag.mixpr.router import route_query, router_text
 from longrag.reading.answers import finish_short_answer
+from longrag.types import InvalidRequest
 
 __all__ = [
     "RetrieverName",
@@ -147,17 +148,17 @@ class LongContextPipeline:
 
     def _check(self, document: Any, question: Any, retriever: str, k: int | None, route: str, read: bool) -> None:
         if not isinstance(document, str):
-            raise ValueError(f"document must be str, got {type(document).__name__}")
+            raise InvalidRequest(f"document must be str, got {type(document).__name__}")
         if not document.strip():
-            raise ValueError("document is empty (no non-whitespace text)")
+            raise InvalidRequest("document is empty (no non-whitespace text)")
         if question is not None and not isinstance(question, str):
-            raise ValueError(f"question must be str or None, got {type(question).__name__}")
+            raise InvalidRequest(f"question must be str or None, got {type(question).__name__}")
         if retriever not in ("mixpr", "sparse", "hybrid"):
-            raise ValueError(f"retriever must be 'mixpr', 'sparse' or 'hybrid', got {retriever!r}")
+            raise InvalidRequest(f"retriever must be 'mixpr', 'sparse' or 'hybrid', got {retriever!r}")
         if route not in ("auto", "local", "global"):
-            raise ValueError(f"route must be 'auto', 'local' or 'global', got {route!r}")
+            raise InvalidRequest(f"route must be 'auto', 'local' or 'global', got {route!r}")
         if k is not None and (not isinstance(k, int) or k < 1):
-            raise ValueError(f"k must be a positive int, got {k!r}")
+            raise InvalidRequest(f"k must be a positive int, got {k!r}")
         if retriever == "hybrid" and self.encoder is None:
             raise ValueError("retriever='hybrid' needs a dense encoder (LongContextPipeline(encoder=...))")
         needs_router = retriever == "mixpr" and route == "auto"
