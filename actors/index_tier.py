@@ -98,9 +98,6 @@ class IndexTierLease:
                 await self._retire()
             return len(self.holders)
 
-    def holders_now(self) -> list[str]:
-        return sorted(self.holders)
-
     def _prune(self) -> None:
         now = time.monotonic()
         for holder, seen in list(self.holders.items()):

@@ -304,9 +304,6 @@ class LongRAGConfig(_Section):
             node[leaf] = yaml.safe_load(raw)
         return type(self).model_validate(data)
 
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
-
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> LongRAGConfig:
     cfg = LongRAGConfig.from_yaml(path) if path else LongRAGConfig()

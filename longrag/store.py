@@ -400,9 +400,6 @@ class ArtifactStore:
         data = config.model_dump(mode="json") if hasattr(config, "model_dump") else dict(config)
         self.storage.write_bytes(CONFIG_FILE, yaml.safe_dump(data, sort_keys=False).encode())
 
-    def read_config(self) -> dict[str, Any]:
-        return yaml.safe_load(self.storage.read_bytes(CONFIG_FILE)) or {}
-
     # shards
     def shard_marker(self, shard_id: int) -> ShardEntry | None:
         """The shard's ``shard.json`` entry if the shard was completely written, else None."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -207,29 +207,3 @@ def documents_to_table(docs: Iterable[Document]) -> pa.Table:
         cols["text"].append(d.text)
         cols["links"].append(list(d.links))
     return pa.Table.from_pydict(cols, schema=DOCUMENT_SCHEMA)
-
-
-def table_to_documents(table: pa.Table) -> list[Document]:
-    """Arrow table (``doc_id``, ``title``, ``text``, optional ``links``) -> documents. Raises
-    ValueError naming missing columns or the first row with a null id or text."""
-    missing = [c for c in ("doc_id", "title", "text") if c not in table.column_names]
-    if missing:
-        raise ValueError(f"document table lacks columns {missing}; has {table.column_names}")
-    return list(_iter_table_documents(table))
-
-
-def _iter_table_documents(table: pa.Table) -> Iterator[Document]:
-    has_links = "links" in table.column_names
-    cols = ["doc_id", "title", "text"] + (["links"] if has_links else [])
-    row = 0
-    for batch in table.select(cols).to_batches():
-        for rec in batch.to_pylist():
-            if rec["doc_id"] is None or rec["text"] is None:
-                raise ValueError(f"document table row {row}: null doc_id or text")
-            yield Document(
-                doc_id=str(rec["doc_id"]),
-                title=rec["title"] or "",
-                text=rec["text"],
-                links=list(rec.get("links") or []),
-            )
-            row += 1

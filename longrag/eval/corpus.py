@@ -51,14 +51,6 @@ class PooledCorpus:
     conflict_examples: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
-    @property
-    def by_title(self) -> dict[str, Document]:
-        """Title -> document (with ``separate``, the first document of a title)."""
-        out: dict[str, Document] = {}
-        for d in self.documents:
-            out.setdefault(d.title, d)
-        return out
-
     def stats(self) -> dict[str, Any]:
         return {
             "paragraphs": self.n_paragraphs,

@@ -206,11 +206,6 @@ def cumulative_at_k(counts: Sequence[int], ks: Iterable[int]) -> dict[int, int]:
     return {k: csum[min(k, len(counts))] for k in ks}
 
 
-def whitespace_tokens(text: str) -> int:
-    """A tokenizer-free token count (whitespace words); pass a real tokenizer's count when you have one."""
-    return len(text.split())
-
-
 # --------------------------------------------------------------------------------------------- aggregation
 
 

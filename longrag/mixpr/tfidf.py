@@ -214,10 +214,6 @@ class TfidfEmbedding:
     def n_terms(self) -> int:
         return int(self.matrix.shape[1])
 
-    def chunk_matrix(self) -> sp.csr_matrix:
-        """One row per chunk (n_chunks, n_terms), duplicates expanded (for references and tests)."""
-        return self.matrix[self.classes]
-
     def transform(self, texts: Sequence[str]) -> sp.csr_matrix:
         """CSR float32 (len(texts), n_terms), L2-normalised rows; unknown words are ignored."""
         if isinstance(texts, str):

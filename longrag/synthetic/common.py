@@ -58,10 +58,6 @@ class SyntheticSample:
         """Estimated tokens of the document (``ceil(chars / 4)``)."""
         return estimate_tokens(self.document)
 
-    @property
-    def needle_texts(self) -> list[str]:
-        return [self.document[s:e] for s, e in self.needles]
-
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["needles"] = [list(x) for x in self.needles]

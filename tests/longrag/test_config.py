@@ -1,6 +1,7 @@
 """The typed config: overrides and YAML round trip (what decides a build: tests/longrag/test_build_plan.py)."""
 
 import pytest
+import yaml
 
 from longrag.config import load_config
 
@@ -14,5 +15,5 @@ def test_overrides_parse_yaml_scalars_and_reject_unknown_keys(tmp_path):
     with pytest.raises(ValueError):  # pydantic validation still applies
         load_config(None, ["index.shards=0"])
     path = tmp_path / "c.yaml"
-    path.write_text(cfg.to_yaml())
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     assert load_config(path) == cfg

@@ -21,7 +21,6 @@ from longrag.corpus.documents import (
     read_parquet,
     record_to_document,
     split_dpr_contents,
-    table_to_documents,
 )
 from longrag.types import Document
 
@@ -117,7 +116,6 @@ def test_parquet_roundtrip(tmp_path: Path) -> None:
     ]
     table = documents_to_table(docs)
     assert table.schema.equals(DOCUMENT_SCHEMA)
-    assert table_to_documents(table) == docs
     p = tmp_path / "docs.parquet"
     pq.write_table(table, p)
     back, rep = read_documents(p, "parquet")
@@ -141,16 +139,6 @@ def test_parquet_user_columns_and_bad_rows(tmp_path: Path) -> None:
     pq.write_table(pa.table({"name": ["x"]}), bad)
     with pytest.raises(ValueError, match="doc_id"):
         read_parquet(bad)
-
-
-def test_table_to_documents_errors() -> None:
-    with pytest.raises(ValueError, match="lacks columns"):
-        table_to_documents(pa.table({"doc_id": ["1"], "text": ["x"]}))
-    t = pa.table({"doc_id": ["1", None], "title": ["a", "b"], "text": ["x", "y"]})
-    with pytest.raises(ValueError, match="row 1"):
-        table_to_documents(t)
-    # links column is optional
-    assert table_to_documents(pa.table({"doc_id": ["1"], "title": ["a"], "text": ["x"]}))[0].links == []
 
 
 def test_read_documents_dispatch_errors(tmp_path: Path) -> None:

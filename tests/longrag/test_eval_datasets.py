@@ -20,6 +20,15 @@ from longrag.data import (
 from longrag.eval import corpus as C
 from longrag.eval import datasets as D
 
+
+def first_of(pooled) -> dict:
+    """Title -> the first document of that title."""
+    out: dict = {}
+    for d in pooled.documents:
+        out.setdefault(d.title, d)
+    return out
+
+
 def _raw(rel):
     return json.loads(read_text(data_path(rel)))
 
@@ -73,7 +82,7 @@ def test_musique_loader_and_pool_conflicts():
     assert pooled.n_duplicates_merged == pooled.n_paragraphs - len(by_title)
     assert pooled.n_conflicting_titles == n_conflicts > 0
     # every distinct text of a conflicting title is inside its merged document
-    docs = pooled.by_title
+    docs = {d.title: d for d in pooled.documents}
     for title, texts in by_title.items():
         merged = " ".join(docs[title].text.split())
         assert all(t in merged for t in texts)
@@ -157,12 +166,12 @@ def test_pool_paragraphs_policies_and_ids():
     pc = C.pool_paragraphs(pars)
     assert [d.title for d in pc.documents] == ["A", "B", "C"]
     assert pc.n_duplicates_merged == 2 and pc.n_conflicting_titles == 1
-    assert pc.by_title["A"].text == "alpha text\n\nanother alpha"
+    assert first_of(pc)["A"].text == "alpha text\n\nanother alpha"
     assert pc.documents[0].doc_id == C.title_doc_id("A")
     # ids do not depend on order
     rev = C.pool_paragraphs(list(reversed(pars)))
     assert {d.title: d.doc_id for d in rev.documents} == {d.title: d.doc_id for d in pc.documents}
-    assert C.pool_paragraphs(pars, "first").by_title["A"].text == "alpha text"
+    assert first_of(C.pool_paragraphs(pars, "first"))["A"].text == "alpha text"
     sep = C.pool_paragraphs(pars, "separate")
     assert [d.doc_id for d in sep.documents if d.title == "A"] == [C.title_doc_id("A"), C.title_doc_id("A") + "#2"]
     with pytest.raises(ValueError):
@@ -177,7 +186,7 @@ def test_corpus_file_malformed_rows(tmp_path):
     q = tmp_path / "d.json"
     q.write_text(json.dumps({"A": ["One.", " Two."], "B": "plain", "C": 5}))
     pc = C.load_corpus_file(q)
-    assert pc.by_title["A"].text == "One. Two." and pc.by_title["B"].text == "plain" and pc.n_malformed == 1
+    assert first_of(pc)["A"].text == "One. Two." and first_of(pc)["B"].text == "plain" and pc.n_malformed == 1
 
 
 def test_dpr_contents_parsing(tmp_path):

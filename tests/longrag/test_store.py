@@ -7,6 +7,7 @@ import json
 import faiss
 import numpy as np
 import pytest
+import yaml
 
 from longrag.config import LongRAGConfig
 from longrag.index.manifest import Manifest, ShardEntry, git_commit, shard_plan
@@ -81,7 +82,7 @@ def test_roundtrip(store: ArtifactStore) -> None:
     assert "manifest.json" in keys and "config.yaml" in keys
     for name in ("units.parquet", "chunks.parquet", "index.faiss", "chunk_units.npy", "shard.json"):
         assert f"shards/shard-00000/{name}" in keys and f"shards/shard-00001/{name}" in keys
-    assert store.read_config() == LongRAGConfig().model_dump()
+    assert yaml.safe_load(store.storage.read_bytes("config.yaml")) == LongRAGConfig().model_dump()
 
     by_id = {u.unit_id: u for u in units}
     queries = np.random.default_rng(9).standard_normal((3, DIM)).astype(np.float32)
