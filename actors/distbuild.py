@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import functools
-import io
 import json
 import logging
 import time
@@ -29,9 +28,10 @@ import pyarrow as pa
 import ray
 
 from actors.build import build_shards, clear_staging
+from actors.distlinks import computed_edges
+from actors.parts import collect_edges, over_parts, part_positions, read_part, row_keys
 from longrag.config import LongRAGConfig
 from longrag.index.distplan import DOCUMENTS_PREFIX, DocMeta, UnitPlan
-from longrag.index.grouping import index_dtype
 from longrag.index.manifest import CorpusArtifact, CorpusPart
 from longrag.index.plan import StagedPlan, check_out, chunk_limits, finish_build, start_build
 
@@ -165,41 +165,6 @@ class LinkResolver:
         return {"src": np.asarray(src, dtype=np.int64), "dst": np.asarray(dst, dtype=np.int64)}
 
 
-def _row_keys(part: np.ndarray, row: np.ndarray) -> np.ndarray:
-    return np.asarray(part, dtype=np.int64) * 65536 + np.asarray(row, dtype=np.int64)
-
-
-def read_part(store: Any, key: str, columns: list[str]) -> Any:
-    """Columns of one ``documents/`` parquet part of the build."""
-    import pyarrow.parquet as pq
-
-    return pq.read_table(io.BytesIO(store.storage.read_bytes(str(key))), columns=columns)
-
-
-def part_positions(keys_sorted: np.ndarray, pos_sorted: np.ndarray, code: int, n_rows: int) -> np.ndarray:
-    """Corpus positions of a part's rows (-1: a dropped duplicate), from the sorted ``(part, row)`` keys."""
-    return pos_sorted[np.searchsorted(keys_sorted, _row_keys(np.full(n_rows, code), np.arange(n_rows)))]
-
-
-def over_parts(parts: list[tuple[str, int]], fn: type, **kwargs: Any) -> Any:
-    """A Ray Data pool of the callable class ``fn`` (built with ``kwargs``) over the build's
-    ``documents/`` parts, one part per batch, at most one actor per CPU."""
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    ds = ray.data.from_items([{"key": k, "code": c} for k, c in parts], override_num_blocks=len(parts))
-    return ds.map_batches(fn, batch_size=1, fn_constructor_kwargs=kwargs, concurrency=min(cpus, len(parts)), num_cpus=1)
-
-
-def collect_edges(ds: Any, n_docs: int) -> tuple[np.ndarray, np.ndarray]:
-    """A dataset's ``(src, dst)`` batches as two position arrays of :func:`index_dtype`, converted
-    batch by batch."""
-    dtype = index_dtype(n_docs)
-    src, dst = [], []
-    for b in ds.iter_batches(batch_size=None, batch_format="numpy"):
-        src.append(b["src"].astype(dtype))
-        dst.append(b["dst"].astype(dtype))
-    return (np.concatenate(src) if src else np.zeros(0, dtype)), (np.concatenate(dst) if dst else np.zeros(0, dtype))
-
-
 def resolve_edges(out: str, parts: list[tuple[str, int]], titles: pa.Array, redirects: dict[str, str] | None,
                   lookup: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Stage 2: the link graph as position arrays ``(src, dst)``; ``titles`` in corpus order,
@@ -309,9 +274,9 @@ def plan_corpus(sources: str | list[str], fmt: str, out: str, config: LongRAGCon
     # arrival index -> corpus position (-1: dropped duplicate), looked up by (part, row)
     pos_of = np.full(len(meta), -1, dtype=np.int64)
     pos_of[order] = np.arange(order.shape[0], dtype=np.int64)
-    row_keys = _row_keys(meta.part, meta.row)
-    by_key = np.argsort(row_keys, kind="stable")
-    keys_sorted, pos_sorted = row_keys[by_key], pos_of[by_key]
+    keys = row_keys(meta.part, meta.row)
+    by_key = np.argsort(keys, kind="stable")
+    keys_sorted, pos_sorted = keys[by_key], pos_of[by_key]
     parts = sorted({(k, int(c)) for k, c in ((p["key"], _part_code(r["task"]["task_id"], i))
                                                for r in reports for i, p in enumerate(r["parts"]))})
     sizes = meta.n_tokens[order]
@@ -323,8 +288,6 @@ def plan_corpus(sources: str | list[str], fmt: str, out: str, config: LongRAGCon
             src, dst = resolve_edges(out, parts, titles, final_redirects(redirects) if fmt == "wikixml" else None,
                                      (keys_sorted, pos_sorted))
         else:  # a corpus without hyperlinks: title mentions and/or TF-IDF neighbours (actors/distlinks.py)
-            from actors.distlinks import computed_edges
-
             src, dst = computed_edges(out, parts, titles, (keys_sorted, pos_sorted), cfg)
         del titles
         read_report["links"] = {"source": cfg.links, "edges": int(src.shape[0])}

@@ -6,10 +6,13 @@ and fractional CPUs on a laptop; the device itself is picked by the core ``Embed
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Literal
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 class ChunkEmbedder:
@@ -34,15 +37,39 @@ class ChunkEmbedder:
         return batch
 
 
-def pool_options(embedding_config: Any) -> dict[str, Any]:
-    """``map_batches`` options for :class:`ChunkEmbedder`: the pool sized from the CPUs/GPUs the
-    connected Ray cluster offers (:func:`longrag.index.embedding.embedding_pool`)."""
+def cluster_capacity() -> tuple[dict[str, float], dict[str, float], str]:
+    """What the connected cluster can grow to, what is up now, and where the first came from.
+
+    An autoscaling cluster may start with no worker node up (a head with 0 CPUs): what it can grow
+    to is its node types at their ``max_workers``, as the autoscaler's cluster config in the GCS
+    says (``ray._private.state.state.get_max_resources_from_cluster_config()``, which Ray Data reads
+    too; ``cluster/aws.yaml``'s head and :mod:`cluster.fake` publish it with
+    :func:`cluster.node_types.publish_cluster_config`). Without one, what is up now."""
     import ray
 
+    now = {k: float(v) for k, v in ray.cluster_resources().items() if not k.startswith("node:")}
+    try:
+        grow = ray._private.state.state.get_max_resources_from_cluster_config()
+    except Exception:  # an older Ray, or a GCS without the key's namespace: what is up now
+        grow = None
+    if not grow:
+        return now, now, "resources up now (no autoscaler cluster config)"
+    # a node type may be up beyond its max (started by hand): never less than what is up
+    merged = {k: max(float(grow.get(k, 0)), now.get(k, 0.0)) for k in {*grow, *now}}
+    return merged, now, "the autoscaler's node types at max_workers"
+
+
+def pool_options(embedding_config: Any) -> dict[str, Any]:
+    """``map_batches`` options for :class:`ChunkEmbedder`: the pool sized from the CPUs/GPUs the
+    connected Ray cluster can grow to (:func:`cluster_capacity`,
+    :func:`longrag.index.embedding.embedding_pool`), logged."""
     from longrag.index.embedding import embedding_pool
 
-    res = ray.cluster_resources()
-    pool = embedding_pool(embedding_config, float(res.get("CPU", 1.0)), float(res.get("GPU", 0.0)))
+    grow, now, source = cluster_capacity()
+    pool = embedding_pool(embedding_config, grow.get("CPU", 1.0) or 1.0, grow.get("GPU", 0.0))
+    log.info("embedding pool: %d actor(s) x %g CPU, %g GPU; sized from what the cluster can grow to, %g CPUs "
+                "and %g GPUs (%s; up now: %g CPUs, %g GPUs)", pool.actors, pool.num_cpus, pool.num_gpus,
+                grow.get("CPU", 0.0), grow.get("GPU", 0.0), source, now.get("CPU", 0.0), now.get("GPU", 0.0))
     return {
         "fn_constructor_kwargs": {"embedding_config": embedding_config.model_dump(), "torch_threads": pool.torch_threads},
         "concurrency": pool.actors,
