@@ -10,8 +10,8 @@ and marked complete, so a reader never sees half a build.
 
 :func:`build_from_documents` builds from documents already in memory (the evaluation's corpora):
 grouping (LongRAG, Jiang et al., 2024, Section 3.1, Algorithm 1) runs on the driver
-(:func:`longrag.index.plan.plan_build`). :func:`build_index` reads a corpus from files with the driver
-holding metadata only (:func:`actors.distbuild.build_corpus_index`).
+(:func:`longrag.index.plan.plan_build`). A corpus read from files, with the driver holding metadata
+only, is built by :func:`actors.distbuild.build_corpus_index`.
 
 An interrupted build (status ``building``) continues with ``resume``: the units are recomputed
 from the same source and config, and a shard already written is kept when its plan digest (the
@@ -240,20 +240,3 @@ def build_from_documents(
     clear_staging(store)
     return report
 
-
-def build_index(
-    source: str | list[str],
-    fmt: str,
-    out: str,
-    config: LongRAGConfig,
-    *,
-    overwrite: bool = False,
-    resume: bool = False,
-    command: list[str] | None = None,
-) -> dict[str, Any]:
-    """Read ``source`` (one or many files, local or ``s3://``) and build its index on the connected
-    Ray cluster, the driver holding document metadata only (:func:`actors.distbuild.build_corpus_index`);
-    returns the build report."""
-    from actors.distbuild import build_corpus_index
-
-    return build_corpus_index(source, fmt, out, config, overwrite=overwrite, resume=resume, command=command)

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import ray
 
-from actors.distbuild import collect_edges, over_parts, part_positions, read_part
+from actors.parts import collect_edges, over_parts, part_positions, read_part
 from longrag.config import UnitConfig
 from longrag.index.links import HashedTfidf
 

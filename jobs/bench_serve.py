@@ -213,13 +213,13 @@ def ensure_index(index: str | None, say) -> str:
         ArtifactStore.open(str(out)).read_manifest()
         return str(out)
     except Exception:  # no build there yet: make it (the demo's settings)
-        from actors.build import build_index
+        from actors.distbuild import build_corpus_index
         from longrag.config import load_config
 
         say(f"indexing the bundled sample into {out}")
         config = load_config(None, ["units.kind=grouped", "units.text_mode=lead", "index.shards=2"])
-        build_index(str(data_path(SAMPLE_WIKI)), "wikixml", str(out), config, overwrite=True,
-                    command=["python", "-m", "jobs.bench_serve"])
+        build_corpus_index(str(data_path(SAMPLE_WIKI)), "wikixml", str(out), config, overwrite=True,
+                           command=["python", "-m", "jobs.bench_serve"])
         return str(out)
 
 

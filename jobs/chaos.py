@@ -188,13 +188,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         index = args.index
         if index is None:
-            from actors.build import build_index
+            from actors.distbuild import build_corpus_index
             from longrag.config import load_config
 
             index = str(Path(args.out).resolve())
             config = load_config(None, ["units.kind=grouped", "units.text_mode=lead", "index.shards=2"])
-            build_index(str(data_path(SAMPLE_WIKI)), "wikixml", index, config, overwrite=True,
-                        command=["python", "-m", "jobs.chaos"])
+            build_corpus_index(str(data_path(SAMPLE_WIKI)), "wikixml", index, config, overwrite=True,
+                               command=["python", "-m", "jobs.chaos"])
         deploy(serve_config(index, args.port, args.llm, args.read_timeout_s))
         # a replica whose worker starts slowly on a loaded machine is reported "not scheduled": give it time
         reason = wait_running([APP], schedule_timeout_s=args.recovery_timeout_s,

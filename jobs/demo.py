@@ -77,7 +77,7 @@ def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], st
     from ray import serve
 
     from cluster.local import start_or_join
-    from actors.build import build_index
+    from actors.distbuild import build_corpus_index
     from longrag.config import load_config
     from serve.app import AppArgs, app_builder
     from serve.run import wait_healthy
@@ -98,8 +98,8 @@ def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], st
         ray_logs = handle.logs_dir
         try:
             say(f"== 1/3 indexing {SAMPLE.name} -> {out}")
-            report = build_index(str(SAMPLE), "wikixml", out, config, overwrite=True,
-                                 command=["python", "-m", "jobs.demo"])
+            report = build_corpus_index(str(SAMPLE), "wikixml", out, config, overwrite=True,
+                                        command=["python", "-m", "jobs.demo"])
             counts = report["counts"]
             hist = {int(n): c for n, c in report["grouping"]["docs_per_unit"].items()}
             multi = sum(c for n, c in hist.items() if n > 1)

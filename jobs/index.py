@@ -78,13 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     except (BuildExistsError, ResumeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    from actors.build import build_index
+    from actors.distbuild import build_corpus_index
     from cluster.local import start_or_join
 
     handle = start_or_join(args.address, num_cpus=args.num_cpus)
     try:
-        report = build_index(args.source, args.format, args.out, config, overwrite=args.overwrite,
-                             resume=args.resume, command=["python", "-m", "jobs.index", *(argv if argv is not None else sys.argv[1:])])
+        report = build_corpus_index(args.source, args.format, args.out, config, overwrite=args.overwrite,
+                                    resume=args.resume, command=["python", "-m", "jobs.index", *(argv if argv is not None else sys.argv[1:])])
     except Exception as exc:
         log.error("index build failed: %s", exc)
         print(f"error: {exc}", file=sys.stderr)

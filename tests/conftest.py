@@ -43,14 +43,14 @@ def sample_index(tmp_path_factory) -> dict:
     with the real bundled embedding model. Starts and stops its own local Ray, so test modules
     can each start theirs afterwards."""
     from cluster.local import start_or_join
-    from actors.build import build_index
+    from actors.distbuild import build_corpus_index
     from longrag.config import load_config
 
     out = tmp_path_factory.mktemp("sample-index") / "build"
     config = load_config(None, ["units.kind=grouped", "units.text_mode=lead", "index.shards=2"])
     handle = start_or_join(None, num_cpus=4)
     try:
-        report = build_index(str(SAMPLE_WIKI), "wikixml", str(out), config, command=["pytest"])
+        report = build_corpus_index(str(SAMPLE_WIKI), "wikixml", str(out), config, command=["pytest"])
     finally:
         handle.shutdown()
     return {"uri": str(out), "report": report}

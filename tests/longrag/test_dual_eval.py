@@ -11,7 +11,7 @@ import pytest
 
 from longrag.config import DualConfig
 from longrag.dual.pipeline import DualPipeline, index_paragraphs
-from longrag.eval import dual_bench as db
+from longrag.dual import bench as db
 from longrag.eval.datasets import Paragraph, QAExample
 from tests.fakes import ScriptedLLM
 from tests.longrag.test_dual_pipeline import _kinds, _stage_reply
