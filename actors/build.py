@@ -80,7 +80,7 @@ def read_staged_units(batch: dict[str, np.ndarray], store_uri: str) -> dict[str,
     import pyarrow.parquet as pq
 
     from longrag.index.distplan import staged_units_key
-    from longrag.store import ArtifactStore
+    from longrag.index.artifacts import ArtifactStore
 
     store = ArtifactStore.open(store_uri)
     out: dict[str, list[Any]] = {"unit_id": [], "titles": [], "text": [], "shard": []}
@@ -101,7 +101,8 @@ def stage_chunks(batch: dict[str, np.ndarray], store_uri: str) -> dict[str, list
     import pyarrow as pa
 
     from longrag.index.distplan import staged_chunks_prefix
-    from longrag.store import ArtifactStore, _table_bytes
+    from longrag.index.artifacts import ArtifactStore
+    from longrag.store import _table_bytes
 
     store = ArtifactStore.open(store_uri)
     shards = np.asarray(batch["shard"], dtype=np.int64)
@@ -135,7 +136,7 @@ def build_staged_shard(store_uri: str, shard: int, factory: str, metric: str) ->
 
     from longrag.index.distplan import staged_chunks_prefix, staged_units_prefix
     from longrag.index.maxp import MaxPIndex
-    from longrag.store import ArtifactStore, write_shard
+    from longrag.index.artifacts import ArtifactStore, write_shard
 
     store = ArtifactStore.open(store_uri)
     units = [Unit.from_row(r) for k in sorted(store.storage.list(staged_units_prefix(shard)))
@@ -217,7 +218,7 @@ def build_from_documents(
 ) -> dict[str, Any]:
     """Group, chunk, embed and shard ``docs`` into a build at ``out`` on the connected Ray cluster;
     returns the build report. With ``resume``, continue the unfinished build at ``out``."""
-    from longrag.store import ArtifactStore
+    from longrag.index.artifacts import ArtifactStore
 
     timings = dict(timings or {})
     read_report = read_report or {"n_ok": len(docs), "n_bad": 0}

@@ -66,7 +66,8 @@ def parse_tasks(batch: dict[str, np.ndarray], store_uri: str, text_mode: str, mo
     from longrag.corpus.documents import documents_to_table
     from longrag.corpus.sources import ReadTask, read_task_records
     from longrag.index.grouping import document_passages, document_text
-    from longrag.store import ArtifactStore, _table_bytes, sha256_bytes
+    from longrag.index.artifacts import ArtifactStore
+    from longrag.store import _table_bytes, sha256_bytes
 
     store = ArtifactStore.open(store_uri)
     counter = _counter(model)
@@ -122,7 +123,7 @@ def parse_tasks(batch: dict[str, np.ndarray], store_uri: str, text_mode: str, mo
 def read_metadata(sources: list[str], fmt: str, out: str, config: LongRAGConfig) -> tuple[DocMeta, list[dict[str, Any]], int]:
     """Stage 1: parse on Ray Data; returns the documents' metadata, the per-task reports, the task count."""
     from longrag.corpus.sources import plan_read_tasks
-    from longrag.store import ArtifactStore
+    from longrag.index.artifacts import ArtifactStore
 
     tasks = plan_read_tasks(sources, fmt)
     log.info("reading %d sources as %d read tasks", len(sources), len(tasks))
@@ -143,7 +144,7 @@ class LinkResolver:
 
     def __init__(self, store_uri: str, shared: list[Any]) -> None:
         from longrag.index.distplan import title_keys
-        from longrag.store import ArtifactStore
+        from longrag.index.artifacts import ArtifactStore
 
         self.store = ArtifactStore.open(store_uri)
         titles, self.redirects, (self.lookup_keys, self.lookup_pos) = ray.get(shared[0])
@@ -178,7 +179,7 @@ class AttachPlan:
     """Ray Data callable: parts -> document rows with their unit, corpus position and shard."""
 
     def __init__(self, store_uri: str, shared: list[Any], kind: str, passage_words: int) -> None:
-        from longrag.store import ArtifactStore
+        from longrag.index.artifacts import ArtifactStore
 
         self.store = ArtifactStore.open(store_uri)
         self.keys, self.pos, self.first_unit, self.shard_of_unit = ray.get(shared[0])
@@ -212,7 +213,7 @@ def assemble_shard(group: dict[str, np.ndarray], store_uri: str, kind: str, mode
     returns the shard's unit count and plan digest."""
     from longrag.index.distplan import assemble_units, stage_shard_units
     from longrag.index.manifest import shard_plan
-    from longrag.store import ArtifactStore
+    from longrag.index.artifacts import ArtifactStore
 
     shard = int(group["shard"][0])
     cols = ("unit", "pos", "doc_id", "title", "text", "n_tokens")
@@ -245,7 +246,7 @@ def plan_corpus(sources: str | list[str], fmt: str, out: str, config: LongRAGCon
     from longrag.corpus.sources import expand_sources
     from longrag.index.distplan import final_redirects, order_documents, plan_units
     from longrag.index.plan import BuildSettings
-    from longrag.store import ArtifactStore
+    from longrag.index.artifacts import ArtifactStore
 
     model_max, max_tokens = chunk_limits(config)
     if fmt != "wikixml" and config.units.text_mode != "full":
@@ -324,7 +325,7 @@ def build_corpus_index(sources: str | list[str], fmt: str, out: str, config: Lon
                        overwrite: bool = False, resume: bool = False, command: list[str] | None = None) -> dict[str, Any]:
     """Read, plan, chunk, embed and shard ``sources`` into a build at ``out``; returns the build report.
     With ``resume``, shards of the interrupted build whose units and files still match are kept."""
-    from longrag.store import ArtifactStore
+    from longrag.index.artifacts import ArtifactStore
 
     t_all = time.perf_counter()
     check_out(out, overwrite, resume)

@@ -41,7 +41,7 @@ class MentionFinder:
     def __init__(self, store_uri: str, shared: list[Any]) -> None:
         from longrag.eval.links import TitleMatcher
         from longrag.index.links import title_positions
-        from longrag.store import ArtifactStore
+        from longrag.index.artifacts import ArtifactStore
 
         self.store = ArtifactStore.open(store_uri)
         titles, (self.keys, self.pos) = ray.get(shared[0])
@@ -77,7 +77,7 @@ def count_part(store_uri: str, key: str, code: int, n_features: int,
                shared: list[Any]) -> tuple[tuple[Any, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """One part read and tokenized once: its term counts with their corpus positions (kept in the
     object store for :func:`weigh_part`) and its ``(term, df)`` pairs, duplicates left out."""
-    from longrag.store import ArtifactStore
+    from longrag.index.artifacts import ArtifactStore
 
     keys_sorted, pos_sorted = ray.get(shared[0])
     table = read_part(ArtifactStore.open(store_uri), key, ["title", "text"])

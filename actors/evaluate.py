@@ -36,7 +36,7 @@ def ensure_index(run: EvalRun, setting: EvalSetting, docs: list[Document], corpu
     """Reuse a complete build with the same fingerprint, or build one (resuming an unfinished build
     at the same place); returns index info."""
     from actors.build import build_from_documents
-    from longrag.store import ArtifactStore
+    from longrag.index.artifacts import ArtifactStore
 
     ev = run.eval
     cfg = run.config_for(setting.unit)

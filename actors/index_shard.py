@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from longrag.store import ArtifactStore, load_shard, load_shard_chunks
+from longrag.index.artifacts import ArtifactStore, load_shard, load_shard_chunks
 from longrag.types import UnitHit
 
 

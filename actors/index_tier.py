@@ -135,7 +135,7 @@ class IndexTierLease:
         log.info("index tier %s retired (%d actors)", self.prefix, len(names))
 
     def _actor_names(self) -> list[str]:
-        from longrag.store import ArtifactStore
+        from longrag.index.artifacts import ArtifactStore
 
         manifest = ArtifactStore.open(self.store_uri).read_manifest()
         return [shard_actor_name(self.prefix, s.shard_id, r)
@@ -199,7 +199,7 @@ class SharedIndexTier:
         raise RuntimeError(f"could not acquire index tier {self.prefix}: {last}")
 
     def _ask(self) -> dict[str, float]:
-        from longrag.store import ArtifactStore
+        from longrag.index.artifacts import ArtifactStore
 
         return actor_ask(ArtifactStore.open(self.store_uri).read_manifest(), placement_of(self.launch))
 
@@ -233,7 +233,7 @@ class TieredIndex:
 
     def __init__(self, index_uri: str, config: "IndexConfig", *, app_name: str, holder: str,
                  ready_timeout_s: float = 300.0) -> None:
-        from longrag.store import ArtifactStore
+        from longrag.index.artifacts import ArtifactStore
 
         self.manifest = ArtifactStore.open(index_uri).read_manifest()
         self.tier = SharedIndexTier(

@@ -29,7 +29,7 @@ from actors.index_shard import IndexShard
 from longrag.index.manifest import Manifest
 from longrag.index.maxp import merge_topk
 from longrag.index.placement import ShardPlacement, describe_ask, shard_actor_resources
-from longrag.store import ArtifactStore
+from longrag.index.artifacts import ArtifactStore
 from longrag.types import Coverage, RetrievedUnit, ShardRedundancy, UnitHit
 
 if TYPE_CHECKING:

@@ -68,7 +68,7 @@ def serve_config(index: str, port: int) -> dict[str, Any]:
 
 def app_config(index: str, config: dict[str, Any]) -> LongRAGConfig:
     """The config the app builds from (the build's own plus the YAML's overrides), as ``app_builder``."""
-    from longrag.store import ArtifactStore
+    from longrag.index.artifacts import ArtifactStore
 
     (app,) = config["applications"]
     cfg = LongRAGConfig.model_validate(ArtifactStore.open(index).read_manifest().config)
@@ -84,7 +84,7 @@ class InProcessRetrieval:
 
         from actors.index_shard import IndexShardImpl
         from longrag.index.embedding import Embedder
-        from longrag.store import ArtifactStore
+        from longrag.index.artifacts import ArtifactStore
 
         torch.set_num_threads(1)  # as the QueryEncoder replica (torch_threads=1)
         self.embedder = Embedder(cfg.embedding)
@@ -204,7 +204,7 @@ async def bench_chat(client: httpx.AsyncClient, local: InProcessRetrieval, cfg: 
 
 def ensure_index(index: str | None, say) -> str:
     """``index``, or the sample's build in artifacts/bench-serve (built the demo's way when missing)."""
-    from longrag.store import ArtifactStore
+    from longrag.index.artifacts import ArtifactStore
 
     if index:
         return index

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         log.error("index build failed: %s", exc)
         print(f"error: {exc}", file=sys.stderr)
-        from longrag.store import ArtifactStore
+        from longrag.index.artifacts import ArtifactStore
 
         try:
             if not isinstance(exc, (BuildExistsError, ResumeError)) and ArtifactStore.open(args.out).status() == "building":

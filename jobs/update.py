@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     from longrag.index.manifest import new_build_id
     from longrag.index.plan import BuildExistsError, check_out, chunk_limits
     from longrag.index.update import Changes, UpdateError, corpus_order, plan_update, read_delete_ids, write_update
-    from longrag.store import ArtifactStore, open_source, read_documents
+    from longrag.index.artifacts import ArtifactStore, read_documents
+    from longrag.store import open_source
     from longrag.text.tokens import counter_for_model_dir
 
     try:
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parent_units(parent) -> dict:
-    from longrag.store import load_shard_units
+    from longrag.index.artifacts import load_shard_units
 
     return {s: load_shard_units(parent, s) for s in parent.read_manifest().shard_ids}
 

@@ -1,17 +1,9 @@
-"""The artifact store: one index build as files under a local folder or ``s3://bucket/prefix``.
+"""The storage layer: one interface (:class:`Storage`) over a local folder and ``s3://bucket/prefix``,
+reading sources (compressed or not, local or S3) as streams, and the parquet codecs of units and
+chunks (:class:`RecordLookup`: rows become records only when asked for).
 
-Layout of a build (README, Architecture: "Artifacts, not pickles")::
-
-    manifest.json                 Manifest (status "building" until every shard is written)
-    config.yaml                   the LongRAGConfig the build ran with
-    shards/shard-00000/
-        units.parquet             Unit rows (unit_id, doc_ids, titles, text, n_tokens)
-        chunks.parquet            Chunk rows (chunk_id, unit_id, position, text, n_tokens)
-        index.faiss, chunk_units.npy, chunk_ids.parquet, unit_ids.parquet, maxp.json   (MaxPIndex)
-        shard.json                ShardEntry, written last: the shard is complete when it exists
-
-Everything is read and written as bytes through a :class:`Storage`, so loading reads each file
-once, checks its sha256 against the manifest, and parses it from memory.
+Generic: it knows nothing of an index build. The build's layout on a storage (manifest, config,
+shard folders, FAISS files) is :mod:`longrag.index.artifacts`.
 """
 
 from __future__ import annotations
@@ -25,22 +17,12 @@ import tempfile
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Callable, Generic, Iterator, Literal, TypeVar
+from typing import IO, Any, Callable, Generic, Iterator, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import yaml
 
-from longrag.index.manifest import FileEntry, Manifest, ShardEntry
-from longrag.index.maxp import INDEX_FILES, MaxPIndex
-from longrag.types import Chunk, Document, Unit
-
-MANIFEST_FILE = "manifest.json"
-CONFIG_FILE = "config.yaml"
-UNITS_FILE = "units.parquet"
-CHUNKS_FILE = "chunks.parquet"
-SHARD_MARKER = "shard.json"
-DOCUMENTS_FILE = "documents.parquet"
+from longrag.types import Chunk, Unit
 
 UNIT_SCHEMA = pa.schema(
     [
@@ -76,10 +58,6 @@ class ChecksumError(RuntimeError):
 
     def __reduce__(self):  # picklable, so the error crosses process boundaries (Ray actors) intact
         return (type(self), (self.name, self.expected, self.actual))
-
-
-class IncompleteBuildError(RuntimeError):
-    """The build's manifest is missing or still has status ``building``."""
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -353,71 +331,6 @@ def open_source(
 
 
 # ---------------------------------------------------------------------------------------- store
-class ArtifactStore:
-    """One index build: its manifest, config and shard folders, on any :class:`Storage`."""
-
-    def __init__(self, storage: Storage) -> None:
-        self.storage = storage
-
-    @classmethod
-    def open(cls, uri: str | Path, *, endpoint_url: str | None = None) -> "ArtifactStore":
-        return cls(open_storage(uri, endpoint_url=endpoint_url))
-
-    @property
-    def uri(self) -> str:
-        return self.storage.uri
-
-    def __repr__(self) -> str:
-        return f"ArtifactStore({self.uri!r})"
-
-    @staticmethod
-    def shard_prefix(shard_id: int) -> str:
-        if not isinstance(shard_id, int) or shard_id < 0:
-            raise ValueError(f"shard_id must be a non-negative int, got {shard_id!r}")
-        return f"shards/shard-{shard_id:05d}"
-
-    def shard_key(self, shard_id: int, name: str) -> str:
-        return f"{self.shard_prefix(shard_id)}/{name}"
-
-    # manifest and config
-    def has_manifest(self) -> bool:
-        return self.storage.exists(MANIFEST_FILE)
-
-    def read_manifest(self) -> Manifest:
-        return Manifest.from_json(self.storage.read_bytes(MANIFEST_FILE))
-
-    def write_manifest(self, manifest: Manifest) -> None:
-        self.storage.write_bytes(MANIFEST_FILE, manifest.to_json().encode())
-
-    def status(self) -> Literal["absent", "building", "complete"]:
-        """``absent`` (no manifest), ``building`` (started, not finished) or ``complete``."""
-        if not self.has_manifest():
-            return "absent"
-        return self.read_manifest().status
-
-    def write_config(self, config: Any) -> None:
-        """Save a LongRAGConfig (or a plain dict) as ``config.yaml``."""
-        data = config.model_dump(mode="json") if hasattr(config, "model_dump") else dict(config)
-        self.storage.write_bytes(CONFIG_FILE, yaml.safe_dump(data, sort_keys=False).encode())
-
-    # shards
-    def shard_marker(self, shard_id: int) -> ShardEntry | None:
-        """The shard's ``shard.json`` entry if the shard was completely written, else None."""
-        key = self.shard_key(shard_id, SHARD_MARKER)
-        if not self.storage.exists(key):
-            return None
-        return ShardEntry.model_validate_json(self.storage.read_bytes(key))
-
-    def completed_shards(self) -> dict[int, ShardEntry]:
-        """Shards whose folder holds a ``shard.json`` marker (for resuming a ``building`` build)."""
-        out: dict[int, ShardEntry] = {}
-        for key in self.storage.list("shards/"):
-            if key.endswith("/" + SHARD_MARKER):
-                entry = ShardEntry.model_validate_json(self.storage.read_bytes(key))
-                out[entry.shard_id] = entry
-        return dict(sorted(out.items()))
-
-
 # ---------------------------------------------------------------------------------------- records
 def units_to_parquet(units: list[Unit]) -> bytes:
     table = pa.Table.from_pylist([u.to_row() for u in units], schema=UNIT_SCHEMA)
@@ -490,157 +403,3 @@ def units_from_parquet(data: bytes) -> RecordLookup[Unit]:
 
 def chunks_from_parquet(data: bytes) -> RecordLookup[Chunk]:
     return RecordLookup(pq.read_table(io.BytesIO(data)), "chunk_id", Chunk.from_row)
-
-
-# ---------------------------------------------------------------------------------------- shards
-def write_shard(
-    store: ArtifactStore, shard_id: int, units: list[Unit], chunks: list[Chunk], index: MaxPIndex
-) -> ShardEntry:
-    """Write one shard (units, chunks, index files, then the ``shard.json`` marker).
-
-    Checks that ``index`` covers exactly ``chunks`` with the same chunk -> unit map, and that every
-    chunk's unit is in ``units``. The caller adds the returned entry to the manifest.
-    """
-    unit_ids = [u.unit_id for u in units]
-    if len(set(unit_ids)) != len(unit_ids):
-        raise ValueError(f"shard {shard_id}: duplicate unit ids")
-    if index.ntotal != len(chunks):
-        raise ValueError(f"shard {shard_id}: index holds {index.ntotal} vectors for {len(chunks)} chunks")
-    indexed = {str(c): str(index.unit_ids[u]) for c, u in zip(index.chunk_ids, index.chunk_units)}
-    known_units = set(unit_ids)
-    for chunk in chunks:
-        if chunk.unit_id not in known_units:
-            raise ValueError(f"shard {shard_id}: chunk {chunk.chunk_id} belongs to unit {chunk.unit_id} not in units")
-        if indexed.get(chunk.chunk_id) != chunk.unit_id:
-            raise ValueError(
-                f"shard {shard_id}: chunk {chunk.chunk_id} is indexed under unit {indexed.get(chunk.chunk_id)!r}, "
-                f"expected {chunk.unit_id!r}"
-            )
-    store.storage.delete(store.shard_key(shard_id, SHARD_MARKER))  # incomplete until rewritten
-    files = {UNITS_FILE: units_to_parquet(units), CHUNKS_FILE: chunks_to_parquet(chunks), **index.to_files()}
-    entries: dict[str, FileEntry] = {}
-    for name, data in files.items():
-        store.storage.write_bytes(store.shard_key(shard_id, name), data)
-        entries[name] = FileEntry(sha256=sha256_bytes(data), bytes=len(data))
-    entry = ShardEntry(shard_id=shard_id, n_units=len(units), n_chunks=len(chunks), files=entries)
-    store.storage.write_bytes(store.shard_key(shard_id, SHARD_MARKER), entry.model_dump_json(indent=2).encode())
-    return entry
-
-
-def _shard_entry(store: ArtifactStore, shard_id: int, require_complete: bool) -> tuple[ShardEntry, Manifest | None]:
-    if not store.has_manifest():
-        if require_complete:
-            raise IncompleteBuildError(f"{store.uri} has no {MANIFEST_FILE}")
-        marker = store.shard_marker(shard_id)
-        if marker is None:
-            raise FileNotFoundError(f"shard {shard_id} in {store.uri} was not completely written")
-        return marker, None
-    manifest = store.read_manifest()
-    if manifest.status != "complete" and require_complete:
-        raise IncompleteBuildError(f"build {manifest.build_id} in {store.uri} has status {manifest.status!r}")
-    try:
-        return manifest.shard(shard_id), manifest
-    except KeyError:
-        if require_complete:
-            raise
-        marker = store.shard_marker(shard_id)
-        if marker is None:
-            raise FileNotFoundError(f"shard {shard_id} in {store.uri} was not completely written") from None
-        return marker, manifest
-
-
-def _read_files(store: ArtifactStore, entry: ShardEntry, names: list[str], verify: bool) -> dict[str, bytes]:
-    out: dict[str, bytes] = {}
-    for name in names:
-        if name not in entry.files:
-            raise FileNotFoundError(f"shard {entry.shard_id} entry lists no file {name}")
-        key = store.shard_key(entry.shard_id, name)
-        data = store.storage.read_bytes(key)  # FileNotFoundError names the key
-        if verify:
-            expected = entry.files[name]
-            actual = sha256_bytes(data)
-            if actual != expected.sha256:
-                raise ChecksumError(key, expected.sha256, actual)
-            if len(data) != expected.bytes:
-                raise ChecksumError(key, f"{expected.sha256} ({expected.bytes} bytes)", f"{actual} ({len(data)} bytes)")
-        out[name] = data
-    return out
-
-
-def verify_shard(store: ArtifactStore, shard_id: int, *, require_complete: bool = False) -> ShardEntry:
-    """Recompute every file's sha256; raise ChecksumError / FileNotFoundError on the first problem."""
-    entry, _ = _shard_entry(store, shard_id, require_complete)
-    _read_files(store, entry, sorted(entry.files), verify=True)
-    return entry
-
-
-def load_shard(
-    store: ArtifactStore, shard_id: int, *, verify: bool = True, require_complete: bool = True
-) -> tuple[MaxPIndex, RecordLookup[Unit]]:
-    """Load one shard's index and its units (by unit_id), checking sha256s when ``verify``.
-
-    ``require_complete=False`` also loads a shard of a ``building`` build from its marker.
-    """
-    entry, manifest = _shard_entry(store, shard_id, require_complete)
-    files = _read_files(store, entry, [*INDEX_FILES, UNITS_FILE], verify)
-    index = MaxPIndex.from_files(files)
-    units = units_from_parquet(files[UNITS_FILE])
-    if manifest is not None:
-        if index.dim != manifest.embedding.dim or index.metric != manifest.metric:
-            raise ValueError(
-                f"shard {shard_id}: index dim/metric {index.dim}/{index.metric} disagree with the manifest "
-                f"{manifest.embedding.dim}/{manifest.metric}"
-            )
-    if index.ntotal != entry.n_chunks or len(units) != entry.n_units:
-        raise ValueError(f"shard {shard_id}: files hold {index.ntotal} chunks / {len(units)} units, entry says "
-                         f"{entry.n_chunks} / {entry.n_units}")
-    return index, units
-
-
-def load_shard_chunks(
-    store: ArtifactStore, shard_id: int, *, verify: bool = True, require_complete: bool = True
-) -> RecordLookup[Chunk]:
-    """One shard's chunk records by chunk_id (chunk text for readers that work on chunks)."""
-    entry, _ = _shard_entry(store, shard_id, require_complete)
-    return chunks_from_parquet(_read_files(store, entry, [CHUNKS_FILE], verify)[CHUNKS_FILE])
-
-
-# ---------------------------------------------------------------------------------------- documents
-def write_documents(store: ArtifactStore, docs: list[Document]) -> FileEntry:
-    """The build's documents, in corpus order, as ``documents.parquet`` (what an incremental update
-    regroups from); returns its entry for ``Manifest.artifacts``."""
-    data = _table_bytes(pa.Table.from_pylist([d.to_row() for d in docs], schema=DOCUMENT_SCHEMA))
-    store.storage.write_bytes(DOCUMENTS_FILE, data)
-    return FileEntry(sha256=sha256_bytes(data), bytes=len(data))
-
-
-def read_documents(store: ArtifactStore, *, verify: bool = True) -> list[Document] | None:
-    """The build's documents (``documents.parquet``, checked against the manifest), or None when the
-    build has none (a build of ``jobs.index`` before it wrote them)."""
-    manifest = store.read_manifest()
-    entry = manifest.artifacts.get(DOCUMENTS_FILE)
-    if entry is None:
-        return None
-    data = store.storage.read_bytes(DOCUMENTS_FILE)
-    if verify and sha256_bytes(data) != entry.sha256:
-        raise ChecksumError(DOCUMENTS_FILE, entry.sha256, sha256_bytes(data))
-    return [Document.from_row(r) for r in pq.read_table(io.BytesIO(data)).to_pylist()]
-
-
-def copy_shard(src: ArtifactStore, dst: ArtifactStore, shard_id: int) -> ShardEntry:
-    """Copy one complete shard of ``src``'s build into ``dst``, checking every file's sha256 against
-    ``src``'s manifest (the marker is written last, as :func:`write_shard` does)."""
-    entry = src.read_manifest().shard(shard_id)
-    files = _read_files(src, entry, sorted(entry.files), verify=True)
-    dst.storage.delete(dst.shard_key(shard_id, SHARD_MARKER))
-    for name, data in files.items():
-        dst.storage.write_bytes(dst.shard_key(shard_id, name), data)
-    dst.storage.write_bytes(dst.shard_key(shard_id, SHARD_MARKER), entry.model_dump_json(indent=2).encode())
-    return entry
-
-
-def load_shard_units(store: ArtifactStore, shard_id: int, *, verify: bool = True) -> list[Unit]:
-    """One shard's units, in stored order (no index loaded)."""
-    entry, _ = _shard_entry(store, shard_id, True)
-    lookup = units_from_parquet(_read_files(store, entry, [UNITS_FILE], verify)[UNITS_FILE])
-    return lookup.get_many(lookup.ids())

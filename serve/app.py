@@ -648,7 +648,7 @@ def app_builder(args: AppArgs | dict[str, Any]) -> serve.Application:
         cfg = load_config(args.config, args.overrides)
     else:
         from longrag.index.alias import resolve_build
-        from longrag.store import ArtifactStore
+        from longrag.index.artifacts import ArtifactStore
 
         # The build's own config: the query encoder must be the model the chunks were embedded with.
         cfg = LongRAGConfig.model_validate(ArtifactStore.open(resolve_build(args.index)[0]).read_manifest().config)

@@ -119,7 +119,7 @@ def write_tiny_build(root, docs: list[tuple[str, str]], shards: int = 2) -> str:
     from longrag.config import LongRAGConfig
     from longrag.index.manifest import Manifest
     from longrag.index.maxp import MaxPIndex
-    from longrag.store import ArtifactStore, write_shard
+    from longrag.index.artifacts import ArtifactStore, write_shard
     from longrag.types import Chunk, Unit
 
     store = ArtifactStore.open(str(root))
@@ -204,7 +204,7 @@ class LocalIndex:
     def __init__(self, index_uri: str, config, *, app_name: str = "", holder: str = "") -> None:
         from actors.index_shard import IndexShardImpl
         from actors.sharded_index import ShardedIndex
-        from longrag.store import ArtifactStore
+        from longrag.index.artifacts import ArtifactStore
 
         self.manifest = ArtifactStore.open(index_uri).read_manifest()
         rows = []

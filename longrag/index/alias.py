@@ -59,7 +59,7 @@ def read_pointer(uri: str) -> BuildPointer | None:
 def resolve_build(uri: str) -> tuple[str, BuildPointer | None]:
     """``(build URI, pointer)``: a build location is itself (no pointer); an alias root is the build
     its pointer names. Raises :class:`AliasError` when ``uri`` holds neither."""
-    from longrag.store import ArtifactStore
+    from longrag.index.artifacts import ArtifactStore
 
     store = ArtifactStore.open(uri)
     if store.has_manifest():
@@ -74,7 +74,8 @@ def publish(alias_uri: str, build_uri: str, *, expect_build_id: str | None = Non
     """Point the alias at the complete build at ``build_uri`` (stored relative to the alias root
     when it lies under it). ``expect_build_id``: refuse unless the alias still names that build
     (two updates racing from the same parent: the second is refused instead of hiding the first)."""
-    from longrag.store import ArtifactStore, open_storage
+    from longrag.index.artifacts import ArtifactStore
+    from longrag.store import open_storage
 
     target = ArtifactStore.open(build_uri)
     if target.status() != "complete":

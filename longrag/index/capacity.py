@@ -446,7 +446,7 @@ def write_synthetic_build(root: str, sizes: list[int], dim: int, chunk_chars: in
     """A complete build of ``len(sizes)`` Flat shards of synthetic chunks (text of ``chunk_chars``)."""
     from longrag.config import LongRAGConfig
     from longrag.index.manifest import Manifest
-    from longrag.store import ArtifactStore, write_shard
+    from longrag.index.artifacts import ArtifactStore, write_shard
 
     store = ArtifactStore.open(root)
     manifest = Manifest.create(LongRAGConfig(), dim=dim, documents=0, argv=["jobs.bench_index"])

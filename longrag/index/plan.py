@@ -261,7 +261,7 @@ AnyPlan = BuildPlan | StagedPlan
 def check_out(out: str, overwrite: bool, resume: bool = False) -> None:
     """Refuse to write into an existing build (complete or partial) unless ``overwrite``; with
     ``resume``, require an unfinished one."""
-    from longrag.store import ArtifactStore
+    from longrag.index.artifacts import ArtifactStore
 
     if overwrite and resume:
         raise ValueError("--overwrite and --resume exclude each other")
@@ -283,7 +283,8 @@ def check_out(out: str, overwrite: bool, resume: bool = False) -> None:
 def resume_decision(store: Any, manifest: Manifest, plan: AnyPlan) -> tuple[dict[int, ShardEntry], dict[int, str]]:
     """For a resume: (shards to keep, {shard: why it is rebuilt}). Raises ResumeError when the
     interrupted build has other :class:`BuildSettings` or gives other units."""
-    from longrag.store import ChecksumError, verify_shard
+    from longrag.index.artifacts import verify_shard
+    from longrag.store import ChecksumError
 
     changed = plan.settings.diff(BuildSettings.of(manifest.config))
     if changed:

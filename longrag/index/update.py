@@ -304,7 +304,7 @@ def write_update(
     build_id: str | None = None,
     command: list[str] | None = None,
 ) -> Any:
-    """Write the updated build at ``out`` (an empty :class:`longrag.store.ArtifactStore`) from the
+    """Write the updated build at ``out`` (an empty :class:`longrag.index.artifacts.ArtifactStore`) from the
     complete build ``parent``: shards in ``plan.reuse`` are copied (sha256-checked), the others are
     rebuilt from the parent's chunks and vectors of their kept units plus the chunks of the new
     units, embedded with ``embed``. The manifest names the parent (``Manifest.parent``) and is
@@ -312,7 +312,14 @@ def write_update(
     from longrag.index.chunking import chunk_units
     from longrag.index.manifest import ParentBuild, collect_provenance, new_build_id, shard_plan, utc_now
     from longrag.index.maxp import MaxPIndex
-    from longrag.store import DOCUMENTS_FILE, copy_shard, load_shard, load_shard_chunks, write_documents, write_shard
+    from longrag.index.artifacts import (
+        DOCUMENTS_FILE,
+        copy_shard,
+        load_shard,
+        load_shard_chunks,
+        write_documents,
+        write_shard,
+    )
     from longrag.types import Chunk
 
     t0 = time.perf_counter()

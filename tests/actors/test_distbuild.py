@@ -19,7 +19,7 @@ from longrag.corpus.documents import documents_to_table, read_documents
 from longrag.corpus.sources import plan_read_tasks, write_multistream
 from longrag.index.distplan import staged_units_prefix
 from longrag.index.plan import plan_build
-from longrag.store import ArtifactStore
+from longrag.index.artifacts import ArtifactStore
 from longrag.synthetic.wikigraph import write_wikilike_corpus
 from longrag.types import Unit
 from tests.conftest import SAMPLE_WIKI

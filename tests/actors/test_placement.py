@@ -14,7 +14,7 @@ from cluster.local import WORKER_ENV
 from longrag.config import LongRAGConfig
 from longrag.index.maxp import IndexDeviceError, MaxPIndex, check_gpu
 from longrag.index.placement import BASE_BYTES, ShardPlacement, shard_actor_resources, shard_memory_bytes
-from longrag.store import ArtifactStore
+from longrag.index.artifacts import ArtifactStore
 from tests.actors.test_sharded_index import _assert_same, _brute_force, _make_build, _queries
 
 NO_GPU = not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() == 0

@@ -15,7 +15,7 @@ from cluster.local import start_or_join
 from longrag.config import LongRAGConfig
 from longrag.index.manifest import Manifest
 from longrag.index.maxp import MaxPIndex
-from longrag.store import ArtifactStore, write_shard
+from longrag.index.artifacts import ArtifactStore, write_shard
 from longrag.types import Chunk, Unit
 
 DIM = 16

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from longrag.store import ArtifactStore
+from longrag.index.artifacts import ArtifactStore
 
 pytestmark = pytest.mark.cluster
 

@@ -266,7 +266,7 @@ def test_interrupted_index_is_resumed_not_rebuilt(cluster, workdir, caplog):
     """A crash during an evaluate run's index build leaves the build ``building``; the rerun
     finishes it, keeping the shards that were written, and ranks exactly as before."""
     from jobs.evaluate import main
-    from longrag.store import ArtifactStore
+    from longrag.index.artifacts import ArtifactStore
 
     first, first_preds = _read(workdir / "retrieve" / "document")
     store = ArtifactStore.open(first["run"]["index"]["uri"])

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs import index as index_job
-from longrag.store import ArtifactStore, load_shard
+from longrag.index.artifacts import ArtifactStore, load_shard
 
 
 def _corpus(path, n=24):

@@ -10,18 +10,17 @@ import pytest
 import yaml
 
 from longrag.config import LongRAGConfig
-from longrag.index.manifest import Manifest, ShardEntry, git_commit, shard_plan
-from longrag.index.maxp import MaxPIndex, merge_topk
-from longrag.store import (
+from longrag.index.artifacts import (
     ArtifactStore,
-    ChecksumError,
     IncompleteBuildError,
-    LocalStorage,
     load_shard,
     load_shard_chunks,
     verify_shard,
     write_shard,
 )
+from longrag.index.manifest import Manifest, ShardEntry, git_commit, shard_plan
+from longrag.index.maxp import MaxPIndex, merge_topk
+from longrag.store import ChecksumError, LocalStorage
 from longrag.types import Chunk, Unit
 from tests.s3server import moto_s3
 

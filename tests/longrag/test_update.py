@@ -27,7 +27,7 @@ from longrag.index.update import (
     unit_key,
     write_update,
 )
-from longrag.store import ArtifactStore, load_shard_units, read_documents, write_documents, write_shard
+from longrag.index.artifacts import ArtifactStore, load_shard_units, read_documents, write_documents, write_shard
 from longrag.text.tokens import WhitespaceCounter
 from longrag.types import Document
 from tests.fakes import HashEncoder
@@ -173,7 +173,7 @@ def full_build(root, docs: list[Document], real: bool = False) -> ArtifactStore:
 
 def _search(store: ArtifactStore, queries: np.ndarray, k: int) -> list[list[tuple]]:
     from longrag.index.maxp import merge_topk
-    from longrag.store import load_shard
+    from longrag.index.artifacts import load_shard
 
     m = store.read_manifest()
     loaded = [load_shard(store, s) for s in m.shard_ids]

@@ -17,7 +17,7 @@ from ray import serve
 from cluster.local import WORKER_ENV
 from longrag.config import LongRAGConfig
 from longrag.index.alias import publish
-from longrag.store import ArtifactStore
+from longrag.index.artifacts import ArtifactStore
 from serve.app import build_app
 from tests.fakes import HashEncoder, LocalIndex, TitleReader, write_tiny_build
 from tests.serve.test_app_fakes import DOCS, serve_status_wait
