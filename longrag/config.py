@@ -166,16 +166,19 @@ class ReaderConfig(_Section):
     )
     max_context_tokens: int | None = Field(
         1024, ge=1, description="At most this many tokens of unit text go to the reader (None: what the window "
-        "leaves). The bundled 0.5B reader answers better from 1K MixPR-selected tokens than from 2K, in ~11 s on "
-        "2 cores (docs/evaluation.md: reader benchmark); a GPU-served long-context reader wants None.",
+        "leaves). 1K keeps the bundled 0.5B near 10 s per answer on 2 quiet cores (docs/evaluation.md: reader vs "
+        "bare prompt); a GPU-served long-context reader wants None.",
     )
     min_partial_unit_tokens: int = Field(
         128, ge=1, description="Fill leftover room with a trimmed unit only when at least this many tokens are free."
     )
     compression: Literal["truncate", "mixpr"] = Field(
-        "mixpr",
-        description="When the retrieved units exceed the window: keep whole top units and trim (truncate), or "
-        "select the sentences to keep from all of them with question-seeded MixPR, in document order (mixpr).",
+        "truncate",
+        description="When the retrieved units exceed the budget: keep whole top units and trim the next one "
+        "(truncate), or select the sentences to keep from all of them with question-seeded MixPR, in document "
+        "order (mixpr). At 1K tokens with the direct answer and the bundled 0.5B, mixpr scored higher F1 but lower EM "
+        "than truncate and costs a MixPR pass per request (docs/evaluation.md: reader vs bare prompt); a request may "
+        "ask for it.",
     )
 
 
