@@ -31,6 +31,7 @@ from typing import Any
 
 import psutil
 import yaml
+from ray.autoscaler._private.fake_multi_node.node_provider import FakeMultiNodeProvider
 
 from cluster.node_types import AWS_YAML, load, publish_cluster_config, scaled_node_types
 
@@ -39,6 +40,18 @@ log = logging.getLogger(__name__)
 BASE_YAML = Path(__file__).resolve().parent / "fake_multinode.yaml"
 #: How many nodes of each type may be up at once here (2 cores): enough to see every type scale.
 DEFAULT_MAX_WORKERS = {"cpu": 2, "index_cpu": 1, "gpu_l4": 2}
+
+
+class FakeProvider(FakeMultiNodeProvider):
+    """Ray's fake multinode provider, whose node types may declare ``memory`` as aws.yaml's have it
+    (on AWS Ray fills it in from the instance type): the autoscaler packs memory asks (a shard actor's,
+    ``index.shard_memory_factor``) by it. Ray's provider passes a type's resources to the node as
+    custom resources, where ``memory`` is refused, so it is left out there: the node's raylet
+    detects its memory itself, as on a real machine."""
+
+    def create_node_with_resources_and_labels(self, node_config, tags, count, resources, labels):
+        resources = {k: v for k, v in resources.items() if k != "memory"}
+        return super().create_node_with_resources_and_labels(node_config, tags, count, resources, labels)
 
 
 def fake_config(gcs_address: str, *, aws_yaml: str | Path = AWS_YAML, base_yaml: str | Path = BASE_YAML,
@@ -164,8 +177,11 @@ def start_fake_cluster(*, aws_yaml: str | Path = AWS_YAML, max_workers: dict[str
     fd, path = tempfile.mkstemp(prefix="longrag-fake-cluster-", suffix=".yaml")
     with os.fdopen(fd, "w") as f:
         yaml.safe_dump(config, f)
-    # the autoscaler (a process of the head) inherits these: the fake provider requires the first
-    env = {"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": str(update_interval_s)}
+    # the autoscaler (a process of the head) inherits these: the fake provider requires the first,
+    # and the autoscaler imports cluster.fake.FakeProvider from this repository
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": str(update_interval_s),
+           "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     t0 = time.monotonic()

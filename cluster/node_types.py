@@ -13,7 +13,9 @@
   (the bootstrap config has each node type's resources filled in from its instance type), and
   :mod:`cluster.fake` for the fake cluster. :func:`actors.embedding.cluster_capacity` reads it.
 
-Only :func:`publish_cluster_config` imports Ray.
+* :func:`live_nodes`: the worker nodes up now, by node type, as the autoscaler names them.
+
+Only :func:`publish_cluster_config` and :func:`live_nodes` import Ray.
 """
 
 from __future__ import annotations
@@ -59,20 +61,22 @@ def instance_resources(node_type: dict[str, Any]) -> dict[str, float]:
     return {"CPU": cpus, "memory": gib * GIB, **({"GPU": gpus} if gpus else {})}
 
 
-def scaled_node_types(config: dict[str, Any], *, cpu_divisor: int = 8,
+def scaled_node_types(config: dict[str, Any], *, cpu_divisor: int = 8, memory_divisor: int = 16,
                       max_workers: dict[str, int] | None = None, default_max: int = 2,
                       object_store_bytes: int = 128 * 2**20) -> dict[str, dict[str, Any]]:
     """The worker node types of a cluster-launcher config, scaled down for one machine.
 
     Each keeps its name, ``min_workers`` and custom resources (``resources`` in the YAML, e.g.
-    ``index: 4``); its CPUs are the instance's divided by ``cpu_divisor`` (at least 1), its GPUs as
-    many as the instance has (logical GPUs: GPU-shaped work is placed as on the cloud and runs on
-    the CPU). Its ``max_workers`` is ``max_workers[name]`` or ``default_max``, never above the
-    YAML's. No ``memory``: the fake provider cannot set it (each node's raylet detects its own)."""
+    ``index: 4``); its CPUs are the instance's divided by ``cpu_divisor`` (at least 1), its
+    ``memory`` (what the autoscaler packs memory asks by, e.g. a shard actor's) the instance's
+    divided by ``memory_divisor``, its GPUs as many as the instance has (logical GPUs: GPU-shaped
+    work is placed as on the cloud and runs on the CPU). Its ``max_workers`` is
+    ``max_workers[name]`` or ``default_max``, never above the YAML's."""
     out = {}
     for name, t in worker_types(config).items():
         shape = instance_resources(t)
         resources: dict[str, Any] = {"CPU": max(1, shape["CPU"] // cpu_divisor),
+                                     "memory": int(shape["memory"] // memory_divisor),
                                      "object_store_memory": object_store_bytes}
         if shape.get("GPU"):
             resources["GPU"] = shape["GPU"]
@@ -120,6 +124,18 @@ def publish_cluster_config(config: dict[str, Any]) -> dict[str, float]:
     _internal_kv_put(ray._raylet.GCS_AUTOSCALER_CLUSTER_CONFIG_KEY.encode(), msg.SerializeToString(),
                      overwrite=True, namespace=ray._raylet.GCS_AUTOSCALER_STATE_NAMESPACE.encode())
     return max_resources(config)
+
+
+def live_nodes(address: str) -> dict[str, str]:
+    """``{node_id: node type}`` of the worker nodes alive now (not the head), from the autoscaler's
+    cluster status in the GCS; a node the autoscaler did not launch is ``node_<id>``."""
+    import ray
+    from ray.autoscaler.v2.sdk import get_cluster_status
+
+    heads = {n["NodeID"] for n in ray.nodes() if "node:__internal_head__" in n.get("Resources", {})}
+    status = get_cluster_status(address)
+    return {n.node_id: n.ray_node_type_name for n in [*status.active_nodes, *status.idle_nodes]
+            if n.node_id not in heads}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,7 @@ import ast
 import json
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -121,17 +122,37 @@ def wait_healthy(client: httpx.Client, timeout_s: float = 300) -> dict[str, Any]
     raise TimeoutError(f"the Serve app did not become healthy in {timeout_s}s (last: {last})")
 
 
+# serve.status() is not safe in two threads at once (Ray 2.60: building an AutoscalingConfig
+# registers and unregisters its policy module with cloudpickle, and the second thread's unregister
+# raises "is not registered for pickle by value")
+_STATUS_LOCK = threading.Lock()
+
+
+def serve_status() -> Any:
+    """``serve.status()``, one thread at a time."""
+    from ray import serve
+
+    with _STATUS_LOCK:
+        return serve.status()
+
+
+def running_replicas(app_name: str) -> dict[str, int]:
+    """``{deployment: RUNNING replicas}`` of one application now (empty when it is not deployed)."""
+    app = serve_status().applications.get(app_name)
+    return {name: sum(n for state, n in d.replica_states.items() if _value(state) == "RUNNING")
+            for name, d in (app.deployments.items() if app else [])}
+
+
 def wait_running(app_names: list[str], *, schedule_timeout_s: float = 0.0, ready_timeout_s: float = 900.0,
                  poll_s: float = 2.0, log=print) -> str | None:
     """Wait until every app is RUNNING. Returns None then, else the reason it never will be."""
     import ray
-    from ray import serve
 
     t0 = time.monotonic()
     pending_since: dict[str, float] = {}
     last_line = ""
     while True:
-        status = serve.status()
+        status = serve_status()
         states, problems = [], []
         for name in app_names:
             app = status.applications.get(name)

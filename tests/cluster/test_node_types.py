@@ -56,10 +56,43 @@ def test_fake_config_is_accepted_by_rays_autoscaler_schema():
 def test_max_resources_is_every_type_at_max_workers_plus_the_head():
     config = fake_config("127.0.0.1:6390", max_workers={"cpu": 2, "index_cpu": 1, "gpu_l4": 2})
     # cpu 2 x 1 CPU, index_cpu 1 x (2 CPU, index 4), gpu_l4 2 x (1 CPU, 1 GPU), head 0 CPU
-    assert max_resources(config) == {"CPU": 6.0, "index": 4.0, "GPU": 2.0}
+    assert max_resources(config) == {"CPU": 6.0, "index": 4.0, "GPU": 2.0, "memory": (2 * 2 + 8 + 2 * 2) * 2**30}
     # on AWS the bootstrap config carries the detected resources; the head's CPU: 0 adds nothing
     aws = load(AWS_YAML)
     for name, t in worker_types(aws).items():
         t["resources"] = {**(t.get("resources") or {}), "CPU": INSTANCE_SHAPES[t["node_config"]["InstanceType"]][0]}
     assert max_resources(aws)["CPU"] == 8 * 8 + 8 * 16 + 16 * 8
     assert max_resources(aws)["index"] == 8 * 4
+
+
+KUBERAY = AWS_YAML.parent / "kuberay"
+
+
+def _groups(name: str) -> tuple[dict, dict[str, dict]]:
+    doc = load(KUBERAY / name)
+    spec = doc["spec"]
+    spec = spec if doc["kind"] == "RayCluster" else spec.get("rayClusterSpec") or spec.get("rayClusterConfig")
+    return spec, {g["groupName"]: g for g in spec["workerGroupSpecs"]}
+
+
+@pytest.mark.parametrize("name, expected", [("raycluster.yaml", None), ("rayservice.yaml", None),
+                                            ("rayjob-index.yaml", {"cpu", "gpu_l4"})])
+def test_kuberay_autoscales_the_node_groups_of_aws_yaml(name, expected):
+    """The in-tree autoscaler on, a 0-CPU head, and aws.yaml's worker node types as worker groups:
+    same names ('_' -> '-'), same custom resources, same maxima, a GPU per gpu-l4 pod."""
+    spec, groups = _groups(name)
+    assert spec["enableInTreeAutoscaling"] is True
+    assert spec["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    aws = worker_types(load(AWS_YAML))
+    assert {g.replace("-", "_") for g in groups} == (expected or set(aws))
+    import json
+
+    for group_name, g in groups.items():
+        t = aws[group_name.replace("-", "_")]
+        custom = json.loads(json.loads(g["rayStartParams"]["resources"])) if "resources" in g["rayStartParams"] else {}
+        assert custom == (t.get("resources") or {}), group_name
+        assert g["maxReplicas"] == t["max_workers"], group_name
+        limits = g["template"]["spec"]["containers"][0]["resources"]["limits"]
+        vcpus, gib, gpus = INSTANCE_SHAPES[t["node_config"]["InstanceType"]]
+        assert (int(limits["cpu"]), int(limits["memory"].removesuffix("Gi")), int(limits.get("nvidia.com/gpu", 0))) \
+            == (vcpus, gib, gpus), group_name
