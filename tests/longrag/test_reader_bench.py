@@ -13,6 +13,7 @@ from longrag.eval.reader_bench import (
     Candidates,
     ReaderSetting,
     attribution,
+    markdown_table,
     parse_settings,
     run_settings,
     summarize,
@@ -122,3 +123,13 @@ def test_attribution_scores_each_finishing_step_on_the_same_replies():
     assert (row["raw_em"], row["cleaned_em"], row["final_em"]) == (0.0, 50.0, 100.0)
     assert row["replaced"] == 1 and (row["replaced_gained"], row["replaced_lost"]) == (1, 0)
     assert "long_em" in row
+
+
+def test_summary_has_refined_em_the_gold_inside_a_short_answer():
+    base = {"mode": "full", "budget": 1024, "few_shot": 0, "answer_mode": "direct", "seconds": 1.0, "long_s": 0.0,
+            "short_s": 1.0, "prompt_tokens": 10, "context_tokens": 8, "fallback": None, "f1": 0.0}
+    rows = [dict(base, setting="full@1K", answer="the city of Paris", golds=["Paris"], em=0.0),
+            dict(base, setting="full@1K", answer="London", golds=["Paris"], em=0.0)]
+    [s] = summarize(rows)
+    assert s["em"] == 0.0 and s["refined_em"] == 50.0
+    assert "| refined EM |" in markdown_table("hotpotqa", [s])
