@@ -41,7 +41,7 @@ from serve import stages
 from serve.deployments import BadQuestion, LLMServer, QueryEncoder, Reader, Retriever
 from serve.longcontext import LongContextReader, LongContextRequest, LongContextResponse, longcontext_embedding
 from serve.dual import bind_dual
-from serve.run import missing_resources
+from serve.run import missing_resources, serve_status
 from serve.schemas import (
     AnswerRequest,
     AnswerResponse,
@@ -362,7 +362,7 @@ class Ingress:
         deployments: dict[str, DeploymentHealth] = {}
         running: dict[str, int] = {}
         try:
-            status = await asyncio.to_thread(serve.status)
+            status = await asyncio.to_thread(serve_status)  # one thread at a time (serve.run.serve_status)
             app = status.applications.get(self.app_name) if self.app_name else None
         except Exception as exc:  # the controller is unreachable: say so, keep answering
             app = None
