@@ -57,12 +57,17 @@ APP = "longrag"
 log = logging.getLogger("jobs.bench_serve")
 
 
-def serve_config(index: str, port: int) -> dict[str, Any]:
-    """``cpu.yaml`` with the benchmark's build and port (everything else as ``make serve`` runs it)."""
+def serve_config(index: str, port: int, one_replica: bool = False) -> dict[str, Any]:
+    """``cpu.yaml`` with the benchmark's build and port (everything else as ``make serve`` runs it);
+    ``one_replica``: every autoscaled deployment held at one replica, so a level's figures are what
+    one replica does at that many requests (what an autoscaling target is chosen from)."""
     config = yaml.safe_load(CPU_YAML.read_text())
     config["http_options"].update(host="127.0.0.1", port=port)
     (app,) = config["applications"]
     app["args"]["index"] = index
+    for dep in app["deployments"] if one_replica else []:
+        if dep.pop("autoscaling_config", None) is not None:
+            dep["num_replicas"] = 1
     return config
 
 
@@ -250,7 +255,7 @@ def run(args: argparse.Namespace, terminal: TextIO) -> dict[str, Any]:
     handle = start_or_join(None, num_cpus=args.num_cpus)
     try:
         index = ensure_index(args.index, say)
-        config = serve_config(index, args.port)
+        config = serve_config(index, args.port, args.one_replica)
         deploy(config)
         reason = wait_running([APP], schedule_timeout_s=180, ready_timeout_s=600)  # a loaded machine starts workers slowly
         if reason:
@@ -283,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="chat requests per level (at least the level's concurrency)")
     p.add_argument("--chat-k", type=number(int, min_value=1), default=2)
     p.add_argument("--skip-chat", action="store_true", help="leave out /v1/chat/completions (minutes)")
+    p.add_argument("--one-replica", action="store_true", help="no replica autoscaling: one replica of each "
+                   "deployment (requests per replica against latency, for the autoscaling targets)")
     p.add_argument("--num-cpus", type=number(float, min_value=0, min_exclusive=True), default=2,
                    help="logical CPUs of the local Ray (cpu.yaml fits 2)")
     p.add_argument("--out", default=str(ROOT / "reports" / "bench-serve"), help="folder for bench_serve.json")
