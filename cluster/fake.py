@@ -70,6 +70,21 @@ def fake_config(gcs_address: str, *, aws_yaml: str | Path = AWS_YAML, base_yaml:
     return config
 
 
+def stop_processes(procs: list[psutil.Process], timeout_s: float) -> None:
+    """SIGTERM ``procs``, then SIGKILL those still alive after ``timeout_s``; gone ones are skipped."""
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -139,18 +154,7 @@ class FakeCluster:
             ray.shutdown()
         # the nodes the autoscaler started (their raylets, workers, agents and log monitors), then the head
         head_pids = {info.process.pid for infos in self.head.head_node.all_processes.values() for info in infos}
-        procs = [p for p in self._session_processes() if p.pid not in head_pids]
-        for p in procs:
-            try:
-                p.terminate()
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=10)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
+        stop_processes([p for p in self._session_processes() if p.pid not in head_pids], timeout_s=10)
         self.head.shutdown()
         Path(self.config_path).unlink(missing_ok=True)
 

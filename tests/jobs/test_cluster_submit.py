@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from cluster.fake import stop_processes
 from longrag.index.artifacts import ArtifactStore
 
 pytestmark = pytest.mark.cluster
@@ -39,18 +40,7 @@ def _stop(proc: subprocess.Popen) -> None:
         parent = psutil.Process(proc.pid)
     except psutil.NoSuchProcess:
         return
-    procs = [*parent.children(recursive=True), parent]
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=40)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
+    stop_processes([*parent.children(recursive=True), parent], timeout_s=40)
 
 
 # The client, as a user runs it: its own process, RAY_AUTH_MODE from its environment.
