@@ -145,16 +145,3 @@ class Guard:
                 buckets.popitem(last=False)
             else:
                 break
-
-
-# The guard of the ingress replica running in this process (set by its Ingress, read by the
-# middleware). Module-level functions, not a shared global: Serve ships the Ingress class by value.
-_CURRENT: dict[str, Guard] = {}
-
-
-def install(guard: Guard) -> None:
-    _CURRENT["guard"] = guard
-
-
-def current() -> Guard | None:
-    return _CURRENT.get("guard")

@@ -57,14 +57,3 @@ class AppMetrics:
             self.tokens.inc(prompt, {"kind": "prompt"})
         if completion:
             self.tokens.inc(completion, {"kind": "completion"})
-
-
-_CURRENT: dict[str, AppMetrics] = {}
-
-
-def install(metrics: AppMetrics) -> None:
-    _CURRENT["metrics"] = metrics
-
-
-def current() -> AppMetrics | None:
-    return _CURRENT.get("metrics")

@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from serve import guard as guards
+from serve.guard import Guard
 
 STATIC = Path(__file__).resolve().parent / "static"
 #: The files under /static/ and their media types (nothing else is served from the folder).
@@ -28,7 +28,7 @@ FILES = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; cha
 OPEN_PATHS = frozenset({"/", "/playground/config", *(f"/static/{name}" for name in FILES)})
 
 
-def install(api: FastAPI) -> None:
+def install(api: FastAPI, guard: Guard) -> None:
     """Add the playground's routes to the ingress app (left out of the OpenAPI schema)."""
 
     @api.get("/", include_in_schema=False)
@@ -43,5 +43,4 @@ def install(api: FastAPI) -> None:
 
     @api.get("/playground/config", include_in_schema=False)
     async def config() -> dict[str, bool]:
-        guard = guards.current()
-        return {"api_keys": bool(guard is not None and guard.keys)}
+        return {"api_keys": bool(guard.keys)}

@@ -175,19 +175,6 @@ class Health(BaseModel):
     limits: dict[str, int] = Field(default_factory=dict, description="max_question_chars, max_k, default_k.")
 
 
-# The limits of the app running in this process (set by its Ingress, read when the schema is served).
-# Module-level functions, not a shared global: Serve ships the Ingress class by value.
-_SERVED_LIMITS: dict[str, int] = {}
-
-
-def set_served_limits(**limits: int) -> None:
-    _SERVED_LIMITS.update(limits)
-
-
-def served_limits() -> dict[str, int]:
-    return dict(_SERVED_LIMITS)
-
-
 def state_limits(schema: dict[str, Any], *, max_question_chars: int, max_k: int, max_document_bytes: int) -> dict[str, Any]:
     """Write the limits a running app enforces into its OpenAPI schema (in place; returned).
 

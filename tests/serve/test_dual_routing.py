@@ -132,11 +132,14 @@ def test_units_become_paragraphs_that_map_back_to_their_unit():
 # -------------------------------------------------------------------------------------------- ingress
 
 
-def _ingress(dual_reader: DualReader | None):
-    from serve.app import Ingress
+def _client(dual_reader: DualReader | None):
+    """The ingress' real FastAPI app (routes, middlewares, error handlers) over a gateway whose
+    handles are in-process objects: HTTP in process, no Serve."""
+    from fastapi.testclient import TestClient
 
-    cls = Ingress.func_or_class
-    ing = cls.__new__(cls)  # the routing methods only; the FastAPI/Serve wrapper is tested in test_app.py
+    from serve.api import create_api
+    from serve.gateway import Gateway
+
     unit = RetrievedUnit(unit_id="u1", doc_ids=["d1"], titles=["Marie Curie"], score=0.9, shard=0, best_chunk_id="c0",
                          n_tokens=30, text=DOC)  # fmt: skip
 
@@ -148,53 +151,52 @@ def _ingress(dual_reader: DualReader | None):
         async def retrieve(self, vector, k):
             return Retrieval(units=[unit], coverage=Coverage(shards=1, answered=1))
 
-    class _Metrics:
-        def __getattr__(self, name):
-            return lambda *a, **k: None
-
     class _Reader:
         async def read(self, *a):
             raise AssertionError("a strategy request must not reach the two-turn reader")
 
-    ing.encoder, ing.retriever, ing.reader, ing.llm = Handle(_Encoder()), Handle(_Retriever()), Handle(_Reader()), None
-    ing.longcontext = Handle(_Reader())
-    ing.dual = None if dual_reader is None else Handle(dual_reader)
-    ing.config = LongRAGConfig()
-    ing.metrics = _Metrics()
-    return ing
+        async def run(self, *a):
+            raise AssertionError("a strategy request must not reach the long-context reader")
+
+    gw = Gateway(config=LongRAGConfig(), encoder=Handle(_Encoder()), retriever=Handle(_Retriever()),
+                 reader=Handle(_Reader()), longcontext=Handle(_Reader()),
+                 dual=None if dual_reader is None else Handle(dual_reader))
+    return TestClient(create_api(gw))
 
 
 def test_ingress_routes_strategy_requests_to_the_dual_reader():
-    from serve.app import ApiError
-
     servers = {s: FakeLLMServer(s) for s in ("extractor", "filter", "generator")}
-    ing = _ingress(_reader(DualConfig(rerank_k=2), servers))
-    res = asyncio.run(ing.answer(AnswerRequest(question=Q, strategy="Ext")))
-    assert res.strategy == "Ext" and res.answer == "Poland" and res.long_answer == ""
-    assert [s["stage"] for s in res.trace["dual"]["stages"]] == ["extractor", "generator"]
-    assert res.trace["dual"]["global_information"] and res.evidence[0].used
-    assert servers["filter"].calls == []
+    with _client(_reader(DualConfig(rerank_k=2), servers)) as client:
+        r = client.post("/v1/answer", json={"question": Q, "strategy": "Ext"})
+        assert r.status_code == 200, r.text
+        res = r.json()
+        assert res["strategy"] == "Ext" and res["answer"] == "Poland" and res["long_answer"] == ""
+        assert [s["stage"] for s in res["trace"]["dual"]["stages"]] == ["extractor", "generator"]
+        assert res["trace"]["dual"]["global_information"] and res["evidence"][0]["used"]
+        assert servers["filter"].calls == []
 
-    lc = asyncio.run(ing.longcontext_answer(LongContextRequest(document=DOC, question=Q, strategy="Fil", k=2)))
-    assert lc.strategy == "Fil" and lc.route is None and lc.answer == "Poland" and len(lc.chunks) == 2
-    assert all(c.paragraph_id and c.paragraph_id.startswith("doc/") for c in lc.chunks)
-    assert [s["stage"] for s in lc.trace["stages"]] == ["filter", "generator"] and "judgements" in lc.trace
+        r = client.post("/v1/longcontext", json={"document": DOC, "question": Q, "strategy": "Fil", "k": 2})
+        assert r.status_code == 200, r.text
+        lc = r.json()
+        assert lc["strategy"] == "Fil" and lc["route"] is None and lc["answer"] == "Poland" and len(lc["chunks"]) == 2
+        assert all(c["paragraph_id"] and c["paragraph_id"].startswith("doc/") for c in lc["chunks"])
+        assert [s["stage"] for s in lc["trace"]["stages"]] == ["filter", "generator"] and "judgements" in lc["trace"]
 
-    without = _ingress(None)
-    with pytest.raises(ApiError, match="no dual-perspective deployments"):
-        asyncio.run(without.answer(AnswerRequest(question=Q, strategy="R&B")))
+    with _client(None) as client:
+        r = client.post("/v1/answer", json={"question": Q, "strategy": "R&B"})
+    assert r.status_code == 503 and "no dual-perspective deployments" in r.json()["error"]["message"]
 
 
 def test_longrag_dual_model_on_chat_completions():
-    from serve import openai_compat as oai
-
     servers = {s: FakeLLMServer(s) for s in ("extractor", "filter", "generator")}
-    ing = _ingress(_reader(DualConfig(rerank_k=2, strategy="Fil"), servers))
-    req = oai.ChatCompletionRequest(model="longrag-dual", messages=[{"role": "user", "content": Q}])
-    res = asyncio.run(ing.chat_completions(req))
-    assert res.choices[0].message.content == "Poland" and res.model == "longrag-dual"
-    stages = res.longrag.trace["dual"]["stages"]
-    assert [s["stage"] for s in stages] == ["filter", "generator"]  # the default strategy: dual.strategy
-    assert res.usage.prompt_tokens == sum(s["prompt_tokens"] for s in stages) > 0
-    req = oai.ChatCompletionRequest(model="longrag-dual", messages=[{"role": "user", "content": Q}], strategy="R&L")
-    assert [s["stage"] for s in asyncio.run(ing.chat_completions(req)).longrag.trace["dual"]["stages"]] == ["generator"]
+    with _client(_reader(DualConfig(rerank_k=2, strategy="Fil"), servers)) as client:
+        ask = {"model": "longrag-dual", "messages": [{"role": "user", "content": Q}]}
+        r = client.post("/v1/chat/completions", json=ask)
+        assert r.status_code == 200, r.text
+        res = r.json()
+        assert res["choices"][0]["message"]["content"] == "Poland" and res["model"] == "longrag-dual"
+        stages = res["longrag"]["trace"]["dual"]["stages"]
+        assert [s["stage"] for s in stages] == ["filter", "generator"]  # the default strategy: dual.strategy
+        assert res["usage"]["prompt_tokens"] == sum(s["prompt_tokens"] for s in stages) > 0
+        r = client.post("/v1/chat/completions", json=ask | {"strategy": "R&L"})
+        assert [s["stage"] for s in r.json()["longrag"]["trace"]["dual"]["stages"]] == ["generator"]

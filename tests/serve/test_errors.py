@@ -9,16 +9,26 @@ import logging
 import pytest
 from fastapi.testclient import TestClient
 
-from serve import app as app_module
+from longrag.config import LongRAGConfig
+from serve.api import create_api
+from serve.gateway import Gateway
+from serve.guard import Guard
+
+
+def _api():
+    """The ingress' real FastAPI app; no deployment behind it (these requests never reach one)."""
+    config = LongRAGConfig()
+    return create_api(Gateway(config=config), Guard(config, environ={}))
 
 
 def test_an_unhandled_error_is_logged_with_its_traceback_and_hidden_from_the_client(monkeypatch, caplog):
     def broken_schema():
         raise RuntimeError("db password is hunter2")  # what must never reach a client
 
-    monkeypatch.setattr(app_module.api, "openapi", broken_schema)
+    api = _api()
+    monkeypatch.setattr(api, "openapi", broken_schema)
     caplog.set_level(logging.ERROR, logger="ray.serve")
-    with TestClient(app_module.api, raise_server_exceptions=False) as client:
+    with TestClient(api, raise_server_exceptions=False) as client:
         r = client.get("/openapi.json", headers={"X-Request-ID": "req-123"})
     assert r.status_code == 500
     body = r.json()["error"]
@@ -30,21 +40,18 @@ def test_an_unhandled_error_is_logged_with_its_traceback_and_hidden_from_the_cli
 
 
 def test_a_request_without_an_id_gets_a_new_one(monkeypatch):
-    monkeypatch.setattr(app_module.api, "openapi", lambda: 1 / 0)
-    with TestClient(app_module.api, raise_server_exceptions=False) as client:
+    api = _api()
+    monkeypatch.setattr(api, "openapi", lambda: 1 / 0)
+    with TestClient(api, raise_server_exceptions=False) as client:
         a, b = client.get("/openapi.json"), client.get("/openapi.json")
     ids = [r.json()["error"]["detail"]["request_id"] for r in (a, b)]
     assert a.status_code == b.status_code == 500 and ids[0] != ids[1] and all(len(i) >= 16 for i in ids)
 
 
 @pytest.mark.parametrize("declared", [True, False])
-def test_an_oversized_body_is_refused_whether_declared_or_chunked(monkeypatch, declared):
-    from longrag.config import LongRAGConfig
-    from serve import guard as guards
-
-    monkeypatch.setitem(guards._CURRENT, "guard", guards.Guard(LongRAGConfig(), environ={}))
+def test_an_oversized_body_is_refused_whether_declared_or_chunked(declared):
     body = b'{"question": "' + b"x" * 100_000 + b'"}'
     content = body if declared else iter([body[i:i + 4096] for i in range(0, len(body), 4096)])
-    with TestClient(app_module.api) as client:
+    with TestClient(_api()) as client:
         r = client.post("/v1/retrieve", content=content, headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"

@@ -1,0 +1,117 @@
+"""The ingress' ASGI middlewares, each given the replica's :class:`serve.guard.Guard` (and metrics):
+
+* :class:`Guarded`: API key and rate limit before the endpoint, the request and its status counted after;
+* :class:`BodyLimit`: 413 for a POST body over its limit, decided while the body streams in;
+* :func:`cors`: Starlette's CORS middleware with ``serve.cors_origins``, left out while none are configured.
+
+Plain ASGI callables, not ``@app.middleware("http")`` functions: those run every request through
+Starlette's ``BaseHTTPMiddleware`` (a task and a memory stream per request and per middleware).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
+
+from serve.errors import error_response
+from serve.guard import Guard
+from serve.metrics import AppMetrics
+
+
+class Guarded:
+    """API key and rate limit (:mod:`serve.guard`) for every route but ``open_paths``; every HTTP
+    request's route and status counted (:class:`serve.metrics.AppMetrics`, or the gateway's no-op)."""
+
+    def __init__(self, app: Any, guard: Guard, metrics: AppMetrics, open_paths: frozenset[str]) -> None:
+        self.app, self.guard, self.metrics, self.open_paths = app, guard, metrics, open_paths
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        refused = self._check(scope)
+        if refused is not None:
+            await refused(scope, receive, send)
+            self.metrics.request(scope["path"], refused.status_code)
+            return
+        status = 500
+
+        async def counted(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counted)
+        finally:
+            self.metrics.request(scope["path"], status)
+
+    def _check(self, scope: Any) -> Any:
+        guard = self.guard
+        if scope["method"] == "OPTIONS" or scope["path"] in self.open_paths or not (guard.keys or guard.rate):
+            return None
+        headers = Headers(scope=scope)
+        client, problem = guard.authenticate(headers.get("authorization"), headers.get("x-api-key"))
+        if problem:
+            return error_response(401, problem, headers={"WWW-Authenticate": "Bearer"})
+        address = scope.get("client")
+        wait = guard.throttle(client or (address[0] if address else "unknown"))
+        if wait:
+            return error_response(429, f"rate limit of {guard.rate:g} requests/s (burst {guard.burst}) exceeded; "
+                                  f"retry after {wait} s (serve.rate_limit_rps)", headers={"Retry-After": str(wait)})
+        return None
+
+
+class BodyLimit:
+    """413 for a POST body over its limit (:meth:`serve.guard.Guard.body_limit`), decided while the
+    body streams in: a declared Content-Length over the limit is refused before any byte is read,
+    a chunked body (no Content-Length) is counted as it arrives and refused at the first byte over
+    the limit, so the ingress never holds more than the limit. The body read (at most the limit) is
+    handed on to the app as it came."""
+
+    def __init__(self, app: Any, guard: Guard, metrics: AppMetrics) -> None:
+        self.app, self.guard, self.metrics = app, guard, metrics
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        limit = self.guard.body_limit(scope["path"])
+        declared = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
+        if declared.isdigit():
+            if int(declared) > limit:
+                return await self._refuse(scope, receive, send, f"request body is {int(declared)} bytes", limit)
+            return await self.app(scope, receive, send)  # the server stops reading at Content-Length
+        messages, size = [], 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break  # the client went away: the app sees it as it would have
+            size += len(message.get("body", b""))
+            if size > limit:
+                return await self._refuse(scope, receive, send, f"request body is over {limit} bytes", limit)
+            if not message.get("more_body", False):
+                break
+
+        async def replay() -> Any:
+            return messages.pop(0) if messages else await receive()
+
+        return await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Any, receive: Any, send: Any, what: str, limit: int) -> None:
+        path = scope["path"]
+        extra = " + mixpr.max_document_bytes)" if path.endswith("/v1/longcontext") else ")"
+        response = error_response(413, f"{what}; the limit is {limit} (serve.max_body_bytes{extra}",
+                                  headers={"Connection": "close"})
+        self.metrics.request(path, 413)
+        await response(scope, receive, send)
+
+
+def cors(api: Any, guard: Guard) -> None:
+    """Starlette's CORS middleware with the config's origins (``serve.cors_origins``); none added
+    (no CORS headers, preflights refused by routing) while none are configured."""
+    if guard.cors_origins:
+        api.add_middleware(CORSMiddleware, allow_origins=guard.cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "X-API-Key"])
