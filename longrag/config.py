@@ -224,6 +224,11 @@ class ServeConfig(_Section):
     cors_origins: list[str] = Field(
         default_factory=list, description="Origins allowed by CORS (e.g. https://app.example.com); empty: CORS off.",
     )
+    colocate_retrieval: bool = Field(
+        False, description="The single-machine profile: the query encoder and the index's shards run inside "
+        "each Ingress replica (no QueryEncoder or Retriever deployment, no shard actors, no hops between "
+        "them); off: separate, independently scaled deployments over a shared tier of shard actors (clusters).",
+    )
     timeouts: StageTimeouts = Field(
         default_factory=StageTimeouts, description="Per-stage deadlines (504 with the stage named); a stage "
         "that fails (a replica died, the LLM raised) is retried once within its deadline, then answered 503.",

@@ -25,7 +25,7 @@ from longrag.config import LongRAGConfig, load_config
 from serve.api import create_api
 from serve.deployments import LLMServer, QueryEncoder, Reader, Retriever
 from serve.dual import bind_dual
-from serve.gateway import Gateway
+from serve.gateway import Gateway, InProcess
 from serve.longcontext import LongContextReader, longcontext_embedding
 from serve.metrics import AppMetrics
 
@@ -33,15 +33,28 @@ from serve.metrics import AppMetrics
 @serve.deployment(ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=128)
 @serve.ingress()
 class Ingress:
-    """The HTTP ingress: its routes call the deployments through a :class:`serve.gateway.Gateway`."""
+    """The HTTP ingress: its routes call the deployments through a :class:`serve.gateway.Gateway`.
 
-    def __init__(self, encoder: DeploymentHandle, retriever: DeploymentHandle, reader: DeploymentHandle,
-                 llm: DeploymentHandle, config: LongRAGConfig, longcontext: DeploymentHandle,
-                 dual: DeploymentHandle | None = None) -> None:
+    With ``serve.colocate_retrieval`` (``encoder`` and ``retriever`` None) the query encoder and the
+    retriever are the same classes as the deployments, built here in this replica's process over
+    the index at ``index`` (its shards loaded in process, :class:`actors.inprocess_index.InProcessIndex`)."""
+
+    def __init__(self, config: LongRAGConfig, reader: DeploymentHandle, llm: DeploymentHandle,
+                 longcontext: DeploymentHandle, dual: DeploymentHandle | None = None, *,
+                 encoder: DeploymentHandle | None = None, retriever: DeploymentHandle | None = None,
+                 index: str | None = None, encoder_cls: Any = None, index_cls: Any = None) -> None:
         try:
             app_name = serve.get_replica_context().app_name
         except Exception:  # outside a Serve replica (not used so)
             app_name = None
+        if encoder is None:
+            encoder = InProcess(QueryEncoder.func_or_class(config.embedding, encoder_cls))
+        if retriever is None:
+            if index_cls is None:
+                from actors.inprocess_index import InProcessIndex
+
+                index_cls = InProcessIndex
+            retriever = InProcess(Retriever.func_or_class(index, config.index, index_cls))
         self.gateway = Gateway(config=config, encoder=encoder, retriever=retriever, reader=reader, llm=llm,
                                longcontext=longcontext, dual=dual, metrics=AppMetrics(), app_name=app_name)
 
@@ -49,6 +62,12 @@ class Ingress:
         """Serve calls this in the replica after ``__init__``: the app is built here, over this
         replica's gateway, never pickled."""
         return create_api(self.gateway)
+
+    async def check_health(self) -> None:
+        """Serve's periodic check: an in-process retriever's own (its index lease and repair)."""
+        retriever = self.gateway.retriever
+        if isinstance(retriever, InProcess):
+            await retriever.target.check_health()
 
 
 class AppArgs(BaseModel):
@@ -79,12 +98,16 @@ def build_app(cfg: LongRAGConfig, index: str, *, encoder_cls: Any = None, index_
     """The application graph over the build at ``index``. The backends default to the real ones
     (see :mod:`serve.deployments`); tests inject fakes (``tests/fakes.py``)."""
     llm = LLMServer.bind(cfg.llm, engine_cls)
+    if cfg.serve.colocate_retrieval:
+        stages: dict[str, Any] = {"index": index, "encoder_cls": encoder_cls, "index_cls": index_cls}
+    else:
+        stages = {"encoder": QueryEncoder.bind(cfg.embedding, encoder_cls),
+                  "retriever": Retriever.bind(index, cfg.index, index_cls)}
     return Ingress.bind(
-        QueryEncoder.bind(cfg.embedding, encoder_cls),
-        Retriever.bind(index, cfg.index, index_cls),
+        cfg,
         Reader.bind(llm, cfg.llm, cfg.reader, cfg.mixpr),
         llm,
-        cfg,
         LongContextReader.bind(llm, cfg.llm, cfg.mixpr, longcontext_embedding(cfg.embedding)),
         bind_dual(cfg, llm, encoder_cls),
+        **stages,
     )

@@ -8,6 +8,7 @@ import: a test builds one over fake handles and drives the routes in process.
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,6 +156,36 @@ class Gateway:
         self.done(trace, t0)
         return AnswerResponse(question=question, answer=res["answer"], long_answer="", evidence=evidence,
                               coverage=found.coverage, trace=trace, strategy=res["strategy"])
+
+
+class InProcess:
+    """An object in this process called as a deployment handle is: ``h.method.remote(*args)`` is an
+    awaitable of ``target.method(*args)`` (the colocated stages, ``serve.colocate_retrieval``; fakes
+    in tests). ``options()`` is accepted and changes nothing."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def options(self, **_: Any) -> "InProcess":
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        return _Method(getattr(self.target, name))
+
+
+class _Method:
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        res = self.fn(*args, **kwargs)
+        if inspect.isawaitable(res) or inspect.isasyncgen(res):
+            return res
+        return _ready(res)
+
+
+async def _ready(value: Any) -> Any:
+    return value
 
 
 def gateway(request: Request) -> Gateway:

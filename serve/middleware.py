@@ -20,6 +20,12 @@ from serve.guard import Guard
 from serve.metrics import AppMetrics
 
 
+def route_path(scope: Any) -> str:
+    """The path the app routes on: without the application's route prefix (``root_path``)."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root):] or "/" if root and path.startswith(root) else path
+
+
 class Guarded:
     """API key and rate limit (:mod:`serve.guard`) for every route but ``open_paths``; every HTTP
     request's route and status counted (:class:`serve.metrics.AppMetrics`, or the gateway's no-op)."""
@@ -33,7 +39,7 @@ class Guarded:
         refused = self._check(scope)
         if refused is not None:
             await refused(scope, receive, send)
-            self.metrics.request(scope["path"], refused.status_code)
+            self.metrics.request(route_path(scope), refused.status_code)
             return
         status = 500
 
@@ -46,11 +52,11 @@ class Guarded:
         try:
             await self.app(scope, receive, counted)
         finally:
-            self.metrics.request(scope["path"], status)
+            self.metrics.request(route_path(scope), status)
 
     def _check(self, scope: Any) -> Any:
         guard = self.guard
-        if scope["method"] == "OPTIONS" or scope["path"] in self.open_paths or not (guard.keys or guard.rate):
+        if scope["method"] == "OPTIONS" or route_path(scope) in self.open_paths or not (guard.keys or guard.rate):
             return None
         headers = Headers(scope=scope)
         client, problem = guard.authenticate(headers.get("authorization"), headers.get("x-api-key"))
@@ -77,7 +83,7 @@ class BodyLimit:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
             return await self.app(scope, receive, send)
-        limit = self.guard.body_limit(scope["path"])
+        limit = self.guard.body_limit(route_path(scope))
         declared = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
         if declared.isdigit():
             if int(declared) > limit:
@@ -101,8 +107,8 @@ class BodyLimit:
         return await self.app(scope, replay, send)
 
     async def _refuse(self, scope: Any, receive: Any, send: Any, what: str, limit: int) -> None:
-        path = scope["path"]
-        extra = " + mixpr.max_document_bytes)" if path.endswith("/v1/longcontext") else ")"
+        path = route_path(scope)
+        extra = " + mixpr.max_document_bytes)" if path == "/v1/longcontext" else ")"
         response = error_response(413, f"{what}; the limit is {limit} (serve.max_body_bytes{extra}",
                                   headers={"Connection": "close"})
         self.metrics.request(path, 413)

@@ -37,10 +37,10 @@ METRICS_PORT = 8211
 ORIGIN = "http://playground.example"
 
 
-def _deploy(build: str, name: str, route_prefix: str, *, index_cls: Any) -> None:
+def _deploy(build: str, name: str, route_prefix: str, *, index_cls: Any, overrides: tuple[str, ...] = ()) -> None:
     cfg = LongRAGConfig().with_overrides([
         "index.replicas=2", f"serve.api_keys=[{KEY}, {OTHER_KEY}]", "serve.rate_limit_rps=2",
-        "serve.rate_limit_burst=30", f"serve.cors_origins=[{ORIGIN}]",
+        "serve.rate_limit_burst=30", f"serve.cors_origins=[{ORIGIN}]", *overrides,
     ])
     app = build_app(cfg, build, encoder_cls=HashEncoder, index_cls=index_cls, engine_cls=TitleReader)
     serve.run(app, name=name, route_prefix=route_prefix, blocking=False)
@@ -62,8 +62,11 @@ def client(build):
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": PORT})
         _deploy(build, "longrag", "/", index_cls=LocalIndex.with_dead((1, 0)))
+        # The single-machine profile beside it: encoder and index in the Ingress (the real
+        # InProcessIndex over the same build), no QueryEncoder/Retriever deployments.
+        _deploy(build, "longrag-local", "/local", index_cls=None, overrides=("serve.colocate_retrieval=true",))
         with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60, headers=AUTH) as c:
-            serve_status_wait(["longrag"])
+            serve_status_wait(["longrag", "longrag-local"])
             yield c
     finally:
         serve.shutdown()
@@ -381,3 +384,36 @@ def test_metrics_are_exported_for_prometheus(client):
     missing = [name for name in wanted if name not in text]
     assert not missing, missing
     assert 'route="/v1/answer"' in text and 'stage="read"' in text and 'kind="completion"' in text
+
+
+# ----------------------------------------------------------------- the single-machine profile
+
+
+def test_colocated_retrieval_answers_as_the_split_app_does_without_its_deployments(client):
+    """``serve.colocate_retrieval``: the same units, scores and answers as the app with separate
+    QueryEncoder/Retriever deployments over shard replicas, from an app that has neither."""
+    deployments = set(serve.status().applications["longrag-local"].deployments)
+    assert "QueryEncoder" not in deployments and "Retriever" not in deployments and "Ingress" in deployments
+    for question in ("Who wrote the novel Animal Farm?", "What is the capital of Angola?"):
+        split = client.post("/v1/retrieve", json={"question": question, "k": 3}).json()
+        local = client.post("/local/v1/retrieve", json={"question": question, "k": 3})
+        assert local.status_code == 200, local.text
+        local = local.json()
+        assert [(u["unit_id"], round(u["score"], 5)) for u in local["units"]] == \
+            [(u["unit_id"], round(u["score"], 5)) for u in split["units"]]
+        assert local["coverage"]["answered"] == local["coverage"]["shards"] == 2 and not local["coverage"]["degraded"]
+        assert local["trace"]["encode_ms"] >= 0 and "retrieve.search_ms" in local["trace"]
+    answer = client.post("/local/v1/answer", json={"question": "Who wrote the novel Animal Farm?", "k": 2})
+    assert answer.status_code == 200 and answer.json()["answer"] == "Animal Farm", answer.text
+
+
+def test_colocated_app_keeps_health_guard_and_errors_under_its_prefix(client):
+    health = httpx.get(f"http://127.0.0.1:{PORT}/local/healthz", timeout=30)  # open: no key
+    assert health.status_code == 200, health.text
+    body = health.json()
+    assert body["status"] == "ok" and [row["live"] for row in body["index"]] == [1, 1]
+    assert httpx.post(f"http://127.0.0.1:{PORT}/local/v1/retrieve", json={"question": "x"}).status_code == 401
+    bad = client.post("/local/v1/retrieve", json={"question": "Who?", "k": 0})
+    assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_request"
+    big = client.post("/local/v1/retrieve", content=b"x" * (65 * 1024), headers={"content-type": "application/json"})
+    assert big.status_code == 413

@@ -1,0 +1,83 @@
+"""``InProcessIndex``: the ``Retriever``'s index backend with every shard loaded in its own process.
+
+The single-machine profile (``serve.colocate_retrieval``): the shards' own search code
+(:class:`actors.index_shard.IndexShardImpl`) called in process and merged with MaxP's ``merge_topk``,
+the same results as the tier of shard actors (:class:`actors.index_tier.TieredIndex`) without a
+round trip per shard and per call. It offers the same backend API (``manifest``, ``search``,
+``retrieve_units``, ``liveness``, ``renew``, ``repair``, ``release``); searches run in a worker
+thread, so the event loop of the replica that holds it keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from actors.index_shard import IndexShardImpl
+from actors.sharded_index import ShardedSearchResult
+from longrag.index.artifacts import ArtifactStore
+from longrag.index.maxp import merge_topk
+from longrag.types import Coverage, RetrievedUnit, ShardRedundancy, UnitHit
+
+if TYPE_CHECKING:
+    from longrag.config import IndexConfig
+
+
+class InProcessIndex:
+    """Every shard of the build at ``index_uri`` in this process (``index_cls`` of the Retriever)."""
+
+    def __init__(self, index_uri: str, config: "IndexConfig", *, app_name: str | None = None,
+                 holder: str | None = None) -> None:
+        self.manifest = ArtifactStore.open(index_uri).read_manifest()
+        self.shards = [IndexShardImpl(index_uri, s.shard_id, threads=config.shard_threads,
+                                      search_params=config.search_params, device=config.device)
+                       for s in self.manifest.shards]
+
+    def _search(self, queries: np.ndarray, k: int) -> ShardedSearchResult:
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        if queries.ndim != 2:
+            raise ValueError(f"queries must be 2-D (n, dim), got shape {queries.shape}")
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        per_shard, shard_ms = [], {}
+        for shard in self.shards:
+            t0 = time.perf_counter()
+            per_shard.append(shard.search(queries, k))
+            shard_ms[shard.shard_id] = round((time.perf_counter() - t0) * 1e3, 2)
+        hits = [merge_topk([rows[q] for rows in per_shard], k) for q in range(queries.shape[0])]
+        n = len(self.shards)
+        coverage = Coverage(shards=n, answered=n, replicas=self.redundancy())
+        return ShardedSearchResult(hits=hits, coverage=coverage, shard_ms=shard_ms)
+
+    def _units(self, hits: list[UnitHit]) -> list[RetrievedUnit]:
+        rows: dict[str, dict[str, Any]] = {}
+        for shard in self.shards:
+            mine = [h for h in hits if h.shard == shard.shard_id]
+            if mine:
+                for row in shard.get_units([h.unit_id for h in mine], [h.best_chunk_id for h in mine]):
+                    rows[row["unit_id"]] = row
+        return [RetrievedUnit.from_hit(h, rows.get(h.unit_id)) for h in hits]
+
+    def redundancy(self) -> list[ShardRedundancy]:
+        return [ShardRedundancy(shard=s.shard_id, live=1, replicas=1) for s in self.shards]
+
+    async def search(self, queries: np.ndarray, k: int) -> ShardedSearchResult:
+        return await asyncio.to_thread(self._search, queries, k)
+
+    async def retrieve_units(self, hits: list[UnitHit]) -> list[RetrievedUnit]:
+        return await asyncio.to_thread(self._units, hits)
+
+    async def liveness(self) -> list[list[bool]]:
+        return [[True] for _ in self.shards]  # in this process: alive while it is
+
+    async def renew(self) -> None:
+        """Nothing is leased: the shards belong to this process."""
+
+    async def repair(self) -> list[tuple[int, int]]:
+        return []
+
+    async def release(self) -> None:
+        self.shards = []
