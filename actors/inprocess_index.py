@@ -5,7 +5,8 @@ The single-machine profile (``serve.colocate_retrieval``): the shards' own searc
 the same results as the tier of shard actors (:class:`actors.index_tier.TieredIndex`) without a
 round trip per shard and per call. It offers the same backend API (``manifest``, ``search``,
 ``retrieve_units``, ``liveness``, ``renew``, ``repair``, ``release``); searches run in a worker
-thread, so the event loop of the replica that holds it keeps serving.
+thread, so the event loop of the replica that holds it keeps serving (``search_sync`` and
+``retrieve_units_sync``: the same in the caller's thread, for benchmarks and jobs).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class InProcessIndex:
                                       search_params=config.search_params, device=config.device)
                        for s in self.manifest.shards]
 
-    def _search(self, queries: np.ndarray, k: int) -> ShardedSearchResult:
+    def search_sync(self, queries: np.ndarray, k: int) -> ShardedSearchResult:
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         if queries.ndim != 2:
             raise ValueError(f"queries must be 2-D (n, dim), got shape {queries.shape}")
@@ -52,7 +53,7 @@ class InProcessIndex:
         coverage = Coverage(shards=n, answered=n, replicas=self.redundancy())
         return ShardedSearchResult(hits=hits, coverage=coverage, shard_ms=shard_ms)
 
-    def _units(self, hits: list[UnitHit]) -> list[RetrievedUnit]:
+    def retrieve_units_sync(self, hits: list[UnitHit]) -> list[RetrievedUnit]:
         rows: dict[str, dict[str, Any]] = {}
         for shard in self.shards:
             mine = [h for h in hits if h.shard == shard.shard_id]
@@ -65,10 +66,10 @@ class InProcessIndex:
         return [ShardRedundancy(shard=s.shard_id, live=1, replicas=1) for s in self.shards]
 
     async def search(self, queries: np.ndarray, k: int) -> ShardedSearchResult:
-        return await asyncio.to_thread(self._search, queries, k)
+        return await asyncio.to_thread(self.search_sync, queries, k)
 
     async def retrieve_units(self, hits: list[UnitHit]) -> list[RetrievedUnit]:
-        return await asyncio.to_thread(self._units, hits)
+        return await asyncio.to_thread(self.retrieve_units_sync, hits)
 
     async def liveness(self) -> list[list[bool]]:
         return [[True] for _ in self.shards]  # in this process: alive while it is

@@ -5,7 +5,7 @@ of ``cluster/aws.yaml`` scaled down, a head with 0 CPUs), one second at a time o
 
 1. ``jobs.index`` on the bundled sample (embedding on the ``gpu_l4`` type, ``embedding.num_gpus=1``):
    the autoscaler launches nodes for the pending work; the build completes; the nodes go once idle;
-2. the Serve app of ``serve/configs/cpu.yaml`` (shards on ``index_cpu`` nodes: ``index.node_resource
+2. the Serve app of ``serve/configs/cpu-cluster.yaml`` (shards on ``index_cpu`` nodes: ``index.node_resource
    =index``; replica autoscaling with delays of seconds) until ``/healthz`` is ok;
 3. a bounded burst of ``/v1/retrieve`` and ``/v1/answer`` on 127.0.0.1; a quarter in, the node
    holding the most shard replicas is killed (its raylet, as a lost machine);
@@ -45,12 +45,12 @@ FAST = {"upscale_delay_s": 2.0, "downscale_delay_s": 8.0, "look_back_period_s": 
 
 
 def scenario_config(index: str, port: int, llm: str, target: float) -> dict[str, Any]:
-    """``cpu.yaml`` on 127.0.0.1:``port`` over ``index``: shard actors ask for the index nodes'
+    """``cpu-cluster.yaml`` on 127.0.0.1:``port`` over ``index``: shard actors ask for the index nodes'
     resource and a whole CPU (two per scaled ``index_cpu`` node, so four replicas take two nodes),
     the query encoder half a CPU (a second replica needs a second ``cpu`` node), autoscaling
     targets of ``target`` requests per replica with :data:`FAST` delays; one LLM call per answer
     (``reader.long_answer=false``: the one LLM replica on 2 cores is the burst's bottleneck)."""
-    config = yaml.safe_load((ROOT / "serve" / "configs" / "cpu.yaml").read_text())
+    config = yaml.safe_load((ROOT / "serve" / "configs" / "cpu-cluster.yaml").read_text())
     config["http_options"].update(host="127.0.0.1", port=port)
     (app,) = config["applications"]
     app["name"] = APP

@@ -4,29 +4,28 @@
     python -m jobs.bench_serve --skip-chat --requests 100     # retrieval only
     python -m jobs.bench_serve --index artifacts/sample --port 8000 --out reports/bench-serve
 
-Deploys ``serve/configs/cpu.yaml`` (what ``make serve`` runs) on a local Ray with 2 logical CPUs,
+Deploys ``--config`` (default ``serve/configs/cpu.yaml``, what ``make serve`` runs) on a local Ray with 2 logical CPUs,
 over ``--index`` (default: the bundled enwiki sample, indexed first into ``artifacts/bench-serve``
 when that folder has no build), listening on 127.0.0.1 only. Then, level by level:
 
 * ``POST /v1/retrieve`` at each ``--levels`` concurrency (``--requests`` calls, at least the
   concurrency), and the same work in this process: the query encoder (the build's model, one torch
-  thread as in the ``QueryEncoder`` replica) and a search over the build's shards
-  (``IndexShardImpl`` objects in process, merged with MaxP's ``merge_topk``, their units fetched);
-  in between, the Ingress' two deployment calls made from here through Serve handles
-  (``QueryEncoder.encode``, ``Retriever.retrieve`` and its shard actors; no HTTP, proxy or Ingress),
-  which splits the overhead into the deployments' hops and the HTTP front;
+  thread as in the ``QueryEncoder``) and a search over the build's shards (``InProcessIndex``:
+  the shards' own search code in process, merged with MaxP's ``merge_topk``, their units fetched);
+  with separate deployments (not ``serve.colocate_retrieval``), in between, the Ingress' two
+  deployment calls made from here through Serve handles (``QueryEncoder.encode``,
+  ``Retriever.retrieve`` and its shard actors; no HTTP, proxy or Ingress), which splits the
+  overhead into the deployments' hops and the HTTP front;
 * ``POST /v1/chat/completions`` (model ``longrag``: retrieve + the bundled reader, two turns) at
   each ``--chat-levels`` concurrency, beside the reader alone in process (``LongReader`` over an
   in-process llama.cpp, on the units the in-process search found for the same question). Each chat
   level asks questions of its own, so no level finds another's prompt in a KV cache. ``--skip-chat``
   leaves it out (it takes minutes: ~10 s per answer on a 2-core machine, one at a time).
 
-Per level: throughput, p50/p99 latency, errors, and the overhead of serving (served minus in
-process, in ms, and served / in process). For ``/v1/retrieve`` also the median of the app's own
-trace (encode, retrieve, search, fetch, total inside the Ingress) and of what lies outside the
-Ingress (client latency minus the Ingress' total: HTTP, Serve's proxy, request parsing, response
-encoding). The measuring (levels, statistics) is :mod:`longrag.bench`. Ray's and Serve's output
-goes to ``--log``; the terminal gets progress lines and, last, one JSON line.
+Per level: throughput, p50/p99 latency, errors, the overhead of serving (served minus in process,
+in ms, and served / in process), and for ``/v1/retrieve`` the medians of the app's own trace and of
+what lies outside the Ingress (HTTP, proxy, parsing, encoding). The measuring is :mod:`longrag.bench`.
+Ray's and Serve's output goes to ``--log``; the terminal gets progress lines and, last, one JSON line.
 """
 
 from __future__ import annotations
@@ -57,11 +56,12 @@ APP = "longrag"
 log = logging.getLogger("jobs.bench_serve")
 
 
-def serve_config(index: str, port: int, one_replica: bool = False) -> dict[str, Any]:
-    """``cpu.yaml`` with the benchmark's build and port (everything else as ``make serve`` runs it);
-    ``one_replica``: every autoscaled deployment held at one replica, so a level's figures are what
-    one replica does at that many requests (what an autoscaling target is chosen from)."""
-    config = yaml.safe_load(CPU_YAML.read_text())
+def serve_config(index: str, port: int, one_replica: bool = False, path: Path = CPU_YAML) -> dict[str, Any]:
+    """The Serve config at ``path`` (default ``cpu.yaml``) with the benchmark's build and port
+    (everything else as ``make serve`` runs it); ``one_replica``: every autoscaled deployment held at
+    one replica, so a level's figures are what one replica does at that many requests (what an
+    autoscaling target is chosen from)."""
+    config = yaml.safe_load(path.read_text())
     config["http_options"].update(host="127.0.0.1", port=port)
     (app,) = config["applications"]
     app["args"]["index"] = index
@@ -82,35 +82,21 @@ def app_config(index: str, config: dict[str, Any]) -> LongRAGConfig:
 
 class InProcessRetrieval:
     """Encode + sharded search + unit fetch in this process: the work of ``/v1/retrieve`` without
-    Serve, HTTP or actors (the shards' own search code, ``IndexShardImpl``, called directly)."""
+    Serve, HTTP or actors (the app's own in-process index, ``InProcessIndex``, called directly)."""
 
     def __init__(self, index: str, cfg: LongRAGConfig) -> None:
         import torch
 
-        from actors.index_shard import IndexShardImpl
+        from actors.inprocess_index import InProcessIndex
         from longrag.index.embedding import Embedder
-        from longrag.index.artifacts import ArtifactStore
 
-        torch.set_num_threads(1)  # as the QueryEncoder replica (torch_threads=1)
+        torch.set_num_threads(1)  # as the QueryEncoder (torch_threads=1)
         self.embedder = Embedder(cfg.embedding)
-        manifest = ArtifactStore.open(index).read_manifest()
-        self.shards = [IndexShardImpl(index, s.shard_id, threads=cfg.index.shard_threads,
-                                      search_params=cfg.index.search_params) for s in manifest.shards]
+        self.index = InProcessIndex(index, cfg.index)
 
     def __call__(self, question: str, k: int) -> Retrieval:
-        from longrag.index.maxp import merge_topk
-
-        vector = self.embedder.encode_queries([question])
-        hits = merge_topk([shard.search(vector, k)[0] for shard in self.shards], k)
-        rows: dict[str, dict[str, Any]] = {}
-        for shard in self.shards:
-            mine = [h for h in hits if h.shard == shard.shard_id]
-            if mine:
-                for row in shard.get_units([h.unit_id for h in mine], [h.best_chunk_id for h in mine]):
-                    rows[row["unit_id"]] = row
-        units = [RetrievedUnit.from_hit(h, rows.get(h.unit_id)) for h in hits]
-        n = len(self.shards)
-        return Retrieval(units=units, coverage=Coverage(shards=n, answered=n))
+        found = self.index.search_sync(self.embedder.encode_queries([question]), k)
+        return Retrieval(units=self.index.retrieve_units_sync(found.hits[0]), coverage=found.coverage)
 
 
 async def bench_retrieve(client: httpx.AsyncClient, local: InProcessRetrieval, levels: list[int], requests: int,
@@ -128,8 +114,9 @@ async def bench_retrieve(client: httpx.AsyncClient, local: InProcessRetrieval, l
 
     from ray import serve
 
-    encoder = serve.get_deployment_handle("QueryEncoder", app_name=APP)
-    retriever = serve.get_deployment_handle("Retriever", app_name=APP)
+    split = "QueryEncoder" in serve.status().applications[APP].deployments  # else serve.colocate_retrieval
+    encoder = serve.get_deployment_handle("QueryEncoder", app_name=APP) if split else None
+    retriever = serve.get_deployment_handle("Retriever", app_name=APP) if split else None
 
     async def handles_call(i: int) -> Retrieval:
         # The Ingress' two calls, made from here: the deployments and the shard actors without
@@ -139,22 +126,26 @@ async def bench_retrieve(client: httpx.AsyncClient, local: InProcessRetrieval, l
 
     for i in range(len(QUESTIONS)):  # warm every path (model, tokenizer caches, connections, replicas)
         await call(i)
-        await handles_call(i)
+        if split:
+            await handles_call(i)
         local_call(i)
     rows = []
     for c in levels:
         n = max(requests, c)
         traces: list[dict[str, float]] = []
         served = await run_level("retrieve.http", call, requests=n, concurrency=c, check=retrieve_check(k, traces))
-        via_handles = await run_level("retrieve.handles", handles_call, requests=n, concurrency=c, check=local_check)
         local_res = await asyncio.to_thread(run_level_threads, "retrieve.in_process", local_call, requests=n,
                                             concurrency=c, check=local_check)
-        row = {"concurrency": c, "http": served.to_dict(), "handles": via_handles.to_dict(),
-               "in_process": local_res.to_dict(), "overhead": overhead(served, local_res).to_dict(),
-               "overhead_handles": overhead(via_handles, local_res).to_dict(), "trace_p50_ms": median_by_key(traces)}
-        say(f"retrieve c={c}: http {brief(served)} | handles {brief(via_handles)} | in process {brief(local_res)} | "
-            f"overhead p50 +{row['overhead']['p50_ms']} ms (x{row['overhead']['p50_ratio']}), of which handles "
-            f"+{row['overhead_handles']['p50_ms']} ms | trace p50 {row['trace_p50_ms']}")
+        row = {"concurrency": c, "http": served.to_dict(), "in_process": local_res.to_dict(),
+               "overhead": overhead(served, local_res).to_dict(), "trace_p50_ms": median_by_key(traces)}
+        line = f"retrieve c={c}: http {brief(served)} | in process {brief(local_res)}"
+        if split:
+            via_handles = await run_level("retrieve.handles", handles_call, requests=n, concurrency=c,
+                                          check=local_check)
+            row.update(handles=via_handles.to_dict(), overhead_handles=overhead(via_handles, local_res).to_dict())
+            line += f" | handles {brief(via_handles)} (+{row['overhead_handles']['p50_ms']} ms p50)"
+        say(f"{line} | overhead p50 +{row['overhead']['p50_ms']} ms (x{row['overhead']['p50_ratio']}), "
+            f"throughput x{row['overhead']['throughput_ratio']} | trace p50 {row['trace_p50_ms']}")
         rows.append(row)
     return rows
 
@@ -255,7 +246,7 @@ def run(args: argparse.Namespace, terminal: TextIO) -> dict[str, Any]:
     handle = start_or_join(None, num_cpus=args.num_cpus)
     try:
         index = ensure_index(args.index, say)
-        config = serve_config(index, args.port, args.one_replica)
+        config = serve_config(index, args.port, args.one_replica, Path(args.config))
         deploy(config)
         reason = wait_running([APP], schedule_timeout_s=180, ready_timeout_s=600)  # a loaded machine starts workers slowly
         if reason:
@@ -269,7 +260,7 @@ def run(args: argparse.Namespace, terminal: TextIO) -> dict[str, Any]:
             serve.shutdown()
         finally:
             handle.shutdown()
-    return {"bench": "serve", "machine": {**before, "loadavg_after": machine()["loadavg"]},
+    return {"bench": "serve", "config": args.config, "machine": {**before, "loadavg_after": machine()["loadavg"]},
             "index": index, "k": args.k, "chat_k": args.chat_k, **result, "summary": summary(result),
             "wall_s": round(time.perf_counter() - t0, 1)}
 
@@ -278,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     job_setup(logging.WARNING)
     p = argparse.ArgumentParser(prog="python -m jobs.bench_serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--index", help="build folder or URI (default: the bundled sample in artifacts/bench-serve)")
+    p.add_argument("--config", default=str(CPU_YAML), help="Serve config YAML (default: serve/configs/cpu.yaml)")
     p.add_argument("--port", type=number(int, min_value=1, max_value=65535), default=8000)
     p.add_argument("--levels", type=int_list(), default=[1, 8, 32], help="retrieve concurrency levels")
     p.add_argument("--requests", type=number(int, min_value=1), default=200,

@@ -1,7 +1,7 @@
 """``python -m jobs.chaos``: faults under load against the running Serve app, ending with one JSON line.
 
 Starts a local Ray, indexes the bundled enwiki sample (or serves ``--index``), deploys
-``serve/configs/cpu.yaml`` on 127.0.0.1 (2 replicas per shard, the small bundled reader
+``serve/configs/cpu-cluster.yaml`` on 127.0.0.1 (2 replicas per shard, the small bundled reader
 ``--llm``), then kills parts of it from outside while it answers (:mod:`longrag.chaos` has the
 scenarios and their expectations, :mod:`serve.faults` the kills):
 
@@ -40,10 +40,10 @@ log = logging.getLogger("jobs.chaos")
 
 
 def serve_config(index: str, port: int, llm: str, read_timeout_s: float) -> dict[str, Any]:
-    """cpu.yaml on ``port`` over ``index``: 2 replicas per shard, fixed replica counts; the Retriever's
+    """cpu-cluster.yaml on ``port`` over ``index``: 2 replicas per shard, fixed replica counts; the Retriever's
     health check (which has the tier re-create dead shard replicas) at Serve's default period, 10 s,
     the LLMServer's every 2 s (Serve replaces a killed replica sooner)."""
-    config = yaml.safe_load((ROOT / "serve" / "configs" / "cpu.yaml").read_text())
+    config = yaml.safe_load((ROOT / "serve" / "configs" / "cpu-cluster.yaml").read_text())
     config["http_options"].update(host="127.0.0.1", port=port)
     (app,) = config["applications"]
     app["name"] = APP

@@ -85,7 +85,7 @@ def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], st
     t_start = time.perf_counter()
     config = load_config(args.config, [
         "units.kind=grouped", "units.text_mode=lead", f"index.shards={args.shards}",
-        f"index.replicas={args.replicas}", *args.set,
+        f"index.replicas={args.replicas}", "serve.colocate_retrieval=true", *args.set,
     ])
     out = str(Path(args.out).resolve())
     failures: list[str] = []
@@ -108,7 +108,9 @@ def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], st
                 f"in {counts['shards']} shards; build {report['timings_s']['total_s']}s "
                 f"({report['read']['n_bad']} pages skipped: {[b['title'] for b in report['read']['bad']]})")
 
-            say("== 2/3 deploying the Serve app (query encoder, retriever, reader, LLM)")
+            say("== 2/3 deploying the Serve app (cpu.yaml's single-machine layout: encoder and index in the "
+                "Ingress; reader, LLM)" if config.serve.colocate_retrieval else
+                "== 2/3 deploying the Serve app (query encoder, retriever over shard actors, reader, LLM)")
             serve.start(http_options={"host": "127.0.0.1", "port": args.port})
             serve.run(app_builder(AppArgs(index=out)), name="longrag", route_prefix="/", blocking=False)
             base = f"http://127.0.0.1:{args.port}"
@@ -170,6 +172,8 @@ def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], st
         "peak_rss_gib": round(mem.peak_bytes / 2**30, 2),
         "failures": failures,
     }
+    if args.max_rss_gib is not None and summary["peak_rss_gib"] > args.max_rss_gib:
+        failures.append(f"peak RSS {summary['peak_rss_gib']} GiB is over --max-rss-gib {args.max_rss_gib}")
     return summary, ray_logs
 
 
@@ -185,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--questions", type=int, default=len(QUESTIONS))
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--num-cpus", type=float, default=4)
+    p.add_argument("--max-rss-gib", type=float, help="fail when the peak RSS (this process, Ray and its "
+                   "workers, sampled every 0.5 s) is above this many GiB")
     add_config_flags(p)
     return run(p.parse_args(argv))
 

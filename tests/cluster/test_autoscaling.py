@@ -2,7 +2,7 @@
 
 On the fake multinode cluster built from ``cluster/aws.yaml``'s node types (Ray's own autoscaler,
 its fake node provider: each node a raylet on this machine), the job runs ``jobs.index`` on the
-bundled sample, then the Serve app of ``serve/configs/cpu.yaml`` with replica autoscaling delays of
+bundled sample, then the Serve app of ``serve/configs/cpu-cluster.yaml`` with replica autoscaling delays of
 seconds, a burst of ``/v1/retrieve`` and ``/v1/answer`` on 127.0.0.1 during which the node holding
 shard replicas is killed, and the scale-down after it. The figures come from the job's one JSON
 line: nodes launched for pending work, the build's manifest complete, nodes removed once idle, the

@@ -1,6 +1,7 @@
-"""``python -m jobs.bench_serve`` end to end, tiny: the Serve app from cpu.yaml over the sample build
-with the real bundled models on a local Ray, a few /v1/retrieve calls at concurrency 1 and 2 and one
-chat completion, each beside the same work in process; the last stdout line is the JSON report."""
+"""``python -m jobs.bench_serve`` end to end, tiny: the Serve app from cpu.yaml (retrieval in the
+Ingress) and from cpu-cluster.yaml (separate deployments: the handles row too) over the sample build
+with the real bundled models on a local Ray, a few /v1/retrieve calls at concurrency 1 and 2 and (cpu.yaml)
+one chat completion, each beside the same work in process; the last stdout line is the JSON report."""
 
 from __future__ import annotations
 
@@ -8,26 +9,31 @@ import json
 
 import pytest
 
-from jobs.bench_serve import QUESTIONS, main
+from jobs.bench_serve import QUESTIONS, ROOT, main
 
 PORT = 8411
 
 
 @pytest.mark.slow
-def test_tiny_bench_ends_with_one_json_line_of_levels_and_overheads(sample_index, tmp_path, capfd):
+@pytest.mark.parametrize("config", ["cpu.yaml", "cpu-cluster.yaml"])
+def test_tiny_bench_ends_with_one_json_line_of_levels_and_overheads(config, sample_index, tmp_path, capfd):
+    split = config == "cpu-cluster.yaml"
+    chat = [] if split else ["--chat-levels", "1", "--chat-requests", "1", "--chat-k", "1"]
     rc = main(["--index", sample_index["uri"], "--port", str(PORT), "--levels", "1,2", "--requests", "4",
-               "--chat-levels", "1", "--chat-requests", "1", "--chat-k", "1",
+               "--config", str(ROOT / "serve" / "configs" / config), *chat, *(["--skip-chat"] if split else []),
                "--out", str(tmp_path / "out"), "--log", str(tmp_path / "bench.log")])
     out = capfd.readouterr().out.strip().splitlines()
     assert rc == 0, out[-3:]
     report = json.loads(out[-1])
     assert report == json.loads((tmp_path / "out" / "bench_serve.json").read_text())
     assert report["bench"] == "serve" and report["machine"]["cpus"] >= 1 and len(report["machine"]["loadavg"]) == 3
+    assert report["config"].endswith(config)
     assert [row["concurrency"] for row in report["retrieve"]] == [1, 2]
     for row in report["retrieve"]:
         c = row["concurrency"]
+        assert ("handles" in row) == split  # no QueryEncoder/Retriever handles when they are in the Ingress
         for side, name in (("http", "retrieve.http"), ("handles", "retrieve.handles"),
-                           ("in_process", "retrieve.in_process")):
+                           ("in_process", "retrieve.in_process"))[:: 1 if split else 2]:
             level = row[side]
             assert (level["name"], level["concurrency"], level["requests"], level["ok"], level["errors"]) == \
                 (name, c, 4, 4, 0), level
@@ -35,11 +41,16 @@ def test_tiny_bench_ends_with_one_json_line_of_levels_and_overheads(sample_index
         o = row["overhead"]
         assert o["p50_ms"] == round(row["http"]["latency"]["p50_ms"] - row["in_process"]["latency"]["p50_ms"], 2)
         assert o["p50_ratio"] > 0 and o["throughput_ratio"] > 0
-        assert row["overhead_handles"]["p50_ms"] == round(
-            row["handles"]["latency"]["p50_ms"] - row["in_process"]["latency"]["p50_ms"], 2)
+        if split:
+            assert row["overhead_handles"]["p50_ms"] == round(
+                row["handles"]["latency"]["p50_ms"] - row["in_process"]["latency"]["p50_ms"], 2)
         trace = row["trace_p50_ms"]
         assert {"encode_ms", "retrieve_ms", "total_ms", "client_ms", "outside_ingress_ms"} <= set(trace)
         assert trace["client_ms"] >= trace["total_ms"] > 0
+    assert set(report["summary"]["retrieve_throughput_ratio"]) == {"1", "2"}
+    if split:
+        assert "chat" not in report
+        return
     (chat,) = report["chat"]
     assert chat["concurrency"] == 1 and chat["http"]["ok"] == 1 and chat["in_process"]["ok"] == 1
     assert chat["http"]["name"] == "chat.http" and chat["in_process"]["name"] == "reader.in_process"

@@ -1,4 +1,4 @@
-"""The Serve application over HTTP, deployed from ``serve/configs/cpu.yaml`` the way ``make serve``
+"""The Serve application over HTTP, deployed from ``serve/configs/cpu-cluster.yaml`` (the cluster profile) the way ``make serve``
 deploys it, on a Ray with 2 logical CPUs (the 2-core machine the README promises): 200s with
 evidence and trace, 4xx for bad requests in one JSON error shape, one question answered end to
 end by the real bundled models (MiniLM + SmolLM2 via llama.cpp), a shared index tier, health
@@ -31,13 +31,13 @@ SHARD_CLASS = IndexShardImpl.__name__  # the class name Ray records for IndexSha
 PORT = 8323
 DASHBOARD_PORT = 8324  # the state API (list_actors) needs the dashboard
 APP = "longrag"
-CPU_YAML = Path(__file__).resolve().parents[2] / "serve" / "configs" / "cpu.yaml"
+CPU_YAML = Path(__file__).resolve().parents[2] / "serve" / "configs" / "cpu-cluster.yaml"
 GOOD = ["Who wrote the novel Animal Farm?", "What is the capital of Angola?", "Who composed An American in Paris?",
         "Which spaceflight first landed humans on the Moon?", "Which country is Aruba part of?"]
 
 
 def _config(index_uri: str, reader_cpus: float | None = None) -> dict[str, Any]:
-    """cpu.yaml with the test's build and port, 2 fixed Retriever replicas (health checked every 10 s,
+    """cpu-cluster.yaml with the test's build and port, 2 fixed Retriever replicas (health checked every 10 s,
     Serve's default: the tier re-creates a dead shard replica at a Retriever health check)."""
     config = yaml.safe_load(CPU_YAML.read_text())
     config["http_options"]["port"] = PORT
