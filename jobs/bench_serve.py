@@ -4,23 +4,19 @@
     python -m jobs.bench_serve --skip-chat --requests 100     # retrieval only
     python -m jobs.bench_serve --index artifacts/sample --port 8000 --out reports/bench-serve
 
-Deploys ``--config`` (default ``serve/configs/cpu.yaml``, what ``make serve`` runs) on a local Ray with 2 logical CPUs,
-over ``--index`` (default: the bundled enwiki sample, indexed first into ``artifacts/bench-serve``
-when that folder has no build), listening on 127.0.0.1 only. Then, level by level:
+Deploys ``--config`` (default ``serve/configs/cpu.yaml``, what ``make serve`` runs) on a local Ray
+(2 logical CPUs) over ``--index`` (default: the bundled sample, indexed first into
+``artifacts/bench-serve``), on 127.0.0.1 only. Then, level by level:
 
-* ``POST /v1/retrieve`` at each ``--levels`` concurrency (``--requests`` calls, at least the
-  concurrency), and the same work in this process: the query encoder (the build's model, one torch
-  thread as in the ``QueryEncoder``) and a search over the build's shards (``InProcessIndex``:
-  the shards' own search code in process, merged with MaxP's ``merge_topk``, their units fetched);
-  with separate deployments (not ``serve.colocate_retrieval``), in between, the Ingress' two
-  deployment calls made from here through Serve handles (``QueryEncoder.encode``,
-  ``Retriever.retrieve`` and its shard actors; no HTTP, proxy or Ingress), which splits the
-  overhead into the deployments' hops and the HTTP front;
-* ``POST /v1/chat/completions`` (model ``longrag``: retrieve + the bundled reader, two turns) at
-  each ``--chat-levels`` concurrency, beside the reader alone in process (``LongReader`` over an
-  in-process llama.cpp, on the units the in-process search found for the same question). Each chat
-  level asks questions of its own, so no level finds another's prompt in a KV cache. ``--skip-chat``
-  leaves it out (it takes minutes: ~10 s per answer on a 2-core machine, one at a time).
+* ``POST /v1/retrieve`` at each ``--levels`` concurrency, beside the same work in this process:
+  the query encoder (one torch thread) and ``InProcessIndex`` (the shards' own search code, MaxP
+  merge, unit fetch); with separate deployments (not ``serve.colocate_retrieval``) also the
+  Ingress' two deployment calls made from here through Serve handles (no HTTP, proxy or Ingress),
+  which splits the overhead into the deployments' hops and the HTTP front;
+* ``POST /v1/chat/completions`` (retrieve + the bundled reader) at each ``--chat-levels``
+  concurrency, beside the reader alone in process (``LongReader`` over an in-process llama.cpp, on
+  the units the in-process search found); each level asks its own questions (no KV cache reuse).
+  ``--skip-chat`` leaves it out (minutes: ~10 s per answer on 2 cores).
 
 Per level: throughput, p50/p99 latency, errors, the overhead of serving (served minus in process,
 in ms, and served / in process), and for ``/v1/retrieve`` the medians of the app's own trace and of
@@ -47,7 +43,7 @@ from longrag.bench.serving import QUESTIONS, brief, chat_check, retrieve_check, 
 from longrag.cli import int_list, job_setup, number, transcript
 from longrag.config import LongRAGConfig
 from longrag.data import SAMPLE_WIKI, data_path
-from longrag.types import Coverage, Retrieval, RetrievedUnit
+from longrag.types import Retrieval
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_YAML = ROOT / "serve" / "configs" / "cpu.yaml"
@@ -106,8 +102,7 @@ async def bench_retrieve(client: httpx.AsyncClient, local: InProcessRetrieval, l
         r = await client.post("/v1/retrieve", json={"question": QUESTIONS[i % len(QUESTIONS)], "k": k})
         return r, (time.perf_counter() - t0) * 1e3
 
-    def local_call(i: int) -> Retrieval:
-        return local(QUESTIONS[i % len(QUESTIONS)], k)
+    local_call = lambda i: local(QUESTIONS[i % len(QUESTIONS)], k)  # noqa: E731
 
     def local_check(found: Retrieval) -> str | None:
         return None if len(found.units) == k else f"{len(found.units)} units (asked {k})"
@@ -119,8 +114,7 @@ async def bench_retrieve(client: httpx.AsyncClient, local: InProcessRetrieval, l
     retriever = serve.get_deployment_handle("Retriever", app_name=APP) if split else None
 
     async def handles_call(i: int) -> Retrieval:
-        # The Ingress' two calls, made from here: the deployments and the shard actors without
-        # HTTP, Serve's proxy and the Ingress (where the rest of the overhead lies).
+        # The Ingress' two calls from here: no HTTP, proxy or Ingress (the rest of the overhead)
         vector = await encoder.encode.remote(QUESTIONS[i % len(QUESTIONS)])
         return await retriever.retrieve.remote(vector, k)
 
