@@ -8,9 +8,12 @@ reason appears only as a log line); this command exits 1 and prints the reason i
 * an application in DEPLOY_FAILED or UNHEALTHY: Serve's message (e.g. the error a replica's
   constructor raised);
 * a replica that waits for resources the cluster does not have free, for longer than
-  ``--schedule-timeout-s`` (default: as soon as Serve reports it, ~30 s): the missing resources
-  and Serve's message, which names what each replica requires and what the cluster has. On an autoscaling cluster give new nodes time, e.g.
-  ``--schedule-timeout-s 900``;
+  ``--schedule-timeout-s`` (default: as soon as it has waited ~35 s to be placed): the missing
+  resources and Serve's message, which names what each replica requires and what the cluster has.
+  The missing resources come from structured data, never from that message's text: Serve's details
+  of the deployment (its replicas' states and nodes, the per-replica ``required_resources``, a
+  replica's placement group) against ``ray.available_resources()``. On an autoscaling cluster give
+  new nodes time, e.g. ``--schedule-timeout-s 900``;
 * nothing RUNNING after ``--ready-timeout-s``.
 
 Once RUNNING it prints the URL and, unless ``--non-blocking``, serves until Ctrl-C (then shuts
@@ -20,51 +23,140 @@ Serve down, like ``serve run``).
 from __future__ import annotations
 
 import argparse
-import ast
-import json
-import re
+import logging
+import os
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import yaml
 
-# Serve's status message for replicas that wait to be placed ("... taken more than 30s to be
-# scheduled ... Resources required for each replica: {...}, total resources available: {...}").
-# A replica with a placement group (e.g. a ray.serve.llm LLMServer) lists its bundles: [{...}, ...].
-_PENDING = re.compile(r"to be scheduled.*Resources required for each replica: (\{.*?\}|\[.*?\]), "
-                      r"total resources available: (\{.*?\})", re.S)
+log = logging.getLogger(__name__)
 
 
-def _parse_resources(text: str) -> dict[str, float]:
-    """A resource dict, or the sum of a list of placement-group bundles."""
+def _serve_slow_startup_s() -> float:
+    """Serve's own threshold for a replica "slow to be scheduled" (``RAY_SERVE_SLOW_STARTUP_WARNING_S``)."""
     try:
-        value = json.loads(text)
+        return float(os.environ.get("RAY_SERVE_SLOW_STARTUP_WARNING_S",
+                                    os.environ.get("SERVE_SLOW_STARTUP_WARNING_S", 30)))
     except ValueError:
-        value = ast.literal_eval(text)
+        return 30.0
+
+
+#: A replica counts as waiting for resources once it has been this long without a node. Serve reports
+#: such a replica in its deployment message after ``RAY_SERVE_SLOW_STARTUP_WARNING_S`` (30 s); a few
+#: seconds more and that message (what the replica requires, what the cluster has) is there to show
+#: beside ours, and a replica placed a moment ago (its resources taken, its worker still starting) is
+#: never reported as short of them.
+PLACEMENT_WAIT_S = _serve_slow_startup_s() + 5.0
+
+_PLACED_STATES = ("RUNNING", "STOPPING", "STOPPED", "PENDING_MIGRATION")
+
+
+def short_of(ask: Mapping[str, float], free: Mapping[str, float]) -> dict[str, float] | None:
+    """The resources of one replica's ``ask`` that ``free`` (what the cluster has unreserved) does not
+    cover, with the amount asked (``{"CPU": 3.0}``), or None when the ask fits. A zero ask never is
+    short, a resource the cluster has none of always is. Ray-free."""
+    short = {str(k): float(v) for k, v in ask.items() if float(v) > 0 and float(v) > float(free.get(k, 0.0)) + 1e-9}
+    return short or None
+
+
+def _bundles_total(bundles: Any) -> dict[str, float]:
+    """The sum of a placement group's bundles (``{index: {resource: amount}}`` or a list of them)."""
     total: dict[str, float] = {}
-    for bundle in value if isinstance(value, list) else [value]:
+    for bundle in bundles.values() if isinstance(bundles, Mapping) else bundles:
         for k, v in bundle.items():
             total[str(k)] = total.get(str(k), 0.0) + float(v)
     return total
 
 
-def missing_resources(message: str) -> dict[str, float] | None:
-    """From a Serve deployment message: the resources a pending replica asks for beyond what the
-    cluster has free, or None when the message is not about a resource shortage (a replica also
-    "waits to be scheduled" while its worker process or runtime environment starts)."""
-    m = _PENDING.search(message or "")
-    if not m:
-        return None
+def waiting_ask(deployment: Mapping[str, Any], *, now: float, wait_s: float = PLACEMENT_WAIT_S,
+                groups: Mapping[str, tuple[str, dict[str, float]]] | None = None) -> dict[str, float] | None:
+    """From one deployment of Serve's details (``DeploymentDetails`` as a dict): what one of its
+    replicas asks for, when a replica has waited at least ``wait_s`` to be placed (not RUNNING, no
+    node yet: Serve fills ``node_id`` once the replica's actor is up), else None. The ask is Serve's
+    ``required_resources`` (the replica actor's CPU, GPU, memory and custom resources, Serve's default
+    of 1 CPU included); a replica with a placement group (``groups``: ``{name: (state, summed
+    bundles)}``, Serve names the group after the replica's actor) asks for the sum of its bundles while
+    the group is PENDING, and for nothing once the group holds them. Ray-free."""
+    groups = groups or {}
+    for replica in deployment.get("replicas") or []:
+        if _value(replica.get("state")) in _PLACED_STATES or replica.get("node_id"):
+            continue
+        started = float(replica.get("start_time_s") or 0.0)
+        if started <= 0 or now - started < wait_s:
+            continue
+        group = groups.get(str(replica.get("actor_name")))
+        if group is None:
+            return {str(k): float(v) for k, v in (deployment.get("required_resources") or {}).items()}
+        if group[0] == "PENDING":
+            return dict(group[1])
+    return None
+
+
+class Placement(NamedTuple):
+    """What placing a replica depends on, read at one time: Serve's details of its applications
+    (``ServeInstanceDetails.applications`` as dicts), the cluster's free and total resources and its
+    placement groups (``{name: (state, summed bundles)}``)."""
+
+    applications: Mapping[str, Any]
+    free: Mapping[str, float]
+    total: Mapping[str, float]
+    groups: Mapping[str, tuple[str, dict[str, float]]]
+    now: float
+
+
+def placement() -> Placement:
+    """Read a :class:`Placement` now; what cannot be read is left empty (logged at debug)."""
+    import ray
+    from ray.serve.context import _get_global_client
+
+    applications: Mapping[str, Any] = {}
+    free: Mapping[str, float] = {}
+    total: Mapping[str, float] = {}
+    groups: dict[str, tuple[str, dict[str, float]]] = {}
     try:
-        required, available = _parse_resources(m.group(1)), _parse_resources(m.group(2))
-    except (ValueError, SyntaxError, AttributeError):
+        client = _get_global_client(raise_if_no_controller_running=False)
+        applications = (client.get_serve_details() if client else {}).get("applications") or {}
+    except Exception as exc:
+        log.debug("serve.run: Serve's details cannot be read: %r", exc)
+    try:
+        free, total = ray.available_resources(), ray.cluster_resources()
+    except Exception as exc:
+        log.debug("serve.run: the cluster's resources cannot be read: %r", exc)
+    try:
+        from ray.util import placement_group_table
+
+        for pg in placement_group_table().values():
+            if pg.get("name") and pg.get("state") != "REMOVED":
+                groups[pg["name"]] = (str(pg.get("state")), _bundles_total(pg.get("bundles") or {}))
+    except Exception as exc:
+        log.debug("serve.run: the placement groups cannot be read: %r", exc)
+    return Placement(applications, free, total, groups, time.time())
+
+
+def missing_resources(app_name: str, deployment: str, where: Placement | None = None) -> dict[str, float] | None:
+    """The resources a replica of ``app_name``'s ``deployment`` waits for beyond what the cluster has
+    free (``{"CPU": 3.0}``: the per-replica ask that does not fit), or None: no replica has waited
+    :data:`PLACEMENT_WAIT_S` to be placed, or its ask fits (it waits for something else, e.g. its
+    worker process or runtime environment), or the deployment's details cannot be read (logged at debug)."""
+    where = where if where is not None else placement()
+    try:
+        details = where.applications[app_name]["deployments"][deployment]
+        ask = waiting_ask(details, now=where.now, groups=where.groups)
+        return short_of(ask, where.free) if ask else None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        log.debug("serve.run: no details of deployment %s/%s: %r", app_name, deployment, exc)
         return None
-    short = {k: v for k, v in required.items() if v > available.get(k, 0.0) + 1e-9}
-    return short or None
+
+
+def waiting_replicas(overview: Any) -> bool:
+    """Whether a deployment of ``serve.status()`` has replicas that are not RUNNING."""
+    return any(_value(state) != "RUNNING" and n for state, n in overview.replica_states.items())
 
 
 #: A replica short of a resource the cluster has in total (other replicas hold it while they start,
@@ -146,13 +238,12 @@ def running_replicas(app_name: str) -> dict[str, int]:
 def wait_running(app_names: list[str], *, schedule_timeout_s: float = 0.0, ready_timeout_s: float = 900.0,
                  poll_s: float = 2.0, log=print) -> str | None:
     """Wait until every app is RUNNING. Returns None then, else the reason it never will be."""
-    import ray
-
     t0 = time.monotonic()
     pending_since: dict[str, float] = {}
     last_line = ""
     while True:
         status = serve_status()
+        where: Placement | None = None  # read once per poll, when a deployment has replicas not RUNNING
         states, problems = [], []
         for name in app_names:
             app = status.applications.get(name)
@@ -166,10 +257,14 @@ def wait_running(app_names: list[str], *, schedule_timeout_s: float = 0.0, ready
                 return f"application '{name}' is {app_status}: {app.message}" + "".join(f"\n  {x}" for x in details)
             for dep, overview in app.deployments.items():
                 key = f"{name}/{dep}"
-                short = missing_resources(overview.message)
-                if short:
+                short = None
+                if waiting_replicas(overview):
+                    if where is None:
+                        where = placement()
+                    short = missing_resources(name, dep, where)
+                if short and where is not None:
                     pending_since.setdefault(key, time.monotonic())
-                    grace = shortage_grace_s(short, ray.cluster_resources(), schedule_timeout_s)
+                    grace = shortage_grace_s(short, where.total, schedule_timeout_s)
                     if time.monotonic() - pending_since[key] >= grace:
                         problems.append(f"application '{name}', deployment '{dep}' lacks {short}: {overview.message}")
                 else:
@@ -193,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", help="Serve config YAML, e.g. serve/configs/cpu.yaml")
     parser.add_argument("--address", default=None, help="Ray cluster address; default: RAY_ADDRESS or a new local Ray")
     parser.add_argument("--schedule-timeout-s", type=float, default=0.0,
-                        help="fail once a replica has waited this long for resources after Serve reports it (~30 s)")
+                        help="fail once a replica short of resources has waited this long more (it counts as "
+                             "short after waiting ~35 s to be placed)")
     parser.add_argument("--ready-timeout-s", type=float, default=900.0, help="fail if not RUNNING by then")
     parser.add_argument("--non-blocking", action="store_true", help="exit 0 once RUNNING, leaving the app deployed")
     args = parser.parse_args(argv)

@@ -12,7 +12,7 @@ from longrag.types import describe_redundancy
 from serve import stages
 from serve.errors import error_response
 from serve.gateway import Gateway, gateway
-from serve.run import missing_resources, serve_status
+from serve.run import Placement, missing_resources, placement, serve_status, waiting_replicas
 from serve.schemas import DeploymentHealth, ErrorResponse, Health
 
 router = APIRouter()
@@ -30,6 +30,7 @@ async def healthz(gw: Gateway = Depends(gateway)) -> Any:
     problems: list[str] = []
     deployments: dict[str, DeploymentHealth] = {}
     running: dict[str, int] = {}
+    where: Placement | None = None  # Serve's details and the cluster's resources, read once if needed
     try:
         status = await asyncio.to_thread(serve_status)  # one thread at a time (serve.run.serve_status)
         app = status.applications.get(gw.app_name) if gw.app_name else None
@@ -40,7 +41,11 @@ async def healthz(gw: Gateway = Depends(gateway)) -> Any:
         states = {_value(k): v for k, v in d.replica_states.items()}
         running[name] = states.get("RUNNING", 0)
         if _value(d.status) != "HEALTHY" or running[name] == 0:
-            short = missing_resources(d.message or "")
+            short = None
+            if gw.app_name and waiting_replicas(d):  # from structured data; d.message is only shown
+                if where is None:
+                    where = await asyncio.to_thread(placement)
+                short = missing_resources(gw.app_name, name, where)
             deployments[name] = DeploymentHealth(status=_value(d.status), running_replicas=running[name],
                                                  message=d.message or "", missing_resources=short)
             problems.append(f"{name}: {_value(d.status)}, {running[name]} running"
