@@ -50,8 +50,9 @@ def _serve_slow_startup_s() -> float:
 #: A replica counts as waiting for resources once it has been this long without a node. Serve reports
 #: such a replica in its deployment message after ``RAY_SERVE_SLOW_STARTUP_WARNING_S`` (30 s); a few
 #: seconds more and that message (what the replica requires, what the cluster has) is there to show
-#: beside ours, and a replica placed a moment ago (its resources taken, its worker still starting) is
-#: never reported as short of them.
+#: beside ours, and a replica placed a moment ago (its resources taken, its worker still starting:
+#: no node_id yet either) is not reported as short of them (a worker slower than that still may be:
+#: wait_running gives a shortage the cluster could meet TRANSIENT_GRACE_S).
 PLACEMENT_WAIT_S = _serve_slow_startup_s() + 5.0
 
 _PLACED_STATES = ("RUNNING", "STOPPING", "STOPPED", "PENDING_MIGRATION")
