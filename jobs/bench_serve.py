@@ -42,7 +42,6 @@ from longrag.bench import machine, median_by_key, overhead, run_level, run_level
 from longrag.bench.serving import QUESTIONS, brief, chat_check, retrieve_check, summary
 from longrag.cli import int_list, job_setup, number, transcript
 from longrag.config import LongRAGConfig
-from longrag.data import SAMPLE_WIKI, data_path
 from longrag.types import Retrieval
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +70,7 @@ def app_config(index: str, config: dict[str, Any]) -> LongRAGConfig:
     """The config the app builds from (the build's own plus the YAML's overrides), as ``app_builder``."""
     from longrag.index.artifacts import ArtifactStore
 
-    (app,) = config["applications"]
+    app = next(a for a in config["applications"] if a["name"] == APP)
     cfg = LongRAGConfig.model_validate(ArtifactStore.open(index).read_manifest().config)
     return cfg.with_overrides(app["args"].get("overrides", []))
 
@@ -97,10 +96,13 @@ class InProcessRetrieval:
 
 async def bench_retrieve(client: httpx.AsyncClient, local: InProcessRetrieval, levels: list[int], requests: int,
                          k: int, say) -> list[dict[str, Any]]:
-    async def call(i: int) -> tuple[httpx.Response, float]:
+    async def call(i: int, prefix: str = "") -> tuple[httpx.Response, float]:
         t0 = time.perf_counter()
-        r = await client.post("/v1/retrieve", json={"question": QUESTIONS[i % len(QUESTIONS)], "k": k})
+        r = await client.post(f"{prefix}/v1/retrieve", json={"question": QUESTIONS[i % len(QUESTIONS)], "k": k})
         return r, (time.perf_counter() - t0) * 1e3
+
+    def floor_check(res: tuple[httpx.Response, float]) -> str | None:
+        return None if res[0].status_code == 200 else f"HTTP {res[0].status_code}"
 
     local_call = lambda i: local(QUESTIONS[i % len(QUESTIONS)], k)  # noqa: E731
 
@@ -120,6 +122,7 @@ async def bench_retrieve(client: httpx.AsyncClient, local: InProcessRetrieval, l
 
     for i in range(len(QUESTIONS)):  # warm every path (model, tokenizer caches, connections, replicas)
         await call(i)
+        await call(i, "/floor")
         if split:
             await handles_call(i)
         local_call(i)
@@ -130,9 +133,13 @@ async def bench_retrieve(client: httpx.AsyncClient, local: InProcessRetrieval, l
         served = await run_level("retrieve.http", call, requests=n, concurrency=c, check=retrieve_check(k, traces))
         local_res = await asyncio.to_thread(run_level_threads, "retrieve.in_process", local_call, requests=n,
                                             concurrency=c, check=local_check)
+        floor_res = await run_level("retrieve.serve_floor", lambda i: call(i, "/floor"), requests=n, concurrency=c,
+                                    check=floor_check)
         row = {"concurrency": c, "http": served.to_dict(), "in_process": local_res.to_dict(),
-               "overhead": overhead(served, local_res).to_dict(), "trace_p50_ms": median_by_key(traces)}
-        line = f"retrieve c={c}: http {brief(served)} | in process {brief(local_res)}"
+               "serve_floor": floor_res.to_dict(), "overhead": overhead(served, local_res).to_dict(),
+               "trace_p50_ms": median_by_key(traces)}
+        line = (f"retrieve c={c}: http {brief(served)} | in process {brief(local_res)} | "
+                f"Serve's floor p50 {floor_res.latency.p50_ms} ms")
         if split:
             via_handles = await run_level("retrieve.handles", handles_call, requests=n, concurrency=c,
                                           check=local_check)
@@ -192,27 +199,6 @@ async def bench_chat(client: httpx.AsyncClient, local: InProcessRetrieval, cfg: 
     return rows
 
 
-def ensure_index(index: str | None, say) -> str:
-    """``index``, or the sample's build in artifacts/bench-serve (built the demo's way when missing)."""
-    from longrag.index.artifacts import ArtifactStore
-
-    if index:
-        return index
-    out = ROOT / "artifacts" / "bench-serve"
-    try:
-        ArtifactStore.open(str(out)).read_manifest()
-        return str(out)
-    except Exception:  # no build there yet: make it (the demo's settings)
-        from actors.distbuild import build_corpus_index
-        from longrag.config import load_config
-
-        say(f"indexing the bundled sample into {out}")
-        config = load_config(None, ["units.kind=grouped", "units.text_mode=lead", "index.shards=2"])
-        build_corpus_index(str(data_path(SAMPLE_WIKI)), "wikixml", str(out), config, overwrite=True,
-                           command=["python", "-m", "jobs.bench_serve"])
-        return str(out)
-
-
 async def _bench(args: argparse.Namespace, index: str, config: dict[str, Any], say) -> dict[str, Any]:
     cfg = app_config(index, config)
     local = InProcessRetrieval(index, cfg)
@@ -233,16 +219,19 @@ def run(args: argparse.Namespace, terminal: TextIO) -> dict[str, Any]:
     from ray import serve
 
     from cluster.local import start_or_join
+    from actors.distbuild import ensure_sample_build
     from serve.run import deploy, wait_healthy, wait_running
 
     t0 = time.perf_counter()
     before = machine()
     handle = start_or_join(None, num_cpus=args.num_cpus)
     try:
-        index = ensure_index(args.index, say)
+        index = args.index or ensure_sample_build(str(ROOT / "artifacts" / "bench-serve"), say)
         config = serve_config(index, args.port, args.one_replica, Path(args.config))
+        # Serve's own cost beside the app (serve/floor.py): the same request to an ingress doing nothing
+        config["applications"].append({"name": "floor", "route_prefix": "/floor", "import_path": "serve.floor:app"})
         deploy(config)
-        reason = wait_running([APP], schedule_timeout_s=180, ready_timeout_s=600)  # a loaded machine starts workers slowly
+        reason = wait_running([APP, "floor"], schedule_timeout_s=180, ready_timeout_s=600)  # a loaded machine starts workers slowly
         if reason:
             raise RuntimeError(f"the app did not start: {reason}")
         with httpx.Client(base_url=f"http://127.0.0.1:{args.port}", timeout=60) as c:

@@ -63,10 +63,22 @@ class QueryEncoder:
             torch.set_num_threads(torch_threads)
             encoder_cls = Embedder
         self.embedder = encoder_cls(embedding)
+        self.inflight = 0
 
     async def encode(self, question: str) -> np.ndarray:
-        """One question -> its vector; raises :class:`BadQuestion` for this question only."""
-        result = await self.encode_batch(question)
+        """One question -> its vector; raises :class:`BadQuestion` for this question only.
+
+        A question alone is encoded at once; while others are being encoded it joins a batch
+        (``encode_batch``: up to 16, after a wait of up to 5 ms for more), so an idle encoder never
+        waits for company and a busy one encodes many questions per model call."""
+        self.inflight += 1
+        try:
+            if self.inflight == 1:
+                (result,) = await asyncio.to_thread(self._encode_isolated, [question])
+            else:
+                result = await self.encode_batch(question)
+        finally:
+            self.inflight -= 1
         if isinstance(result, Exception):
             raise result
         return result

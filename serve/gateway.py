@@ -188,6 +188,7 @@ async def _ready(value: Any) -> Any:
     return value
 
 
-def gateway(request: Request) -> Gateway:
-    """FastAPI dependency: the replica's gateway."""
+async def gateway(request: Request) -> Gateway:
+    """FastAPI dependency: the replica's gateway (``async``: FastAPI runs a plain function
+    dependency in its thread pool, a thread hand-off per request)."""
     return request.app.state.gateway

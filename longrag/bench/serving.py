@@ -85,6 +85,8 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
         "retrieve_throughput_ratio": {str(r["concurrency"]): r["overhead"]["throughput_ratio"] for r in rows},
         "retrieve_throughput_ratio_goal": GOAL_THROUGHPUT_RATIO,
         "retrieve_throughput_goal_met": last["overhead"]["throughput_ratio"] >= GOAL_THROUGHPUT_RATIO,
+        "serve_floor_p50_ms": {str(r["concurrency"]): r["serve_floor"]["latency"]["p50_ms"] for r in rows
+                               if "serve_floor" in r},
         "retrieve_throughput_rps": {str(r["concurrency"]): r["http"]["throughput_rps"] for r in rows},
         "retrieve_throughput_grows": grows_with_concurrency({r["concurrency"]: r["http"]["throughput_rps"] for r in rows}),
         "errors": sum(r["http"]["errors"] + r["in_process"]["errors"] for r in rows + result.get("chat", [])),
