@@ -10,7 +10,7 @@ Deploys ``--config`` (default ``serve/configs/cpu.yaml``, what ``make serve`` ru
 
 * ``POST /v1/retrieve`` at each ``--levels`` concurrency, beside the same work in this process:
   the query encoder (one torch thread) and ``InProcessIndex`` (the shards' own search code, MaxP
-  merge, unit fetch); with separate deployments (not ``serve.colocate_retrieval``) also the
+  merge, unit fetch); with separate deployments (not ``serve.colocate``) also the
   Ingress' two deployment calls made from here through Serve handles (no HTTP, proxy or Ingress),
   which splits the overhead into the deployments' hops and the HTTP front;
 * ``POST /v1/chat/completions`` (retrieve + the bundled reader) at each ``--chat-levels``
@@ -111,7 +111,7 @@ async def bench_retrieve(client: httpx.AsyncClient, local: InProcessRetrieval, l
 
     from ray import serve
 
-    split = "QueryEncoder" in serve.status().applications[APP].deployments  # else serve.colocate_retrieval
+    split = "QueryEncoder" in serve.status().applications[APP].deployments  # else serve.colocate
     encoder = serve.get_deployment_handle("QueryEncoder", app_name=APP) if split else None
     retriever = serve.get_deployment_handle("Retriever", app_name=APP) if split else None
 

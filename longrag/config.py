@@ -224,10 +224,11 @@ class ServeConfig(_Section):
     cors_origins: list[str] = Field(
         default_factory=list, description="Origins allowed by CORS (e.g. https://app.example.com); empty: CORS off.",
     )
-    colocate_retrieval: bool = Field(
-        False, description="The single-machine profile: the query encoder and the index's shards run inside "
-        "each Ingress replica (no QueryEncoder or Retriever deployment, no shard actors, no hops between "
-        "them); off: separate, independently scaled deployments over a shared tier of shard actors (clusters).",
+    colocate: bool = Field(
+        False, description="The single-machine profile: every stage but the LLM runs inside each Ingress "
+        "replica (query encoder, the index's shards, reader, long-context reader, dual stages: no hops "
+        "between them, no shard actors, two Ray workers for the app); off: separate, independently scaled "
+        "deployments over a shared tier of shard actors (clusters).",
     )
     timeouts: StageTimeouts = Field(
         default_factory=StageTimeouts, description="Per-stage deadlines (504 with the stage named); a stage "

@@ -35,28 +35,23 @@ from serve.metrics import AppMetrics
 class Ingress:
     """The HTTP ingress: its routes call the deployments through a :class:`serve.gateway.Gateway`.
 
-    With ``serve.colocate_retrieval`` (``encoder`` and ``retriever`` None) the query encoder and the
-    retriever are the same classes as the deployments, built here in this replica's process over
-    the index at ``index`` (its shards loaded in process, :class:`actors.inprocess_index.InProcessIndex`)."""
+    With ``serve.colocate`` (the single-machine profile) only the LLM is another deployment: the
+    query encoder, the retriever (the index's shards loaded in process,
+    :class:`actors.inprocess_index.InProcessIndex`), the reader, the long-context reader and the
+    dual-perspective stages are the same classes as their deployments, built here in this replica's
+    process and called through :class:`serve.gateway.InProcess`; ``stages`` is then empty and
+    ``index``, ``encoder_cls``, ``index_cls`` say what to build. Otherwise ``stages`` holds the
+    handles of the separate deployments (``encoder``, ``retriever``, ``reader``, ``longcontext``, ``dual``)."""
 
-    def __init__(self, config: LongRAGConfig, reader: DeploymentHandle, llm: DeploymentHandle,
-                 longcontext: DeploymentHandle, dual: DeploymentHandle | None = None, *,
-                 encoder: DeploymentHandle | None = None, retriever: DeploymentHandle | None = None,
+    def __init__(self, config: LongRAGConfig, llm: DeploymentHandle, stages: dict[str, DeploymentHandle], *,
                  index: str | None = None, encoder_cls: Any = None, index_cls: Any = None) -> None:
         try:
             app_name = serve.get_replica_context().app_name
         except Exception:  # outside a Serve replica (not used so)
             app_name = None
-        if encoder is None:
-            encoder = InProcess(QueryEncoder.func_or_class(config.embedding, encoder_cls))
-        if retriever is None:
-            if index_cls is None:
-                from actors.inprocess_index import InProcessIndex
-
-                index_cls = InProcessIndex
-            retriever = InProcess(Retriever.func_or_class(index, config.index, index_cls))
-        self.gateway = Gateway(config=config, encoder=encoder, retriever=retriever, reader=reader, llm=llm,
-                               longcontext=longcontext, dual=dual, metrics=AppMetrics(), app_name=app_name)
+        if not stages:
+            stages = colocated_stages(config, llm, index, encoder_cls, index_cls)
+        self.gateway = Gateway(config=config, llm=llm, **stages, metrics=AppMetrics(), app_name=app_name)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         """Serve calls this in the replica after ``__init__``: the app is built here, over this
@@ -98,16 +93,33 @@ def build_app(cfg: LongRAGConfig, index: str, *, encoder_cls: Any = None, index_
     """The application graph over the build at ``index``. The backends default to the real ones
     (see :mod:`serve.deployments`); tests inject fakes (``tests/fakes.py``)."""
     llm = LLMServer.bind(cfg.llm, engine_cls)
-    if cfg.serve.colocate_retrieval:
-        stages: dict[str, Any] = {"index": index, "encoder_cls": encoder_cls, "index_cls": index_cls}
-    else:
-        stages = {"encoder": QueryEncoder.bind(cfg.embedding, encoder_cls),
-                  "retriever": Retriever.bind(index, cfg.index, index_cls)}
-    return Ingress.bind(
-        cfg,
-        Reader.bind(llm, cfg.llm, cfg.reader, cfg.mixpr),
-        llm,
-        LongContextReader.bind(llm, cfg.llm, cfg.mixpr, longcontext_embedding(cfg.embedding)),
-        bind_dual(cfg, llm, encoder_cls),
-        **stages,
-    )
+    if cfg.serve.colocate:
+        return Ingress.bind(cfg, llm, {}, index=index, encoder_cls=encoder_cls, index_cls=index_cls)
+    return Ingress.bind(cfg, llm, {
+        "encoder": QueryEncoder.bind(cfg.embedding, encoder_cls),
+        "retriever": Retriever.bind(index, cfg.index, index_cls),
+        "reader": Reader.bind(llm, cfg.llm, cfg.reader, cfg.mixpr),
+        "longcontext": LongContextReader.bind(llm, cfg.llm, cfg.mixpr, longcontext_embedding(cfg.embedding)),
+        "dual": bind_dual(cfg, llm, encoder_cls),
+    })
+
+
+def colocated_stages(cfg: LongRAGConfig, llm: DeploymentHandle, index: str | None, encoder_cls: Any = None,
+                     index_cls: Any = None) -> dict[str, InProcess]:
+    """Every stage but the LLM, in this process (``serve.colocate``): the deployments' own classes."""
+    from serve.dual import DualExtractor, DualFilter, DualGenerator, DualReader
+
+    if index_cls is None:
+        from actors.inprocess_index import InProcessIndex
+
+        index_cls = InProcessIndex
+    chunks = longcontext_embedding(cfg.embedding)
+    return {
+        "encoder": InProcess(QueryEncoder.func_or_class(cfg.embedding, encoder_cls)),
+        "retriever": InProcess(Retriever.func_or_class(index, cfg.index, index_cls)),
+        "reader": InProcess(Reader.func_or_class(llm, cfg.llm, cfg.reader, cfg.mixpr)),
+        "longcontext": InProcess(LongContextReader.func_or_class(llm, cfg.llm, cfg.mixpr, chunks)),
+        "dual": InProcess(DualReader.func_or_class(
+            *(InProcess(stage.func_or_class(llm, cfg.llm, cfg.dual)) for stage in (DualExtractor, DualFilter, DualGenerator)),
+            cfg.dual, chunks, encoder_cls)),
+    }

@@ -160,7 +160,7 @@ class Gateway:
 
 class InProcess:
     """An object in this process called as a deployment handle is: ``h.method.remote(*args)`` is an
-    awaitable of ``target.method(*args)`` (the colocated stages, ``serve.colocate_retrieval``; fakes
+    awaitable of ``target.method(*args)`` (the colocated stages, ``serve.colocate``; fakes
     in tests). ``options()`` is accepted and changes nothing."""
 
     def __init__(self, target: Any) -> None:

@@ -115,7 +115,7 @@ class LlamaCppLLM(LLM):
         if prompt_cache_mb > 0:
             # Saved KV states keyed by token prefix: a conversation's next turn finds its own prefix
             # again even when another request ran in between (llama.cpp keeps only the last one).
-            llama.set_cache(llama_cpp.LlamaRAMCache(capacity_bytes=prompt_cache_mb << 20))
+            llama.set_cache(_make_ram_cache(prompt_cache_mb << 20))
         self._llama = llama
         self.context_window = int(llama.n_ctx())
         if bundled is None:  # a user's file: a chat model iff it has a chat template or format
@@ -358,3 +358,25 @@ class _Done:
     """End of a streamed generation: ``(tokens in context, prompt tokens evaluated)`` or the error."""
 
     value: Any
+
+
+def _make_ram_cache(capacity_bytes: int) -> Any:
+    """llama-cpp-python's RAM prompt cache, bounded for real (see :class:`_BoundedRAMCache`)."""
+    import llama_cpp
+
+    class _BoundedRAMCache(llama_cpp.LlamaRAMCache):
+        """``LlamaRAMCache`` counts only a saved state's KV bytes against its capacity, not the copy of
+        the logits saved with it (up to n_batch x vocabulary floats: 311 MB per state for Qwen2.5's
+        152K-token vocabulary), so a 256 MB cache held over 4 GB (the demo's LLMServer at 5.7 GB RSS).
+        Here a state keeps its last row of logits only (on a hit llama.cpp evaluates the last prompt
+        token again, which rewrites it) and is counted whole."""
+
+        def __setitem__(self, key: Any, value: Any) -> None:
+            value.scores = value.scores[-1:].copy()
+            super().__setitem__(key, value)
+
+        @property
+        def cache_size(self) -> int:
+            return sum(s.llama_state_size + s.scores.nbytes + s.input_ids.nbytes for s in self.cache_state.values())
+
+    return _BoundedRAMCache(capacity_bytes=capacity_bytes)

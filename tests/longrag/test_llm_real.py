@@ -146,6 +146,9 @@ def test_next_turn_reuses_its_prefix_after_another_request(cache_mb):
                              max_tokens=4)
         if cache_mb:
             assert a2.cached_prompt_tokens >= a1.prompt_tokens - 2
+            cache = model._llama.cache  # bounded for real: the saved logits count, one row each
+            assert 0 < cache.cache_size <= cache_mb << 20
+            assert all(state.scores.shape[0] == 1 for state in cache.cache_state.values())
         else:  # without the cache only the template's first tokens (its system prompt) are shared with b
             assert a2.cached_prompt_tokens < a1.prompt_tokens // 2
     finally:

@@ -64,7 +64,7 @@ def client(build):
         _deploy(build, "longrag", "/", index_cls=LocalIndex.with_dead((1, 0)))
         # The single-machine profile beside it: encoder and index in the Ingress (the real
         # InProcessIndex over the same build), no QueryEncoder/Retriever deployments.
-        _deploy(build, "longrag-local", "/local", index_cls=None, overrides=("serve.colocate_retrieval=true",))
+        _deploy(build, "longrag-local", "/local", index_cls=None, overrides=("serve.colocate=true",))
         with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60, headers=AUTH) as c:
             serve_status_wait(["longrag", "longrag-local"])
             yield c
@@ -389,11 +389,10 @@ def test_metrics_are_exported_for_prometheus(client):
 # ----------------------------------------------------------------- the single-machine profile
 
 
-def test_colocated_retrieval_answers_as_the_split_app_does_without_its_deployments(client):
-    """``serve.colocate_retrieval``: the same units, scores and answers as the app with separate
-    QueryEncoder/Retriever deployments over shard replicas, from an app that has neither."""
-    deployments = set(serve.status().applications["longrag-local"].deployments)
-    assert "QueryEncoder" not in deployments and "Retriever" not in deployments and "Ingress" in deployments
+def test_colocated_app_answers_as_the_split_app_does_with_two_deployments(client):
+    """``serve.colocate``: the same units, scores and answers as the app with separate deployments
+    over shard replicas, from an app of two deployments (the Ingress holds every other stage)."""
+    assert set(serve.status().applications["longrag-local"].deployments) == {"Ingress", "LLMServer"}
     for question in ("Who wrote the novel Animal Farm?", "What is the capital of Angola?"):
         split = client.post("/v1/retrieve", json={"question": question, "k": 3}).json()
         local = client.post("/local/v1/retrieve", json={"question": question, "k": 3})
@@ -405,6 +404,18 @@ def test_colocated_retrieval_answers_as_the_split_app_does_without_its_deploymen
         assert local["trace"]["encode_ms"] >= 0 and "retrieve.search_ms" in local["trace"]
     answer = client.post("/local/v1/answer", json={"question": "Who wrote the novel Animal Farm?", "k": 2})
     assert answer.status_code == 200 and answer.json()["answer"] == "Animal Farm", answer.text
+    with client.stream("POST", "/local/v1/answer", json={"question": "Who wrote the novel Animal Farm?",
+                                                          "k": 2, "stream": True}) as r:
+        events = [line for line in r.iter_lines() if line.startswith("event: ")]
+    assert r.status_code == 200 and events[0] == "event: retrieval" and events[-1] == "event: trace", events
+    assert "event: token" in events
+    dual = client.post("/local/v1/answer", json={"question": "What is the capital of Angola?", "k": 2,
+                                                 "strategy": "Fil"})
+    assert dual.status_code == 200, dual.text
+    assert [s["stage"] for s in dual.json()["trace"]["dual"]["stages"]] == ["filter", "generator"]
+    lc = client.post("/local/v1/longcontext", json={"document": DOCS[1][1] + "\n\n" + DOCS[0][1],
+                                                    "question": "What is the capital of Angola?", "k": 1})
+    assert lc.status_code == 200 and lc.json()["answer"], lc.text
 
 
 def test_colocated_app_keeps_health_guard_and_errors_under_its_prefix(client):

@@ -81,8 +81,8 @@ def test_config_passes_serve_schema_and_longrag_args_load(name):
     LongRAGConfig().with_overrides(args.overrides)
     for app in longrag_apps:
         known = set(DEPLOYMENTS)
-        if LongRAGConfig().with_overrides(app["args"].get("overrides", [])).serve.colocate_retrieval:
-            known -= {"QueryEncoder", "Retriever"}  # inside the Ingress: Serve would refuse their names
+        if LongRAGConfig().with_overrides(app["args"].get("overrides", [])).serve.colocate:
+            known = {"Ingress", "LLMServer"}  # the rest live in the Ingress: Serve would refuse their names
         unknown = {d["name"] for d in app.get("deployments", [])} - known
         assert not unknown, f"{name} names deployments the app does not have: {unknown}"
 
@@ -128,7 +128,7 @@ def test_cpu_config_fits_a_two_core_machine(config_file):
     shards = int(re.search(r"--shards (\d+)", (ROOT / "Makefile").read_text()).group(1))  # `make index`
     deployments = _effective(app)
     total = sum(o["num_cpus"] * o["max_replicas"] for o in deployments.values())
-    if not cfg.serve.colocate_retrieval:
+    if not cfg.serve.colocate:
         total += shards * cfg.index.replicas * cfg.index.shard_num_cpus
     assert total <= 2.0 + 1e-9, f"{config_file} asks for {total:.2f} CPUs at most: {deployments}"
     assert deployments["LLMServer"]["num_cpus"] >= 1  # llama.cpp runs a thread of its own
