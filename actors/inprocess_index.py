@@ -1,6 +1,6 @@
 """``InProcessIndex``: the ``Retriever``'s index backend with every shard loaded in its own process.
 
-The single-machine profile (``serve.colocate_retrieval``): the shards' own search code
+The single-machine profile (``serve.colocate``): the shards' own search code
 (:class:`actors.index_shard.IndexShardImpl`) called in process and merged with MaxP's ``merge_topk``,
 the same results as the tier of shard actors (:class:`actors.index_tier.TieredIndex`) without a
 round trip per shard and per call. It offers the same backend API (``manifest``, ``search``,

@@ -17,6 +17,7 @@ from longrag.llm.base import ChatResult
 from longrag.types import Coverage, Retrieval, RetrievedUnit, Unit
 from serve.dual import DualExtractor, DualFilter, DualGenerator, DualReader, units_to_paragraphs
 from serve.longcontext import LongContextRequest
+from serve.gateway import InProcess
 from serve.schemas import AnswerRequest
 from tests.longrag.test_dual_pipeline import _stage_reply
 from tests.longrag.test_dual_retrieval import _BagEncoder
@@ -27,27 +28,7 @@ Q = "In which country was Marie Curie born?"
 OPENAI = LLMConfig(backend="openai", model="m", base_url="http://127.0.0.1:8399/v1")
 
 
-class _Method:
-    def __init__(self, fn):
-        self.fn = fn
-
-    def remote(self, *args, **kwargs):
-        res = self.fn(*args, **kwargs)
-        return res if asyncio.iscoroutine(res) else _done(res)
-
-
-async def _done(x):
-    return x
-
-
-class Handle:
-    """A deployment handle in process: ``handle.method.remote(...)`` awaits the object's method."""
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-
-    def __getattr__(self, name: str) -> _Method:
-        return _Method(getattr(self.obj, name))
+Handle = InProcess  # a deployment handle in process: handle.method.remote(...) awaits the object's method
 
 
 class FakeLLMServer:
