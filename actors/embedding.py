@@ -60,19 +60,29 @@ def cluster_capacity() -> tuple[dict[str, float], dict[str, float], str]:
 
 
 def pool_options(embedding_config: Any) -> dict[str, Any]:
-    """``map_batches`` options for :class:`ChunkEmbedder`: the pool sized from the CPUs/GPUs the
+    """``map_batches`` options for :class:`ChunkEmbedder`: an actor pool sized from the CPUs/GPUs the
     connected Ray cluster can grow to (:func:`cluster_capacity`,
-    :func:`longrag.index.embedding.embedding_pool`), logged."""
+    :func:`longrag.index.embedding.embedding_pool`), logged.
+
+    The pool is Ray Data's autoscaling one, from 1 actor up to that size: a small build or update
+    loads the model once instead of once per core, a large one grows the pool while blocks queue.
+    ``embedding.concurrency`` set in the config asks for a fixed pool of that size instead."""
+    from ray.data import ActorPoolStrategy
+
     from longrag.index.embedding import embedding_pool
 
     grow, now, source = cluster_capacity()
     pool = embedding_pool(embedding_config, grow.get("CPU", 1.0) or 1.0, grow.get("GPU", 0.0))
-    log.info("embedding pool: %d actor(s) x %g CPU, %g GPU; sized from what the cluster can grow to, %g CPUs "
-                "and %g GPUs (%s; up now: %g CPUs, %g GPUs)", pool.actors, pool.num_cpus, pool.num_gpus,
-                grow.get("CPU", 0.0), grow.get("GPU", 0.0), source, now.get("CPU", 0.0), now.get("GPU", 0.0))
+    fixed = bool(embedding_config.concurrency)
+    compute = (ActorPoolStrategy(size=pool.actors) if fixed
+               else ActorPoolStrategy(min_size=1, max_size=pool.actors))
+    log.info("embedding pool: %s%d actor(s) x %g CPU, %g GPU; sized from what the cluster can grow to, %g CPUs "
+             "and %g GPUs (%s; up now: %g CPUs, %g GPUs)", "" if fixed else "1 up to ", pool.actors, pool.num_cpus,
+             pool.num_gpus, grow.get("CPU", 0.0), grow.get("GPU", 0.0), source, now.get("CPU", 0.0),
+             now.get("GPU", 0.0))
     return {
         "fn_constructor_kwargs": {"embedding_config": embedding_config.model_dump(), "torch_threads": pool.torch_threads},
-        "concurrency": pool.actors,
+        "compute": compute,
         "num_cpus": pool.num_cpus,
         "num_gpus": pool.num_gpus,
     }

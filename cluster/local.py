@@ -47,6 +47,7 @@ class ClusterHandle:
     simulated: Any = None  # ray.cluster_utils.Cluster when simulated
     logs_dir: str | None = None  # Ray's log folder of this session on this node (when known)
     node_handles: list[Any] = field(default_factory=list)
+    connected: bool = True  # this call connected the driver (False: it was connected before and stays so)
 
     def add_node(self, **resources: Any) -> Any:
         """Add one simulated node (only for simulated clusters)."""
@@ -64,7 +65,7 @@ class ClusterHandle:
         self.node_handles.remove(node)
 
     def shutdown(self) -> None:
-        if ray.is_initialized():
+        if self.connected and ray.is_initialized():
             ray.shutdown()
         if self.simulated is not None:
             self.simulated.shutdown()
@@ -102,7 +103,7 @@ def start_or_join(
     address = address or os.environ.get("RAY_ADDRESS")
     if ray.is_initialized():
         ctx = ray.get_runtime_context()
-        return ClusterHandle(address=ctx.gcs_address, started=False, nodes=len(ray.nodes()))
+        return ClusterHandle(address=ctx.gcs_address, started=False, nodes=len(ray.nodes()), connected=False)
     if address:
         log.info("joining Ray cluster at %s", address)
         ctx = ray.init(address=address, namespace=namespace, runtime_env=runtime_env, log_to_driver=True)

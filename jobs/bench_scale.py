@@ -154,7 +154,7 @@ def embedding_throughput(n_chunks: int, cpus: int, seed: int, pools: list[str]) 
             total_s = time.perf_counter() - t0
             order = np.argsort(np.asarray(ids))
             max_diff = float(np.abs(np.concatenate(vecs)[order] - raw_vecs).max())
-            actors = opts["concurrency"]
+            actors = opts["compute"].max_size
             first = stamps[min(actors, len(stamps)) - 1][0]  # each actor's first batch is done
             rest = sum(n for t, n in stamps[actors:])
             steady = rest / max(stamps[-1][0] - first, 1e-9) if rest else n_chunks / total_s

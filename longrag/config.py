@@ -39,7 +39,8 @@ class EmbeddingConfig(_Section):
         None, gt=0, description="CPUs per embedding actor; None = sized from the CPUs Ray offers "
         "(longrag.index.embedding.embedding_pool).")
     concurrency: int | None = Field(
-        None, ge=1, description="Embedding actors in the Ray Data pool; None = sized from the CPUs (or GPUs) Ray offers.")
+        None, ge=1, description="Embedding actors in the Ray Data pool, a fixed pool; None = an autoscaling pool from 1 "
+        "actor up to one per CPU (or GPU share) the cluster can grow to.")
     torch_threads: int | None = Field(
         None, ge=1, description="Torch threads per embedding actor; None = sized with the pool.")
 

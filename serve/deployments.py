@@ -20,11 +20,12 @@ records (:class:`longrag.types.Retrieval`, :class:`longrag.llm.base.ChatResult`,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
 import time
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Iterator
 
 import numpy as np
 from ray import serve
@@ -252,28 +253,42 @@ class LLMServer:
             engine_cls = build_llm
         self.config = llm
         self.llm = engine_cls(llm)
+        self.in_flight = 0
+
+    @contextlib.contextmanager
+    def _running(self) -> Iterator[None]:
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
 
     async def chat(self, messages: list[dict[str, str]], max_tokens: int, temperature: float | None = None,
                    stop: list[str] | None = None) -> ChatResult:
-        return await self.llm.chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop)
+        with self._running():
+            return await self.llm.chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop)
 
     async def complete(self, prompt: str, max_tokens: int, temperature: float | None = None,
                        stop: list[str] | None = None) -> ChatResult:
-        return await self.llm.complete(prompt, max_tokens=max_tokens, temperature=temperature, stop=stop)
+        with self._running():
+            return await self.llm.complete(prompt, max_tokens=max_tokens, temperature=temperature, stop=stop)
 
     async def chat_json(self, messages: list[dict[str, str]], schema: dict[str, Any], max_tokens: int,
                         temperature: float | None = None) -> ChatResult:
         """:meth:`longrag.llm.base.LLM.chat_json` (the dual filter's constrained judgements)."""
-        return await self.llm.chat_json(messages, schema=schema, max_tokens=max_tokens, temperature=temperature)
+        with self._running():
+            return await self.llm.chat_json(messages, schema=schema, max_tokens=max_tokens, temperature=temperature)
 
     async def stream_chat(self, messages: list[dict[str, str]], max_tokens: int, temperature: float | None = None,
                           stop: list[str] | None = None) -> AsyncIterator[str | ChatResult]:
         """:meth:`longrag.llm.base.LLM.stream_chat` over the handle (``handle.options(stream=True)``)."""
-        async for item in self.llm.stream_chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop):
-            yield item
+        with self._running():
+            async for item in self.llm.stream_chat(messages, max_tokens=max_tokens, temperature=temperature,
+                                                   stop=stop):
+                yield item
 
     def describe(self) -> LLMDescription:
-        return LLMDescription(name=self.llm.name, context_window=self.llm.context_window)
+        return LLMDescription(name=self.llm.name, context_window=self.llm.context_window, in_flight=self.in_flight)
 
 
 class RemoteLLM(LLM):

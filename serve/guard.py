@@ -27,10 +27,10 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from longrag.config import LongRAGConfig
+from longrag.ratelimit import TokenBucket
 
 MAX_BUCKETS = 65_536  # clients with a bucket per ingress replica (a bucket is ~200 bytes)
 
@@ -55,33 +55,6 @@ def load_api_keys(config: LongRAGConfig, environ: dict[str, str] | None = None) 
 def client_label(key: str) -> str:
     """How logs and metrics name the holder of ``key``: never the key itself."""
     return "key-" + hashlib.sha256(key.encode()).hexdigest()[:8]
-
-
-@dataclass
-class TokenBucket:
-    """``rate`` tokens a second, at most ``burst``; :meth:`take` returns 0 or the seconds to wait."""
-
-    rate: float
-    burst: int
-    tokens: float = -1.0
-    stamp: float = field(default_factory=time.monotonic)
-
-    def __post_init__(self) -> None:
-        if self.tokens < 0:
-            self.tokens = float(self.burst)
-
-    def full_at(self) -> float:
-        """When, left alone, the bucket is full again (a new bucket is the same from then on)."""
-        return self.stamp + (self.burst - self.tokens) / self.rate
-
-    def take(self, now: float | None = None) -> float:
-        now = time.monotonic() if now is None else now
-        self.tokens = min(float(self.burst), self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return 0.0
-        return (1.0 - self.tokens) / self.rate
 
 
 class Guard:

@@ -152,6 +152,7 @@ class LLMDescription(BaseModel):
 
     name: str
     context_window: int
+    in_flight: int = Field(0, description="Calls this replica is running now (chat, completion, stream, JSON).")
 
 
 class Health(BaseModel):

@@ -19,9 +19,10 @@ def free_port() -> int:
 def moto_s3(*buckets: str) -> Iterator[str]:
     """Run a moto S3 server on a free local port with ``buckets`` created; yields its endpoint URL
     and sets ``LONGRAG_S3_ENDPOINT_URL`` (and dummy credentials) while it runs, so
-    :func:`longrag.store.open_storage` reaches it. Skips the test when moto is not installed."""
-    server_mod = pytest.importorskip("moto.server")
-    boto3 = pytest.importorskip("boto3")
+    :func:`longrag.store.open_storage` reaches it. moto and boto3 are required (the dev extra)."""
+    import boto3
+    import moto.server as server_mod
+
     port = free_port()
     server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()

@@ -25,7 +25,6 @@ Results are appended to a checkpoint as they come, so a rerun resumes.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -42,6 +41,7 @@ from longrag.eval.links import build_links
 from longrag.eval.metrics import exact_match, f1, refined_exact_match
 from longrag.llm.base import LLM
 from longrag.types import Unit
+from longrag.journal import JsonlJournal
 
 log = logging.getLogger(__name__)
 
@@ -229,14 +229,11 @@ async def run_settings(
 
     base = base or ReaderConfig()
     compressor = partial(compress_units_with_mixpr, cfg=mixpr or MixPRConfig())
+    journal = JsonlJournal(checkpoint) if checkpoint is not None else None
     done: dict[tuple[str, str], dict[str, Any]] = {}
-    if checkpoint is not None and checkpoint.is_file():
-        for line in checkpoint.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-                done[(row["setting"], row["qid"])] = row
-            except (ValueError, KeyError, TypeError):
-                continue  # a torn last line
+    for row in journal.records if journal is not None else []:
+        if isinstance(row, dict) and "setting" in row and "qid" in row:
+            done[(row["setting"], row["qid"])] = row
     readers = [(s, PlainReader(llm, s.reader_config(base)) if s.mode == "plain"
                 else LongReader(llm, s.reader_config(base), compressor=compressor)) for s in settings]
     rows: list[dict[str, Any]] = []
@@ -272,10 +269,8 @@ async def run_settings(
                    "qid": ex.qid, "question": ex.question, "golds": list(ex.answers), **shared,
                    "em": exact_match(shared["answer"], ex.answers), "f1": f1(shared["answer"], ex.answers)}
             rows.append(row)
-            if checkpoint is not None:
-                checkpoint.parent.mkdir(parents=True, exist_ok=True)
-                with open(checkpoint, "a", encoding="utf-8") as fh:
-                    fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            if journal is not None:
+                journal.append(row)
         progress(f"{len(rows)}/{len(settings) * len(examples)} rows, {n_read} reads, "
                  f"{time.perf_counter() - t_start:.0f}s")
     return rows

@@ -4,7 +4,6 @@
 Layout of a build (README, Architecture: "Artifacts, not pickles")::
 
     manifest.json                 Manifest (status "building" until every shard is written)
-    config.yaml                   the LongRAGConfig the build ran with
     shards/shard-00000/
         units.parquet             Unit rows (unit_id, doc_ids, titles, text, n_tokens)
         chunks.parquet            Chunk rows (chunk_id, unit_id, position, text, n_tokens)
@@ -23,7 +22,6 @@ from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import yaml
 
 from longrag.index.manifest import FileEntry, Manifest, ShardEntry
 from longrag.index.maxp import INDEX_FILES, MaxPIndex
@@ -43,7 +41,6 @@ from longrag.store import (
 from longrag.types import Chunk, Document, Unit
 
 MANIFEST_FILE = "manifest.json"
-CONFIG_FILE = "config.yaml"
 UNITS_FILE = "units.parquet"
 CHUNKS_FILE = "chunks.parquet"
 SHARD_MARKER = "shard.json"
@@ -95,11 +92,6 @@ class ArtifactStore:
         if not self.has_manifest():
             return "absent"
         return self.read_manifest().status
-
-    def write_config(self, config: Any) -> None:
-        """Save a LongRAGConfig (or a plain dict) as ``config.yaml``."""
-        data = config.model_dump(mode="json") if hasattr(config, "model_dump") else dict(config)
-        self.storage.write_bytes(CONFIG_FILE, yaml.safe_dump(data, sort_keys=False).encode())
 
     # shards
     def shard_marker(self, shard_id: int) -> ShardEntry | None:

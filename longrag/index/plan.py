@@ -354,7 +354,6 @@ def start_build(store: Any, plan: AnyPlan, *, resume: bool, command: list[str] |
             argv=command or sys.argv,
         )
         manifest.plan = plan.digests
-        store.write_config(plan.config)
         store.write_manifest(manifest)  # status "building" until every shard is in
     pending = [s for s in range(plan.n_shards) if s not in kept]
     return BuildStart(manifest=manifest, kept=kept, redo=redo, pending=pending)

@@ -337,7 +337,6 @@ def write_update(
         units={"new": plan.stats["units_new"], "removed": plan.stats["units_removed"],
                "regrouped": plan.stats["parent_units_regrouped"]},
         shards_rebuilt=plan.rebuild, shards_reused=plan.reuse)
-    out.write_config(pm.config)
     out.write_manifest(manifest)
     embedded = reembedded = 0
     for s in plan.reuse:

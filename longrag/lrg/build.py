@@ -35,6 +35,8 @@ from typing import Callable, Iterable, Sequence
 
 from longrag.dual.pipeline import parse_judgement
 from longrag.eval.datasets import LoadResult
+from longrag.journal import JsonlJournal
+from longrag.ratelimit import AsyncRateLimiter
 from longrag.llm.base import LLM, ChatResult, LLMError
 from longrag.lrg import prompts as P
 from longrag.lrg.preprocess import TokenCounter, preprocess, question_rng
@@ -268,51 +270,24 @@ def assemble(
 
 
 class Journal:
-    """Append-only JSONL of teacher replies: the build's checkpoint. A reply is reused only when it
-    succeeded and its prompt fingerprint matches the request's; a torn last line (a crash while
-    writing) is ignored and counted."""
+    """The teacher replies in the build's :class:`longrag.journal.JsonlJournal`: its checkpoint. A
+    reply is reused only when it succeeded and its prompt fingerprint matches the request's; a torn
+    last line (a crash while writing) is cut off and counted."""
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.replies: dict[str, TeacherReply] = {}
-        self.bad_lines = 0
-        if self.path.exists():
-            data = self.path.read_bytes()
-            end = data.rfind(b"\n") + 1
-            if end < len(data):  # a line torn by a crash: cut it off so the next append starts clean
-                self.bad_lines += 1
-                with open(self.path, "r+b") as fh:
-                    fh.truncate(end)
-            for line in data[:end].decode("utf-8").splitlines():
-                if not line.strip():
-                    continue
-                try:
-                    r = TeacherReply.model_validate_json(line)
-                except ValueError:
-                    self.bad_lines += 1
-                    continue
-                if r.ok:
-                    self.replies[r.id] = r
-        self._fh = None
+        self._journal = JsonlJournal(path, parse=TeacherReply.model_validate_json)
+        self.path = self._journal.path
+        self.bad_lines = self._journal.bad_lines
+        self.replies: dict[str, TeacherReply] = {r.id: r for r in self._journal.records if r.ok}
 
     def get(self, req: TeacherRequest) -> TeacherReply | None:
         r = self.replies.get(req.id)
         return r if r is not None and r.prompt_sha == req.prompt_sha else None
 
     def append(self, reply: TeacherReply) -> None:
-        if self._fh is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(self.path, "a", encoding="utf-8")
-        self._fh.write(reply.model_dump_json() + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        self._journal.append(reply.model_dump_json())
         if reply.ok:
             self.replies[reply.id] = reply
-
-    def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
 
 
 def run_pass(requests: Sequence[TeacherRequest], journal: Journal, executor: Executor) -> tuple[dict[str, TeacherReply], int, list[TeacherReply]]:
@@ -352,28 +327,6 @@ def run_pass(requests: Sequence[TeacherRequest], journal: Journal, executor: Exe
 # ------------------------------------------------------------------------------------------ executors
 
 
-class RateLimiter:
-    """At most ``qps`` call starts per second (None: unlimited), shared by the coroutines of one loop."""
-
-    def __init__(self, qps: float | None):
-        if qps is not None and qps <= 0:
-            raise ValueError(f"qps must be > 0 or None, got {qps}")
-        self.interval = 1.0 / qps if qps else 0.0
-        self._next = 0.0
-        self._lock: asyncio.Lock | None = None
-
-    async def wait(self) -> None:
-        if not self.interval:
-            return
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            now = time.monotonic()
-            if self._next > now:
-                await asyncio.sleep(self._next - now)
-            self._next = max(now, self._next) + self.interval
-
-
 async def answer(llm: LLM, req: TeacherRequest, temperature: float | None = None) -> TeacherReply:
     """One request -> its reply; a backend error becomes the reply's ``error`` (never raised)."""
     msgs = [m.model_dump() for m in req.messages]
@@ -400,7 +353,7 @@ async def answer_all(
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     sem = asyncio.Semaphore(concurrency)
-    limiter = RateLimiter(qps)
+    limiter = AsyncRateLimiter(qps)
 
     async def one(req: TeacherRequest) -> TeacherReply:
         async with sem:
@@ -494,13 +447,10 @@ def build_lrg(
         sources.append({**lr.summary(), "name": name, "kept": len(got), "dropped": dict(why)})
 
     journal = Journal(out / JOURNAL)
-    try:
-        gen_reqs = [r for s in samples for r in plan_generation(s, config)]
-        generated, reused_g, errors_g = run_pass(gen_reqs, journal, executor)
-        eval_reqs = [r for s in samples for r in plan_evaluation(s, generated, config, count_tokens)]
-        evaluated, reused_e, errors_e = run_pass(eval_reqs, journal, executor)
-    finally:
-        journal.close()
+    gen_reqs = [r for s in samples for r in plan_generation(s, config)]
+    generated, reused_g, errors_g = run_pass(gen_reqs, journal, executor)
+    eval_reqs = [r for s in samples for r in plan_evaluation(s, generated, config, count_tokens)]
+    evaluated, reused_e, errors_e = run_pass(eval_reqs, journal, executor)
 
     records: list[InstructionRecord] = []
     outcomes: list[Outcome] = []

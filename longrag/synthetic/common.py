@@ -58,6 +58,10 @@ class SyntheticSample:
         """Estimated tokens of the document (``ceil(chars / 4)``)."""
         return estimate_tokens(self.document)
 
+    def needle_texts(self) -> list[str]:
+        """The texts at :attr:`needles` (what a retriever must bring back)."""
+        return [self.document[a:b] for a, b in self.needles]
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["needles"] = [list(x) for x in self.needles]

@@ -171,3 +171,34 @@ def test_a_corpus_without_hyperlinks_is_grouped_along_computed_links(tmp_path, c
     plan, report, _ = plan_corpus(str(src), "jsonl", str(tmp_path / "build"), config)
     assert report["links"]["source"] == links and report["links"]["edges"] > 0
     _assert_same_units(plan, reference)
+
+
+def test_embedding_pool_grows_from_one_actor_and_a_set_concurrency_is_fixed(cluster):
+    """The pool is Ray Data's autoscaling actor pool, 1 up to one actor per CPU the cluster offers
+    (2 here): a few chunks start one actor (one model load), and every vector equals the model's
+    own encode; ``embedding.concurrency`` gives a fixed pool of that size."""
+    import numpy as np
+    import ray
+
+    from actors.embedding import ChunkEmbedder, pool_options
+    from longrag.config import EmbeddingConfig
+    from longrag.index.embedding import Embedder
+
+    emb = EmbeddingConfig(batch_size=4)
+    opts = pool_options(emb)
+    assert (opts["compute"].min_size, opts["compute"].max_size) == (1, 2)
+    fixed = pool_options(emb.model_copy(update={"concurrency": 3}))["compute"]
+    assert (fixed.min_size, fixed.max_size) == (3, 3)
+
+    def embedders() -> set[str]:  # alive or already gone: every map worker that ran ChunkEmbedder
+        return {actor_id for actor_id, a in ray._private.state.actors().items()
+                if "ChunkEmbedder" in str(a.get("ActorClassName"))}
+
+    before = embedders()
+    texts = [f"Sentence number {i} about the Zambezi river." for i in range(6)]
+    ds = ray.data.from_items([{"i": i, "text": t} for i, t in enumerate(texts)], override_num_blocks=1)
+    rows = sorted(ds.map_batches(ChunkEmbedder, batch_size=emb.batch_size, **opts).take_all(), key=lambda r: r["i"])
+    started = embedders() - before
+    assert len(started) == 1, started  # one model load for six chunks, not one per CPU
+    want = Embedder(emb).encode_passages(texts)
+    np.testing.assert_allclose(np.stack([r["vector"] for r in rows]), want, atol=1e-5)

@@ -57,6 +57,20 @@ def _make_build(root, seed: int = 0, n_units: int = 40):
     return units, chunks, vectors, unit_shard
 
 
+def _wait_dead(actor, timeout_s: float = 60.0) -> None:
+    """Until calls to ``actor`` fail because it died (the condition, not a fixed sleep)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=5)
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{actor} still answers {timeout_s} s after ray.kill")
+
+
 def _brute_force(queries, chunks, vectors, k, allowed=None):
     """Reference MaxP: a unit's score is the max inner product over its chunks."""
     scores = queries @ vectors.T
@@ -178,6 +192,8 @@ def test_shard_without_replicas_degrades_not_fails(cluster, tmp_path):
     client.wait_ready()
     for actor in client.replicas[1]:
         ray.kill(actor, no_restart=True)
+    for actor in client.replicas[1]:
+        _wait_dead(actor)  # ray.kill is asynchronous: a search sent now could still reach the replica
     queries = _queries(seed=6)
     res = client.search_sync(queries, 5)
     cov = res.coverage.to_dict()

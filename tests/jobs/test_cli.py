@@ -91,3 +91,42 @@ def test_valid_values_still_parse():
     assert bench_mixpr.build_parser().parse_args([]).tasks == bench_mixpr.DEFAULT_TASKS.split(",")
     assert bench_index.parse_args(["--shard-sizes", "5,6,7", "--factories", "Flat,IVF{nlist},SQ8"]).shard_sizes == [5, 6, 7]
     assert evaluate.parse_args(["--dataset", "hotpotqa", "--data", "d", "--out", "o", "--k", "4,1,4"]).ks == [1, 4]
+
+
+# ------------------------------------------------------------------------------ the `longrag` command
+
+
+def test_longrag_command_reaches_every_job_and_passes_the_rest_through(capsys):
+    """``longrag <command>`` (``[project.scripts]``): every job module is a command, each command's
+    module has a ``main``; ``--help`` lists them, an unknown command is a usage error (2), and the
+    rest of the line goes to the job (its own ``--help``, its own usage errors)."""
+    from pathlib import Path
+
+    from jobs.__main__ import COMMANDS, main
+
+    jobs_dir = Path(__file__).resolve().parents[2] / "jobs"
+    modules = {f"jobs.{p.stem}" for p in jobs_dir.glob("*.py") if not p.stem.startswith("__")}
+    commanded = {module for module, _ in COMMANDS.values()}
+    assert modules <= commanded, modules - commanded
+    assert all(callable(importlib.import_module(m).main) for m in commanded)
+
+    assert main(["--help"]) == 0 and "bench-serve" in capsys.readouterr().out
+    assert main(["indx"]) == 2 and "unknown command 'indx'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["index", "--help"])
+    assert exit_.value.code == 0 and "--source" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        main(["index", "--shards", "zero"])
+    assert exit_.value.code == 2 and "--shards" in capsys.readouterr().err
+
+
+def test_longrag_console_script_is_installed():
+    """``pip install -e .`` put a ``longrag`` script beside the interpreter; it answers --help."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(sys.executable).with_name("longrag")
+    assert script.is_file(), f"no {script}: reinstall with pip install -e ."
+    out = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "index" in out.stdout, out.stderr

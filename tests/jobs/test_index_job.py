@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import socket
 
 import pyarrow.parquet as pq
 import pytest
@@ -26,17 +25,27 @@ def _corpus(path, n=24):
     return n
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture(scope="module")
+def ray_up():
+    """One local Ray for the module's runs, started after a local S3-compatible server (moto) so its
+    workers have the endpoint: ``jobs.index`` joins a connected driver's Ray (as under ``ray job
+    submit``) and leaves it running. Yields the S3 endpoint (bucket ``builds``)."""
+    from cluster.local import start_or_join
+    from tests.s3server import moto_s3
+
+    with moto_s3("builds") as endpoint:
+        handle = start_or_join(None, num_cpus=4)
+        try:
+            yield endpoint
+        finally:
+            handle.shutdown()
 
 
 def _run(argv):
     return index_job.main([*argv, "--num-cpus", "4", "--set", "units.max_group_tokens=120"])
 
 
-def test_jsonl_build_counts_bad_lines_and_refuses_to_mix(tmp_path, capsys):
+def test_jsonl_build_counts_bad_lines_and_refuses_to_mix(ray_up, tmp_path, capsys):
     src = tmp_path / "docs.jsonl"
     n = _corpus(src)
     out = tmp_path / "build"
@@ -82,34 +91,22 @@ def test_lead_mode_needs_a_wiki_source(tmp_path, capsys):
     assert rc == 1 and "wikixml" in capsys.readouterr().err
 
 
-def test_build_into_s3_compatible_store(tmp_path, monkeypatch):
-    moto_server = pytest.importorskip("moto.server")
+def test_build_into_s3_compatible_store(ray_up, tmp_path):
     import boto3
 
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    try:
-        endpoint = f"http://127.0.0.1:{port}"
-        for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                           "AWS_DEFAULT_REGION": "us-east-1", "LONGRAG_S3_ENDPOINT_URL": endpoint}.items():
-            monkeypatch.setenv(key, value)
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="builds")
-        src = tmp_path / "docs.jsonl"
-        _corpus(src, n=12)
-        # the source is an S3 object too, as in the README / cluster/aws.yaml / the RayJob (issue 9)
-        boto3.client("s3", endpoint_url=endpoint).upload_file(str(src), "builds", "sources/docs.jsonl")
-        uri = "s3://builds/test/jsonl"
-        assert _run(["--source", "s3://builds/sources/docs.jsonl", "--format", "jsonl", "--out", uri,
-                     "--shards", "2"]) == 0
-        store = ArtifactStore.open(uri)
-        manifest = store.read_manifest()
-        assert manifest.status == "complete" and manifest.counts.documents == 12
-        for entry in manifest.shards:
-            index, units = load_shard(store, entry.shard_id)  # verifies sha256 of every file
-            assert index.ntotal == entry.n_chunks and len(units) == entry.n_units
-    finally:
-        server.stop()
+    src = tmp_path / "docs.jsonl"
+    _corpus(src, n=12)
+    # the source is an S3 object too, as in the README / cluster/aws.yaml / the RayJob (issue 9)
+    boto3.client("s3", endpoint_url=ray_up).upload_file(str(src), "builds", "sources/docs.jsonl")
+    uri = "s3://builds/test/jsonl"
+    assert _run(["--source", "s3://builds/sources/docs.jsonl", "--format", "jsonl", "--out", uri,
+                 "--shards", "2"]) == 0
+    store = ArtifactStore.open(uri)
+    manifest = store.read_manifest()
+    assert manifest.status == "complete" and manifest.counts.documents == 12
+    for entry in manifest.shards:
+        index, units = load_shard(store, entry.shard_id)  # verifies sha256 of every file
+        assert index.ntotal == entry.n_chunks and len(units) == entry.n_units
 
 
 def _interrupt(store: ArtifactStore, lost: int) -> None:
@@ -122,7 +119,7 @@ def _interrupt(store: ArtifactStore, lost: int) -> None:
     store.storage.delete(store.shard_key(lost, "shard.json"))
 
 
-def test_resume_keeps_verified_shards_and_rebuilds_the_rest(tmp_path, capsys):
+def test_resume_keeps_verified_shards_and_rebuilds_the_rest(ray_up, tmp_path, capsys):
     src = tmp_path / "docs.jsonl"
     _corpus(src)
     out = tmp_path / "build"

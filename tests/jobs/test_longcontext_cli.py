@@ -16,11 +16,6 @@ from longrag.mixpr import MixPRConfig, MixPRRetriever, SparseRetriever
 from longrag.synthetic import generate_hashhop
 
 
-def needle_texts(s) -> list[str]:
-    """The needles' texts of a synthetic sample (its ``(start, end)`` spans in the document)."""
-    return [s.document[a:b] for a, b in s.needles]
-
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -55,7 +50,7 @@ def test_retrieve_only_json_mixpr_and_sparse(sample):
     assert [c["text"] for c in out["chunks"]] == [c.text for c in ref]
     assert all(set(c) == {"position", "text", "score"} for c in out["chunks"])
     got = "\n".join(c["text"] for c in out["chunks"])
-    assert all(n in got for n in needle_texts(s))  # the 3-hop chain is in the top 10
+    assert all(n in got for n in s.needle_texts())  # the 3-hop chain is in the top 10
     assert out["trace"]["n_chunks"] > 100 and out["trace"]["k"] == 10 and "total_ms" in out["trace"]
 
     p = cli("--document", str(path), "--question", s.question, "--retriever", "sparse", "--k", "5",

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402
 torch.set_num_threads(1)
 
 from longrag.config import EmbeddingConfig  # noqa: E402

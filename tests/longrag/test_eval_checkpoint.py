@@ -1,4 +1,4 @@
-"""Reader checkpoints: entries survive a reload, keys depend on every input, a torn line is skipped."""
+"""Reader checkpoints: entries survive a reload, keys depend on every input, a torn line is cut off."""
 
 from longrag.eval.checkpoint import ReaderCheckpoint
 
@@ -21,10 +21,11 @@ def test_add_reload_and_keys(tmp_path, caplog):
     assert again.get("q1", "Who?", ["u2", "u1"]) is None
     assert again.get("q1", "Who?", ["u1"]) is None
     assert ReaderCheckpoint(path, {**setup, "reader_k": 3}).get("q2", "When?", ["u3"]) is None
-    # a record added after the torn line is readable (it starts on a line of its own)
+    # the torn line was cut off on opening: a record added after it is readable, the file clean
     again.add("q3", "Where?", ["u4"], {"answer": "Luanda"})
     third = ReaderCheckpoint(path, setup)
-    assert third.torn == 1 and third.get("q3", "Where?", ["u4"]) == {"answer": "Luanda"}
+    assert third.torn == 0 and third.get("q3", "Where?", ["u4"]) == {"answer": "Luanda"}
+    assert len(path.read_text().splitlines()) == 3
     again.remove()
     assert not path.exists()
     again.remove()  # already gone: fine

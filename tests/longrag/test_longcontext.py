@@ -33,11 +33,6 @@ DOC = (
 QUESTION = "Where is the key kept?"
 
 
-def needle_texts(s) -> list[str]:
-    """The needles' texts of a synthetic sample (its ``(start, end)`` spans in the document)."""
-    return [s.document[a:b] for a, b in s.needles]
-
-
 def run(coro):
     return asyncio.run(coro)
 
@@ -192,7 +187,7 @@ def test_compress_units_keeps_the_chain_within_budget_in_document_order():
     count = lambda t: len(t.split())  # noqa: E731
     out = compress_units_with_mixpr(s.question, units, 60, count, MixPRConfig())
     assert count(out) <= 60
-    for needle in needle_texts(s):
+    for needle in s.needle_texts():
         assert needle in out, needle
     kept = [ln for ln in out.split("\n") if ln]
     joined = "\n\n".join(units)
@@ -273,7 +268,6 @@ def test_tfidf_equals_sklearn_on_real_documents():
 
 @pytest.mark.slow
 def test_real_smollm2_router_and_reader_on_hashhop():
-    pytest.importorskip("llama_cpp")
     from longrag.config import LLMConfig
     from longrag.llm import build_llm
 
@@ -291,7 +285,7 @@ def test_real_smollm2_router_and_reader_on_hashhop():
         assert t["chunks_read"] >= 1 and t["context_tokens"] <= t["context_budget_tokens"]
         if res.route == "local":  # PPR from the question reaches both hops of the chain
             got = "\n".join(c["text"] for c in res.chunks)
-            assert all(n in got for n in needle_texts(s))
+            assert all(n in got for n in s.needle_texts())
         # a window too small for all 10 chunks: the reader drops some and still fits
         small_cfg = cfg.model_copy(update={"answer_max_tokens": 8, "reader_reserve_tokens": llm.context_window - 200})
         small = LongContextPipeline(small_cfg, llm=llm)

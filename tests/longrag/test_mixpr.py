@@ -435,7 +435,6 @@ class HashEncoder:
 
 
 def test_hybrid_baseline_weights():
-    pytest.importorskip("faiss")
     doc = _story()
     q = "golden key Zorblat"
     cfg = MixPRConfig(top_k=5)
@@ -453,8 +452,6 @@ def test_hybrid_baseline_weights():
 def test_hybrid_with_bundled_embedder():
     """RAG-Hybrid with the real bundled all-MiniLM-L6-v2 (1 torch thread): the fact that answers
     the question is retrieved at k=3 from a small story."""
-    pytest.importorskip("faiss")
-    pytest.importorskip("sentence_transformers")
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

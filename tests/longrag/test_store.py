@@ -7,7 +7,6 @@ import json
 import faiss
 import numpy as np
 import pytest
-import yaml
 
 from longrag.config import LongRAGConfig
 from longrag.index.artifacts import (
@@ -45,7 +44,6 @@ def build_store(store: ArtifactStore, n_shards: int = 2, complete: bool = True):
     units, chunks, vectors = make_corpus()
     cfg = LongRAGConfig()
     manifest = Manifest.create(cfg, dim=DIM, max_seq_length=256, documents=2 * len(units), argv=["jobs.index", "--x"])
-    store.write_config(cfg)
     store.write_manifest(manifest)
     for s in range(n_shards):
         shard_units = [u for i, u in enumerate(units) if i % n_shards == s]
@@ -78,10 +76,10 @@ def test_roundtrip(store: ArtifactStore) -> None:
     units, chunks, vectors, manifest = build_store(store)
     assert store.status() == "complete"
     keys = store.storage.list()
-    assert "manifest.json" in keys and "config.yaml" in keys
+    assert "manifest.json" in keys and "config.yaml" not in keys  # the config lives in the manifest
     for name in ("units.parquet", "chunks.parquet", "index.faiss", "chunk_units.npy", "shard.json"):
         assert f"shards/shard-00000/{name}" in keys and f"shards/shard-00001/{name}" in keys
-    assert yaml.safe_load(store.storage.read_bytes("config.yaml")) == LongRAGConfig().model_dump()
+    assert store.read_manifest().config == LongRAGConfig().model_dump(mode="json")
 
     by_id = {u.unit_id: u for u in units}
     queries = np.random.default_rng(9).standard_normal((3, DIM)).astype(np.float32)

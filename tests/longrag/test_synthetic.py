@@ -21,11 +21,6 @@ from longrag.synthetic.babilong import parse_babi
 from longrag.synthetic.scoring import needles_found
 
 
-def needle_texts(s) -> list[str]:
-    """The needles' texts of a synthetic sample (its ``(start, end)`` spans in the document)."""
-    return [s.document[a:b] for a, b in s.needles]
-
-
 @pytest.mark.parametrize("hops", [1, 3, 6])
 def test_hashhop_chain_and_needles(hops):
     s = generate_hashhop(4000, hops, seed=1)
@@ -42,7 +37,7 @@ def test_hashhop_chain_and_needles(hops):
         h = pairs[h]
     assert h == s.answers[0] and h not in pairs
     assert s.meta["heads"][0] in s.question
-    texts = needle_texts(s)
+    texts = s.needle_texts()
     assert len(texts) == hops and texts[0].startswith(s.meta["heads"][0]) and texts[-1].endswith(f"'{s.answers[0]}'")
     assert generate_hashhop(4000, hops, seed=1).document == s.document
     assert generate_hashhop(4000, hops, seed=2).document != s.document
@@ -74,7 +69,7 @@ def test_hashhop_formats_write_the_same_kind_of_chain(fmt):
         assert m, (fmt, fact)
         pairs[m.group("a")] = m.group("b").strip("'")
     h = s.meta["heads"][0]
-    for text in needle_texts(s):
+    for text in s.needle_texts():
         m = re.fullmatch(_FACT[fmt], text)
         assert m and m.group("a") == h, (fmt, text)
         h = pairs[h]
@@ -100,7 +95,7 @@ def test_babilong_sample(task):
     assert abs(s.n_tokens - 8000) / 8000 < 0.05
     bq = load_babi(task)[s.meta["question_index"]]
     assert s.question == bq.question and s.answers == [bq.answer]
-    assert needle_texts(s) == [bq.facts[i] for i in bq.supporting]
+    assert s.needle_texts() == [bq.facts[i] for i in bq.supporting]
     # every fact is present, in the original order
     pos = [s.document.find(f) for f in bq.facts]
     assert all(p >= 0 for p in pos)
@@ -115,7 +110,7 @@ def test_ruler_tasks(task):
     if task.startswith("niah"):
         for v in s.answers:
             assert v in s.document
-        for t in needle_texts(s):
+        for t in s.needle_texts():
             assert t.startswith("One of the special magic") and t.endswith(".")
         n_expected = {"niah_multivalue": 4, "niah_multiquery": 4}.get(task, 1)
         assert len(s.needles) == n_expected
@@ -123,7 +118,7 @@ def test_ruler_tasks(task):
             assert key in s.question
     elif task == "vt":
         assert len(s.answers) == 5 and len(s.needles) == 5
-        assert needle_texts(s)[0] == f"VAR {s.answers[0]} = {s.meta['value']}."
+        assert s.needle_texts()[0] == f"VAR {s.answers[0]} = {s.meta['value']}."
         assert s.meta["value"] in s.question
     elif task == "cwe":
         words = re.findall(r"\d+\. (\S+)", s.document)

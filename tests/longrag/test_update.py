@@ -166,7 +166,6 @@ def full_build(root, docs: list[Document], real: bool = False) -> ArtifactStore:
         manifest.add_shard(write_shard(store, s, su, chunks, index))
     manifest.artifacts["documents.parquet"] = write_documents(store, docs)
     manifest.mark_complete()
-    store.write_config(CONFIG)
     store.write_manifest(manifest)
     return store
 

@@ -218,7 +218,11 @@ def test_llm_replica_killed_mid_answer_gives_an_error_event_or_a_json_503_then_a
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pending = pool.submit(client.post, "/v1/answer", json=question)
-        time.sleep(1.5)  # past retrieval, into the reader's first turn
+        llm = serve.get_deployment_handle("LLMServer", APP)
+        deadline = time.time() + 120
+        while llm.describe.remote().result(timeout_s=30).in_flight == 0:  # until the reader is reading
+            assert time.time() < deadline and not pending.done(), "the answer never reached the LLM"
+            time.sleep(0.05)
         in_flight = not pending.done()
         kill_serve_replica(APP, "LLMServer")
         r = pending.result(timeout=600)
@@ -416,10 +420,12 @@ def test_replicas_killed_for_good_are_recreated_and_reported_meanwhile(client):
     with ThreadPoolExecutor(8) as pool:  # at once, on both Retriever replicas: each meets the dead replicas
         burst = list(pool.map(lambda _: client.post("/v1/retrieve", json={"question": "Who wrote Animal Farm?",
                                                                             "k": 2}), range(16)))
-    body = client.get("/healthz").json()  # the pings find the dead replicas (or the re-created ones loading)
-    assert body["status"] == "degraded" and "1 of 2" in body["redundancy"], body
-    seen_health, seen_coverage, statuses = {body["redundancy"]}, set(), [r.status_code for r in burst]
+    # The burst met the dead replicas, so its responses say "1 of 2"; /healthz may already say "ok":
+    # the tier re-creates the replicas at its next health check (0-10 s after the kill) and they
+    # load in about a second, which can fall inside the burst on a loaded machine.
+    seen_health, seen_coverage, statuses = set(), set(), [r.status_code for r in burst]
     seen_coverage |= {r.json()["coverage"]["redundancy"] for r in burst if r.status_code == 200}
+    assert any("1 of 2" in c for c in seen_coverage), seen_coverage
     deadline = time.time() + 180
     while True:
         r = client.post("/v1/retrieve", json={"question": "Who wrote the novel Animal Farm?", "k": 2})
@@ -436,8 +442,7 @@ def test_replicas_killed_for_good_are_recreated_and_reported_meanwhile(client):
         time.sleep(0.5)
     assert set(statuses) == {200}, statuses
     full = "shard 0: 2 of 2 replicas; shard 1: 2 of 2 replicas"
-    assert body["redundancy"] == full and any("1 of 2" in h for h in seen_health), seen_health
-    assert any("1 of 2" in c for c in seen_coverage), seen_coverage  # the responses said so too
+    assert body["redundancy"] == full, body
     new = {key: ray.get_actor(*where)._actor_id for key, where in shard_actors(APP).items()}
     assert set(new) == set(old) and all(new[(s, 0)] != old[(s, 0)] for s in (0, 1)), (old, new)
     assert all(new[(s, 1)] == old[(s, 1)] for s in (0, 1))

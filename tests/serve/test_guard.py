@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from longrag.config import LongRAGConfig
-from serve.guard import Guard, TokenBucket, client_label, load_api_keys
+from serve.guard import Guard, client_label, load_api_keys
 
 
 def _config(*overrides: str) -> LongRAGConfig:
@@ -41,14 +41,6 @@ def test_keys_are_never_in_dumps_or_labels():
     # a saved config holds the mask, which is no key
     again = LongRAGConfig.model_validate(cfg.model_dump(mode="json"))
     assert again.serve.api_keys == []
-
-
-def test_token_bucket_refills_at_its_rate():
-    bucket = TokenBucket(rate=2.0, burst=3, stamp=0.0)
-    assert [bucket.take(0.0) for _ in range(3)] == [0.0, 0.0, 0.0]
-    assert bucket.take(0.0) == pytest.approx(0.5)  # one token comes in 1/rate seconds
-    assert bucket.take(0.5) == 0.0
-    assert bucket.take(0.5) > 0
 
 
 def test_throttle_is_per_client_with_whole_retry_after_seconds():

@@ -47,6 +47,13 @@ def served(tmp_path_factory):
         ray.shutdown()
 
 
+def _wait_for(condition, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.time() + timeout_s
+    while not condition():
+        assert time.time() < deadline, f"waited {timeout_s} s for {what}"
+        time.sleep(0.05)
+
+
 def test_publishing_a_new_build_switches_with_no_failed_request(served):
     alias, first_id = served
     results: list[tuple[int, str | None, list[str]]] = []
@@ -64,7 +71,7 @@ def test_publishing_a_new_build_switches_with_no_failed_request(served):
     for w in workers:
         w.start()
     try:
-        time.sleep(2)
+        _wait_for(lambda: len(results) >= 10, "queries on the first build")
         second = write_tiny_build(alias / "builds" / "second", [*DOCS, NEW_DOC], shards=2)
         second_id = ArtifactStore.open(second).read_manifest().build_id
         publish(str(alias), second, expect_build_id=first_id)
@@ -72,7 +79,7 @@ def test_publishing_a_new_build_switches_with_no_failed_request(served):
         while not any(b == second_id for _, b, _ in results[-5:]):
             assert time.time() < deadline, "the app did not switch to the published build"
             time.sleep(0.2)
-        time.sleep(1)  # more queries on the new build
+        _wait_for(lambda: sum(b == second_id for _, b, _ in results) >= 10, "more queries on the new build")
     finally:
         stop.set()
         for w in workers:
