@@ -23,7 +23,7 @@ import io
 import json
 import os
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
 
 import faiss
 import numpy as np
@@ -91,6 +91,25 @@ def _strings(values: Sequence[str] | np.ndarray, name: str, n: int) -> np.ndarra
     if n and not all(isinstance(v, str) for v in arr):
         raise ValueError(f"{name} must hold strings")
     return arr
+
+
+def skip_polysemous_training(index: Any) -> int:
+    """Turn off the polysemous training of every PQ inside ``index`` (IVF-PQ, PQ, under a refine or
+    a pre-transform); returns how many. FAISS does it by default for 8-bit PQ codes: it permutes the
+    centroids so that code Hamming distances approximate the real ones, which only polysemous search
+    (``polysemous_ht`` > 0) uses. The distances this index ranks by are the same without it, and
+    training is ~20x faster (IVF16,PQ8 on 4,000 x 64: 15 s -> 0.7 s)."""
+    seen, found, todo = set(), 0, [index]
+    while todo:
+        ix = faiss.downcast_index(todo.pop())
+        if ix is None or id(ix) in seen:
+            continue
+        seen.add(id(ix))
+        if hasattr(ix, "do_polysemous_training"):
+            ix.do_polysemous_training = False
+            found += 1
+        todo += [getattr(ix, name) for name in ("base_index", "index") if getattr(ix, name, None) is not None]
+    return found
 
 
 class MaxPIndex:
@@ -167,6 +186,7 @@ class MaxPIndex:
         if not index.is_trained:
             if n == 0:
                 raise ValueError(f"factory {factory!r} needs training vectors, got none")
+            skip_polysemous_training(index)
             index.train(vectors)
         if n:
             index.add(vectors)

@@ -256,3 +256,34 @@ def test_save_load_roundtrip(tmp_path, metric: str) -> None:
     (tmp_path / "shard" / "chunk_ids.parquet").unlink()
     with pytest.raises(FileNotFoundError, match="chunk_ids.parquet"):
         MaxPIndex.load(tmp_path / "shard")
+
+
+@pytest.mark.parametrize("factory", ["IVF8,PQ8", "IVF8,PQ8,RFlat", "PCA32,IVF8,PQ8", "PQ8"])
+def test_pq_indexes_skip_polysemous_training_and_rank_as_faiss_does(factory):
+    """PQ's polysemous training only serves polysemous search, which MaxP never uses: it is turned
+    off (every PQ inside the factory), and the index ranks chunks as plain FAISS's trained with it."""
+    import faiss
+
+    from longrag.index.maxp import skip_polysemous_training
+
+    rng = np.random.default_rng(3)
+    v = rng.standard_normal((3000, 64)).astype(np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    q = v[:5] + 0.01 * rng.standard_normal((5, 64)).astype(np.float32)
+    ours = MaxPIndex.build(v, [f"c{i}" for i in range(3000)], [f"u{i}" for i in range(3000)], factory=factory)
+    ref = faiss.index_factory(64, factory, faiss.METRIC_INNER_PRODUCT)
+    trainer = faiss.PolysemousTraining()  # FAISS's default training: polysemous on (shortened here)
+    trainer.n_iter = 2000
+    pq_index = faiss.downcast_index(faiss.extract_index_ivf(ref) if "IVF" in factory else ref)
+    pq_index.polysemous_training = trainer
+    assert pq_index.do_polysemous_training
+    ref.train(v)
+    ref.add(v)
+    assert skip_polysemous_training(faiss.index_factory(64, factory)) == 1
+    if "IVF" in factory:  # every list: the same candidates on both sides
+        for ix in (ours.index, ref):
+            faiss.extract_index_ivf(ix).nprobe = 8
+    want_d, want = ref.search(q, 10)
+    got_d, got = ours.index.search(q, 10)  # the same FAISS search on the index MaxP trained
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got_d, want_d, rtol=1e-5, atol=1e-6)
