@@ -10,7 +10,7 @@ both): links computed from the parsed-document parts on Ray, the driver holding 
   driver holds references); (3) Ray Data tasks, one per part of rows, multiply their rows by every
   part's columns in turn and keep a running top-m per row.
 
-The logic is :mod:`longrag.index.links`; this module places it."""
+The logic is :mod:`longrag.index.titles` and :mod:`longrag.index.links`; this module places it."""
 
 from __future__ import annotations
 
@@ -39,8 +39,7 @@ class MentionFinder:
     """Ray Data callable: parts -> ``(src, dst)`` positions of the titles each document's text mentions."""
 
     def __init__(self, store_uri: str, shared: list[Any]) -> None:
-        from longrag.eval.links import TitleMatcher
-        from longrag.index.links import title_positions
+        from longrag.index.titles import TitleMatcher, title_positions
         from longrag.index.artifacts import ArtifactStore
 
         self.store = ArtifactStore.open(store_uri)
@@ -50,7 +49,7 @@ class MentionFinder:
         self.positions = title_positions(titles)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from longrag.index.links import mention_positions
+        from longrag.index.titles import mention_positions
 
         src: list[int] = []
         dst: list[int] = []

@@ -27,7 +27,8 @@ from longrag.eval.datasets import (
     load_nq_open,
     load_qa,
 )
-from longrag.eval.links import TitleMatcher, build_links, link_stats, tfidf_neighbour_links, title_mention_links
+from longrag.eval.links import build_links, link_stats, tfidf_neighbour_links
+from longrag.index.titles import TitleMatcher, title_mention_links
 from longrag.eval.metrics import (
     aggregate,
     answer_recall_at_k,

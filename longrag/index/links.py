@@ -1,20 +1,18 @@
-"""Links for corpora without hyperlinks, computed part by part (the index job's ``units.links``).
+"""TF-IDF links for corpora without hyperlinks (``units.links=tfidf``), the one linker of the index
+job and the evaluation.
 
 Most user corpora have no hyperlinks, so LongRAG's grouping (Algorithm 1) would leave every unit one
-document. The evaluation builds links in memory (:mod:`longrag.eval.links`); the index job builds the
-same two kinds at scale, from the parsed-document parts of a build, with no corpus on the driver:
-
-* ``titles``: document A links to B when A's text mentions B's title
-  (:class:`longrag.eval.links.TitleMatcher`'s rules), one part at a time against all titles.
-* ``tfidf``: each document links to its ``top_m`` most cosine-similar documents (similarity >=
-  ``threshold``) by TF-IDF over ``title\\ntext``. Terms are hashed into ``n_features`` buckets
+document. Each document links to its ``top_m`` most cosine-similar documents (similarity >=
+``threshold``) by TF-IDF over ``title\\ntext``. Terms are hashed into ``n_features`` buckets
   (scikit-learn's ``HashingVectorizer``: no vocabulary to gather on one machine), document
   frequencies are summed over parts, and the similarities are blocked sparse products: the rows of
   one part against the columns of every part, a running top-m per row. Memory per task is one
   part's rows, one part's columns and a ``rows x columns`` block.
 
-Pure functions over arrays and scipy matrices; the Ray Data stages that run them are
-``actors/distlinks.py``. Positions are corpus positions (``longrag.index.distplan``); a row or column
+Pure functions over arrays and scipy matrices. The index job runs them part by part on Ray
+(``actors/distlinks.py``); :func:`tfidf_neighbours` runs the same steps in one process (the
+evaluation's pooled corpora), row blocks standing in for parts. Title-mention links:
+:mod:`longrag.index.titles`. Positions are corpus positions (``longrag.index.distplan``); a row or column
 at position -1 (a dropped duplicate) takes no part.
 """
 
@@ -27,23 +25,6 @@ from typing import Any
 import numpy as np
 from scipy import sparse
 
-from longrag.index.grouping import normalize_title
-
-
-# ---------------------------------------------------------------------------------------- titles
-def title_positions(titles: Sequence[str]) -> dict[str, int]:
-    """Title -> position of the first document that has it."""
-    out: dict[str, int] = {}
-    for i, t in enumerate(titles):
-        out.setdefault(t, i)
-    return out
-
-
-def mention_positions(matcher: Any, positions: dict[str, int], title: str, text: str) -> list[int]:
-    """Positions of the documents whose titles ``text`` mentions (in order of first mention), the
-    document's own title left out (as :func:`longrag.eval.links.title_mention_links`)."""
-    own = normalize_title(title)
-    return [positions[t] for t in matcher.find(text) if normalize_title(t) != own and t in positions]
 
 
 # ---------------------------------------------------------------------------------------- TF-IDF
@@ -132,3 +113,27 @@ def edges_from_neighbours(row_pos: np.ndarray, neighbours: Sequence[np.ndarray])
     src = np.repeat(np.asarray(row_pos, dtype=np.int64), [len(x) for x in neighbours])
     dst = np.concatenate([np.asarray(x, dtype=np.int64) for x in neighbours]) if neighbours else np.zeros(0, np.int64)
     return src, dst
+
+
+def tfidf_neighbours(texts: Sequence[str], *, top_m: int = 5, threshold: float = 0.2, n_features: int = 1 << 20,
+                     block_size: int = 1024) -> list[list[int]]:
+    """Each text's ``top_m`` most similar other texts (indices, best first, ties by index) with
+    similarity >= ``threshold``, in one process: the counts, document frequencies, weights and
+    running top-m the index job computes part by part, blocks of ``block_size`` rows as the parts."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    tf = HashedTfidf(n_features)
+    counts = tf.counts(texts)
+    n = counts.shape[0]
+    if n == 0:
+        return []
+    df = np.zeros(n_features, dtype=np.int64)
+    terms, freq = tf.doc_freq(counts)
+    df[terms] = freq
+    x = tf.weigh(counts, tf.idf(df, n))
+    pos = np.arange(n, dtype=np.int64)
+    blocks = [(x[a:a + block_size], pos[a:a + block_size]) for a in range(0, n, block_size)]
+    out: list[list[int]] = []
+    for rows, row_pos in blocks:
+        out.extend(near.tolist() for near in topm_neighbours(rows, row_pos, blocks, top_m=top_m, threshold=threshold))
+    return out

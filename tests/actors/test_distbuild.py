@@ -122,26 +122,27 @@ def _hotpot_documents(n: int) -> list:
 
 
 def _reference_links(docs: list, links: str, cfg) -> list:
-    """The in-memory reference: the evaluation's title-mention links, and hashed TF-IDF over the whole
-    corpus as one matrix and one block of columns."""
+    """The in-memory reference: the title matcher over the whole corpus, and TF-IDF neighbours from
+    scikit-learn on the whole matrix (hashed counts, ``TfidfTransformer``'s sublinear tf, smooth idf
+    and L2 rows, ``cosine_similarity``, then the top-m by similarity, ties by position): none of the
+    part-by-part code under test."""
     import numpy as np
+    from sklearn.feature_extraction.text import HashingVectorizer, TfidfTransformer
+    from sklearn.metrics.pairwise import cosine_similarity
 
-    from longrag.eval.links import title_mention_links
-    from longrag.index.links import HashedTfidf, topm_neighbours
+    from longrag.index.titles import title_mention_links
 
     found: list[list[str]] = [[] for _ in docs]
     if links in ("titles", "both"):
         found = [list(d.links) for d in title_mention_links(docs)]
     if links in ("tfidf", "both"):
-        tf = HashedTfidf(cfg.tfidf_features)
-        counts = tf.counts([f"{d.title}\n{d.text}" for d in docs])
-        terms, df = tf.doc_freq(counts)
-        total = np.zeros(tf.n_features, dtype=np.int64)
-        np.add.at(total, terms, df)
-        x = tf.weigh(counts, tf.idf(total, len(docs)))
-        pos = np.arange(len(docs))
-        near = topm_neighbours(x, pos, [(x, pos)], top_m=cfg.tfidf_top_m, threshold=cfg.tfidf_threshold)
-        found = [f + [docs[j].title for j in n] for f, n in zip(found, near)]
+        counts = HashingVectorizer(n_features=cfg.tfidf_features, stop_words="english", alternate_sign=False,
+                                   norm=None).transform([f"{d.title}\n{d.text}" for d in docs])
+        sims = cosine_similarity(TfidfTransformer(sublinear_tf=True, smooth_idf=True).fit_transform(counts))
+        np.fill_diagonal(sims, -1.0)
+        for i, f in enumerate(found):
+            order = sorted(range(len(docs)), key=lambda j: (-round(sims[i, j], 12), j))[: cfg.tfidf_top_m]
+            f += [docs[j].title for j in order if sims[i, j] >= cfg.tfidf_threshold - 1e-9]
     from dataclasses import replace
 
     return [replace(d, links=f) for d, f in zip(docs, found)]

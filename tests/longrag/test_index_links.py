@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 from scipy import sparse
 
-from longrag.eval.links import TitleMatcher, title_mention_links
-from longrag.index.links import (HashedTfidf, edges_from_neighbours, mention_positions, title_positions,
-                                 topm_neighbours)
+from longrag.index.links import HashedTfidf, edges_from_neighbours, topm_neighbours
+from longrag.index.titles import TitleMatcher, mention_positions, title_mention_links, title_positions
 from longrag.types import Document
 
 WORDS = ("river castle bridge novel poet orchestra symphony league season goal election senate "
