@@ -13,7 +13,9 @@ is safe. The outcome is one of
 * :class:`StageFailed` (HTTP 503) when the stage failed twice, or failed and then ran out of time.
 
 A streamed answer (:func:`stream_stage`) is retried only while nothing of it was sent: once a token
-went out, a failure ends the stream with an error event (:func:`error_event`) instead.
+went out, a failure ends the stream with an error event (:func:`error_event`) instead. The attempts
+are tenacity's (``AsyncRetrying``: what is retried, how often, what is recorded); the deadline is
+the stage's own, across attempts.
 No Ray here: Ray's errors are recognized by what they wrap, not imported.
 """
 
@@ -22,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from longrag.types import InvalidRequest
 
@@ -103,6 +107,35 @@ async def _await(aw: Awaitable[T]) -> T:
     return await aw
 
 
+def _retryable(exc: BaseException) -> bool:
+    """A failure worth another attempt: not a client error, not the stage's deadline (no time is
+    left), not a cancellation (``BaseException``: the caller went away)."""
+    return isinstance(exc, Exception) and not isinstance(exc, TimeoutError) and not is_client_error(exc)
+
+
+async def _attempts(stage: str, retries: int, errors: list[str], trace: dict[str, Any] | None,
+                    attempt: Callable[[], Awaitable[T]]) -> T:
+    """``await attempt()``, again up to ``retries`` times after a :func:`_retryable` failure (tenacity,
+    no wait between attempts); each failure is described into ``errors`` and logged, a retry is
+    recorded as ``trace[f"{stage}_retries"]``. The last failure is raised as it is."""
+
+    def record(state: RetryCallState) -> None:
+        errors.append(describe(state.outcome.exception()))  # type: ignore[union-attr, arg-type]
+        log.warning("stage %s failed (attempt %d): %s", stage, len(errors), errors[-1])
+        if trace is not None and len(errors) <= retries:
+            trace[f"{stage}_retries"] = len(errors)
+
+    async for try_ in AsyncRetrying(stop=stop_after_attempt(retries + 1), retry=retry_if_exception(_retryable),
+                                    after=record, reraise=True):
+        with try_:
+            return await attempt()
+    raise AssertionError("unreachable: tenacity returns or raises")  # pragma: no cover
+
+
+def _timed_out(stage: str, timeout_s: float, errors: list[str]) -> StageError:
+    return StageFailed(stage, errors, timeout_s=timeout_s) if errors else StageTimeout(stage, timeout_s)
+
+
 async def run_stage(stage: str, timeout_s: float, call: Callable[[], Awaitable[T]], *, retries: int = 1,
                     trace: dict[str, Any] | None = None) -> T:
     """``await call()`` within ``timeout_s`` (the whole stage, its retry included); a failure other
@@ -110,64 +143,75 @@ async def run_stage(stage: str, timeout_s: float, call: Callable[[], Awaitable[T
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     errors: list[str] = []
-    while True:
-        try:
-            return await asyncio.wait_for(_await(call()), max(deadline - loop.time(), 0.001))
-        except asyncio.TimeoutError:
-            if errors:
-                raise StageFailed(stage, errors, timeout_s=timeout_s) from None
-            raise StageTimeout(stage, timeout_s) from None
-        except Exception as exc:  # noqa: BLE001 - classified below
-            if is_client_error(exc):
-                raise
-            errors.append(describe(exc))
-            log.warning("stage %s failed (attempt %d): %s", stage, len(errors), errors[-1])
-            if len(errors) > retries:
-                raise StageFailed(stage, errors) from None
-            if trace is not None:
-                trace[f"{stage}_retries"] = len(errors)
+    try:
+        return await _attempts(stage, retries, errors, trace,
+                               lambda: asyncio.wait_for(_await(call()), max(deadline - loop.time(), 0.001)))
+    except TimeoutError:
+        raise _timed_out(stage, timeout_s, errors) from None
+    except Exception as exc:  # noqa: BLE001 - classified here
+        if is_client_error(exc):
+            raise
+        raise StageFailed(stage, errors) from None
+
+
+_END = object()
 
 
 async def stream_stage(stage: str, timeout_s: float, open_stream: Callable[[], AsyncIterator[T]], *,
                        retries: int = 1, trace: dict[str, Any] | None = None) -> AsyncIterator[T]:
-    """The items of ``open_stream()`` within ``timeout_s`` for the whole stream. A failure before the
-    first item is retried (a fresh stream) up to ``retries`` times; after it, :class:`StageFailed`
-    (``streamed``) ends the stream. Raises as :func:`run_stage` does otherwise."""
+    """The items of ``open_stream()`` within ``timeout_s`` for the whole stream. Opening it and
+    getting its first item is retried (a fresh stream) up to ``retries`` times; once an item was
+    sent, a failure ends the stream with :class:`StageFailed` (``streamed``). Raises as
+    :func:`run_stage` does otherwise. Each item has the deadline's remaining time (``wait_for``, not
+    a scope around the ``yield``: the consumer's own awaits are never cancelled by it)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     errors: list[str] = []
-    while True:
+
+    def left() -> float:
+        return max(deadline - loop.time(), 0.001)
+
+    async def open_first() -> tuple[AsyncIterator[T], Any]:
         stream = open_stream()
-        sent = done = False
         try:
-            while True:
-                try:
-                    item = await asyncio.wait_for(_await(stream.__anext__()),
-                                                  max(deadline - loop.time(), 0.001))
-                except StopAsyncIteration:
-                    done = True
-                    return
-                sent = True
-                yield item
-        except asyncio.TimeoutError:
-            if errors:
-                raise StageFailed(stage, errors, timeout_s=timeout_s) from None
-            raise StageTimeout(stage, timeout_s) from None
-        except Exception as exc:  # noqa: BLE001 - classified below
-            if is_client_error(exc):
-                raise
-            errors.append(describe(exc))
-            log.warning("streamed stage %s failed (attempt %d, %s): %s", stage, len(errors),
-                        "after items were sent" if sent else "before any item", errors[-1])
-            if sent:
-                raise StageFailed(stage, errors, streamed=True) from None
-            if len(errors) > retries:
-                raise StageFailed(stage, errors) from None
-            if trace is not None:
-                trace[f"{stage}_retries"] = len(errors)
-        finally:
-            if not done:  # abandoned (failed, timed out, or the client went away): stop the work behind it
-                await _close(stream)
+            return stream, await asyncio.wait_for(_await(stream.__anext__()), left())
+        except StopAsyncIteration:
+            return stream, _END
+        except BaseException:
+            await _close(stream)  # a failed attempt's stream is stopped before the next one opens
+            raise
+
+    try:
+        stream, item = await _attempts(stage, retries, errors, trace, open_first)
+    except TimeoutError:
+        raise _timed_out(stage, timeout_s, errors) from None
+    except Exception as exc:  # noqa: BLE001 - classified here
+        if is_client_error(exc):
+            raise
+        raise StageFailed(stage, errors) from None
+    if item is _END:
+        return
+    done = False
+    try:
+        yield item
+        while True:
+            try:
+                item = await asyncio.wait_for(_await(stream.__anext__()), left())
+            except StopAsyncIteration:
+                done = True
+                return
+            yield item
+    except TimeoutError:
+        raise _timed_out(stage, timeout_s, errors) from None
+    except Exception as exc:  # noqa: BLE001 - classified here
+        if is_client_error(exc):
+            raise
+        errors.append(describe(exc))
+        log.warning("streamed stage %s failed after items were sent: %s", stage, errors[-1])
+        raise StageFailed(stage, errors, streamed=True) from None
+    finally:
+        if not done:  # abandoned (failed, timed out, or the client went away): stop the work behind it
+            await _close(stream)
 
 
 async def _close(stream: Any) -> None:

@@ -72,3 +72,103 @@ def test_a_stage_past_its_deadline_is_a_504_naming_it():
     with pytest.raises(stages.StageTimeout) as info:
         run(stages.run_stage("encode", 0.05, slow))
     assert info.value.status == 504 and info.value.detail["stage"] == "encode"
+
+
+def test_a_failure_then_the_deadline_is_a_503_naming_both():
+    made: list[int] = []
+
+    async def fail_then_hang():
+        made.append(1)
+        if len(made) == 1:
+            raise RuntimeError("replica died")
+        await asyncio.sleep(5.0)
+
+    with pytest.raises(stages.StageFailed) as info:
+        run(stages.run_stage("read", 0.2, fail_then_hang))
+    assert info.value.status == 503 and len(made) == 2
+    assert "did not answer within 0.2 s" in info.value.message and "replica died" in info.value.message
+
+
+class _Stream:
+    """An async iterator over ``items`` (an exception among them is raised there); counts closes."""
+
+    def __init__(self, items, closed: list[int], delay: float = 0.0) -> None:
+        self.items, self.closed, self.delay = list(items), closed, delay
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        await asyncio.sleep(self.delay)
+        if not self.items:
+            raise StopAsyncIteration
+        item = self.items.pop(0)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    async def aclose(self) -> None:
+        self.closed.append(1)
+
+
+def _collect(stream_stage) -> tuple[list, BaseException | None]:
+    async def go():
+        got = []
+        try:
+            async for item in stream_stage:
+                got.append(item)
+        except Exception as exc:  # noqa: BLE001 - returned for the test to look at
+            return got, exc
+        return got, None
+
+    return run(go())
+
+
+def test_a_stream_that_fails_before_its_first_item_is_opened_again():
+    closed: list[int] = []
+    streams = iter([_Stream([RuntimeError("replica died")], closed), _Stream(["a", "b"], closed)])
+    trace: dict = {}
+    got, err = _collect(stages.stream_stage("read", 5.0, lambda: next(streams), trace=trace))
+    assert (got, err, trace) == (["a", "b"], None, {"read_retries": 1})
+    assert closed == [1]  # the failed stream was stopped; the finished one needs no close
+
+
+def test_a_stream_that_fails_after_an_item_ends_with_a_503_and_is_not_retried():
+    closed: list[int] = []
+    opened: list[int] = []
+
+    def open_():
+        opened.append(1)
+        return _Stream(["a", RuntimeError("replica died")], closed)
+
+    got, err = _collect(stages.stream_stage("read", 5.0, open_))
+    assert got == ["a"] and isinstance(err, stages.StageFailed) and err.status == 503
+    assert "after the answer had started streaming" in err.message and opened == [1] and closed == [1]
+
+
+def test_a_stream_past_its_deadline_is_a_504_and_a_refused_one_is_the_callers():
+    closed: list[int] = []
+    got, err = _collect(stages.stream_stage("read", 0.2, lambda: _Stream(["a", "b", "c"], closed, delay=0.08)))
+    assert got == ["a", "b"] and isinstance(err, stages.StageTimeout) and closed == [1]
+    got, err = _collect(stages.stream_stage("read", 5.0, lambda: _Stream([InvalidRequest("bad")], closed)))
+    assert got == [] and isinstance(err, InvalidRequest)
+    got, err = _collect(stages.stream_stage("read", 5.0, lambda: _Stream([], closed)))
+    assert (got, err) == ([], None)
+
+
+def test_a_cancelled_stage_is_not_retried():
+    made: list[int] = []
+
+    async def hang():
+        made.append(1)
+        await asyncio.sleep(5.0)
+
+    async def go():
+        task = asyncio.ensure_future(stages.run_stage("read", 10.0, hang))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    run(go())
+    assert made == [1]
