@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import ray
@@ -205,6 +205,44 @@ def build_shards(out: str, config: LongRAGConfig, max_tokens: int, pending: dict
     return [ShardEntry.model_validate_json(r) for r in ray.get(refs)]
 
 
+def open_out(out: str, *, overwrite: bool, resume: bool) -> Any:
+    """The artifact store at ``out`` for a new build (refused when a build is there, unless
+    ``overwrite``, which empties it first; ``resume``: the unfinished build there)."""
+    from longrag.index.artifacts import ArtifactStore
+
+    check_out(out, overwrite, resume)
+    store = ArtifactStore.open(out)
+    if overwrite:
+        for key in store.storage.list(""):
+            store.storage.delete(key)
+    return store
+
+
+def build_planned(store: Any, out: str, config: LongRAGConfig, plan: Any, *,
+                  read_report: dict[str, Any], timings: dict[str, float], started_at: float, resume: bool,
+                  command: list[str] | None, corpus: Any = None,
+                  stage: Callable[[list[int]], None] | None = None) -> dict[str, Any]:
+    """The steps every build shares once its plan exists: the manifest started (``corpus`` recorded),
+    ``stage(pending shards)`` (units not staged yet), the pending shards chunked, embedded and
+    built (:func:`build_shards`), the manifest finished, staging
+    cleared; ``timings["total_s"]`` runs from ``started_at``. Returns the build report."""
+    start = start_build(store, plan, resume=resume, command=command)
+    if corpus is not None:
+        start.manifest.corpus = corpus
+        if not resume:
+            store.write_manifest(start.manifest)
+    t0 = time.perf_counter()
+    if stage is not None:
+        stage(start.pending)
+    sizes = plan.units_per_shard()
+    built = build_shards(out, config, plan.max_tokens, {s: sizes[s] for s in start.pending})
+    timings["chunk_embed_shard_s"] = time.perf_counter() - t0
+    timings["total_s"] = time.perf_counter() - started_at
+    report = finish_build(store, out, plan, start, built, read_report=read_report, timings=timings, resume=resume)
+    clear_staging(store)
+    return report
+
+
 def build_from_documents(
     docs: list[Document],
     out: str,
@@ -218,26 +256,12 @@ def build_from_documents(
 ) -> dict[str, Any]:
     """Group, chunk, embed and shard ``docs`` into a build at ``out`` on the connected Ray cluster;
     returns the build report. With ``resume``, continue the unfinished build at ``out``."""
-    from longrag.index.artifacts import ArtifactStore
-
     timings = dict(timings or {})
-    read_report = read_report or {"n_ok": len(docs), "n_bad": 0}
-    t_all = time.perf_counter()
-    check_out(out, overwrite, resume)
-    store = ArtifactStore.open(out)
-    if overwrite:
-        for key in store.storage.list(""):
-            store.storage.delete(key)
+    t_all = time.perf_counter() - timings.get("parse_s", 0.0)  # the total counts the caller's parse too
+    store = open_out(out, overwrite=overwrite, resume=resume)
     clear_staging(store)
     plan = plan_build(docs, config)
     timings["group_s"] = plan.group_s
-    start = start_build(store, plan, resume=resume, command=command)
-    t0 = time.perf_counter()
-    stage_units(store, plan, start.pending)
-    built = build_shards(out, config, plan.max_tokens, {s: len(plan.units_by_shard[s]) for s in start.pending})
-    timings["chunk_embed_shard_s"] = time.perf_counter() - t0
-    timings["total_s"] = time.perf_counter() - t_all + timings.get("parse_s", 0.0)
-    report = finish_build(store, out, plan, start, built, read_report=read_report, timings=timings, resume=resume)
-    clear_staging(store)
-    return report
-
+    return build_planned(store, out, config, plan, read_report=read_report or {"n_ok": len(docs), "n_bad": 0},
+                         timings=timings, started_at=t_all, resume=resume, command=command,
+                         stage=lambda pending: stage_units(store, plan, pending))

@@ -27,13 +27,13 @@ import numpy as np
 import pyarrow as pa
 import ray
 
-from actors.build import build_shards, clear_staging
+from actors.build import build_planned, clear_staging, open_out
 from actors.distlinks import computed_edges
 from actors.parts import collect_edges, over_parts, part_positions, read_part, row_keys
 from longrag.config import LongRAGConfig
 from longrag.index.distplan import DOCUMENTS_PREFIX, DocMeta, UnitPlan
 from longrag.index.manifest import CorpusArtifact, CorpusPart
-from longrag.index.plan import StagedPlan, check_out, chunk_limits, finish_build, start_build
+from longrag.index.plan import StagedPlan, chunk_limits
 
 log = logging.getLogger(__name__)
 
@@ -325,27 +325,12 @@ def build_corpus_index(sources: str | list[str], fmt: str, out: str, config: Lon
                        overwrite: bool = False, resume: bool = False, command: list[str] | None = None) -> dict[str, Any]:
     """Read, plan, chunk, embed and shard ``sources`` into a build at ``out``; returns the build report.
     With ``resume``, shards of the interrupted build whose units and files still match are kept."""
-    from longrag.index.artifacts import ArtifactStore
-
     t_all = time.perf_counter()
-    check_out(out, overwrite, resume)
-    store = ArtifactStore.open(out)
-    if overwrite:
-        for key in store.storage.list(""):
-            store.storage.delete(key)
+    store = open_out(out, overwrite=overwrite, resume=resume)
     plan, read_report, corpus = plan_corpus(sources, fmt, out, config)
     timings = read_report.pop("timings_s")
-    start = start_build(store, plan, resume=resume, command=command)
-    start.manifest.corpus = corpus
-    if not resume:
-        store.write_manifest(start.manifest)
-    t0 = time.perf_counter()
-    built = build_shards(out, config, plan.max_tokens, {s: plan.shard_units[s] for s in start.pending})
-    timings["chunk_embed_shard_s"] = time.perf_counter() - t0
-    timings["total_s"] = time.perf_counter() - t_all
-    report = finish_build(store, out, plan, start, built, read_report=read_report, timings=timings, resume=resume)
-    clear_staging(store)
-    return report
+    return build_planned(store, out, config, plan, read_report=read_report,
+                         timings=timings, started_at=t_all, resume=resume, command=command, corpus=corpus)
 
 
 def ensure_sample_build(out: str, say: Any = print) -> str:
