@@ -18,6 +18,7 @@ import hashlib
 import platform
 import secrets
 import socket
+import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -214,42 +215,17 @@ def _version(dist: str) -> str | None:
 
 
 def git_commit(start: str | Path | None = None) -> str | None:
-    """The commit checked out in the repository holding ``start`` (read from ``.git``, no subprocess)."""
+    """The commit checked out in the repository holding ``start`` (``git rev-parse HEAD``); None
+    outside a repository, before its first commit, or where git is not installed (an installed
+    package, a container image): provenance never fails a build."""
     here = Path(start or Path(__file__).resolve().parent).resolve()
-    for folder in (here, *here.parents):
-        git = folder / ".git"
-        if git.is_file():  # worktree / submodule: "gitdir: <path>"
-            text = git.read_text().strip()
-            if text.startswith("gitdir:"):
-                git = (folder / text.split(":", 1)[1].strip()).resolve()
-        if not git.is_dir():
-            continue
-        try:
-            head = (git / "HEAD").read_text().strip()
-        except OSError:
-            return None
-        if not head.startswith("ref:"):
-            return head or None
-        ref = head.split(":", 1)[1].strip()
-        for base in (git, _common_dir(git)):
-            ref_file = base / ref
-            if ref_file.is_file():
-                return ref_file.read_text().strip() or None
-            packed = base / "packed-refs"
-            if packed.is_file():
-                for line in packed.read_text().splitlines():
-                    parts = line.split()
-                    if len(parts) == 2 and parts[1] == ref:
-                        return parts[0]
-        return None  # unborn branch (no commit yet)
-    return None
-
-
-def _common_dir(git: Path) -> Path:
-    common = git / "commondir"
-    if common.is_file():
-        return (git / common.read_text().strip()).resolve()
-    return git
+    try:
+        out = subprocess.run(["git", "-C", str(here), "rev-parse", "--verify", "--quiet", "HEAD"],
+                             capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = out.stdout.strip()
+    return commit if out.returncode == 0 and commit else None
 
 
 def _module_version(module: str) -> str | None:

@@ -131,15 +131,22 @@ def test_manifest_fields(tmp_path) -> None:
     assert len(m.build_id) > 10 and m.created_at.endswith("+00:00")
 
 
-def test_git_commit_reads_head(tmp_path) -> None:
-    git = tmp_path / "repo" / ".git"
-    (git / "refs" / "heads").mkdir(parents=True)
-    (git / "HEAD").write_text("ref: refs/heads/main\n")
-    assert git_commit(tmp_path / "repo") is None  # unborn branch
-    (git / "packed-refs").write_text("# pack-refs\n" + "a" * 40 + " refs/heads/main\n")
-    assert git_commit(tmp_path / "repo") == "a" * 40
-    (git / "refs" / "heads" / "main").write_text("b" * 40 + "\n")
-    assert git_commit(tmp_path / "repo") == "b" * 40
+def test_git_commit_is_git_rev_parse_or_none(tmp_path) -> None:
+    import shutil
+    import subprocess
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    assert git_commit(repo) is None  # not a repository
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    assert git_commit(repo) is None  # before the first commit
+    (repo / "f").write_text("x")
+    subprocess.run([*git, "add", "f"], check=True)
+    subprocess.run([*git, "commit", "-qm", "first"], check=True)
+    head = subprocess.run([*git, "log", "-1", "--format=%H"], capture_output=True, text=True, check=True).stdout.strip()
+    assert len(head) == 40 and git_commit(repo / ".") == head
+    assert shutil.which("git")
 
 
 def test_checksum_failure(store: ArtifactStore) -> None:
