@@ -11,7 +11,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup chromium setup-reader-1.5b setup-vllm demo test test-fast test-vllm regress index serve bench-mixpr bench-reader bench-llm bench-serve clean
+.PHONY: setup chromium setup-reader-1.5b setup-vllm demo test test-scenarios test-fast test-vllm regress index serve bench-mixpr bench-reader bench-llm bench-serve clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -69,8 +69,14 @@ setup-vllm: $(VBIN)/.installed
 demo: setup $(DEMO_DEPS)
 	$(BIN)/python -m jobs.demo $(DEMO_ARGS)
 
+# Everything but the multi-minute scenarios (marker `scenario`) and the vLLM/GPU tests: under 30 min here.
 test: setup chromium setup-reader-1.5b
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not vllm and not gpu and not scenario"
+
+# The jobs run end to end for minutes each on a local or fake cluster: autoscaling, chaos, `ray job
+# submit`, the serving and scale benchmarks, LoRA fine-tuning (~17 min here). CI runs them after `make test`.
+test-scenarios: setup
+	$(BIN)/python -m pytest -m "scenario and not vllm and not gpu"
 
 # The inner loop: the Ray-free core with fakes and the small encoder, no LLM; plus the Serve layer
 # over fakes (one local Ray + Serve for that module, no dashboard).

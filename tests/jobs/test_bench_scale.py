@@ -26,6 +26,7 @@ def test_bench_scale_rejects_bad_sizes(sizes, capsys):
     assert "--grouping-sizes" in capsys.readouterr().err
 
 
+@pytest.mark.scenario
 def test_bench_scale_driver_memory_and_embedding(capsys):
     """The driver-memory run plans a generated corpus with the distributed build in a fresh driver
     process, and the embedding comparison encodes the same chunks raw and through the Ray Data pool

@@ -15,6 +15,7 @@ PORT = 8411
 
 
 @pytest.mark.slow
+@pytest.mark.scenario
 @pytest.mark.parametrize("config", ["cpu.yaml", "cpu-cluster.yaml"])
 def test_tiny_bench_ends_with_one_json_line_of_levels_and_overheads(config, sample_index, tmp_path, capfd):
     split = config == "cpu-cluster.yaml"

@@ -17,6 +17,7 @@ PORT = 8403
 
 
 @pytest.mark.slow
+@pytest.mark.scenario
 def test_reduced_chaos_run_meets_every_expectation(sample_index, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run(

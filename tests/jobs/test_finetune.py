@@ -50,6 +50,7 @@ def test_bad_data_folder_exits_2(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.scenario
 def test_cpu_smoke_run_loss_falls_and_adapter_serves_in_llamacpp(tmp_path):
     from longrag.config import LLMConfig
     from longrag.llm.factory import build_llm

@@ -1,4 +1,5 @@
-"""The served OpenAPI schema fuzzed with schemathesis: no request, valid or not, gets a 5xx.
+"""The served OpenAPI schema fuzzed with schemathesis: no request, valid or not, gets a 5xx, and
+every POST body sent again chunked (no Content-Length) is answered in the same class (2xx or 4xx).
 
 The app is the real one (deployments, ingress, ``ShardedIndex``, Serve) over the plain fakes of
 ``tests/fakes.py`` with the production configuration: its default stage deadlines, no keys. Input
@@ -8,6 +9,7 @@ handling is what is under test here; the deadlines and the faults of misbehaving
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from longrag.config import LongRAGConfig
@@ -30,6 +32,15 @@ def base_url(tmp_path_factory):
     build = write_tiny_build(tmp_path_factory.mktemp("tiny") / "build", DOCS, shards=2)
     with serve_fake_app(build, PORT, name=APP) as url:  # LongRAGConfig's defaults: the production deadlines
         yield url
+
+
+def _send_chunked(url: str, body: bytes | str, headers) -> httpx.Response:
+    """``body`` as a chunked request (``Transfer-Encoding: chunked``, in 7-byte pieces): the size
+    limit and the JSON decoding must not depend on a Content-Length."""
+    data = body.encode() if isinstance(body, str) else bytes(body)
+    keep = {k: v for k, v in headers.items() if k.lower() not in ("content-length", "transfer-encoding", "host")}
+    return httpx.post(url, content=iter([data[i:i + 7] for i in range(0, len(data), 7)]), headers=keep,
+                      timeout=120)
 
 
 def test_the_production_deadlines_are_the_defaults():
@@ -63,11 +74,20 @@ def test_fuzzed_requests_get_no_server_error(base_url):
                 if r.status_code >= 500:
                     failures.append(f"{op.method.upper()} {op.path} ({mode}): {r.status_code} {r.text[:300]}\n"
                                     f"  {case.as_curl_command()}")
+                body = r.request.body
+                if op.method.upper() == "POST" and body:  # the same bytes again, chunked (no Content-Length)
+                    chunked = _send_chunked(base_url + op.path, body, r.request.headers)
+                    calls["chunked"] = calls.get("chunked", 0) + 1
+                    if chunked.status_code >= 500 or (chunked.status_code >= 400) != (r.status_code >= 400):
+                        failures.append(f"{op.method.upper()} {op.path} ({mode}, chunked): {chunked.status_code} "
+                                        f"{chunked.text[:300]} where the sized body got {r.status_code}")
 
             try:
                 fuzz()
             except Unsatisfiable:  # nothing to break: an operation without parameters or body (GET)
                 assert mode == GenerationMode.NEGATIVE and op.method.upper() == "GET", (op.path, mode)
+    chunked = calls.pop("chunked", 0)
+    assert chunked >= 4 * FUZZ_EXAMPLES, chunked  # the POST operations' bodies went chunked too
     total = sum(calls.values())
     assert not failures, f"{len(failures)} of {total} requests got a 5xx:\n" + "\n".join(failures[:10])
     assert total >= 6 * FUZZ_EXAMPLES, calls
