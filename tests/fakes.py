@@ -189,13 +189,14 @@ class _LocalActor:
         return self._Method(getattr(self.impl, name))
 
 
-FLAKY_K = 11  # a flaky replica (LocalIndex.flaky) fails searches with this k and answers everything else
+FLAKY_K = 11  # a flaky replica (FakeActorsIndex.flaky) fails searches with this k and answers everything else
 
 
-class LocalIndex:
-    """An in-process index backend for the ``Retriever``: the real ``ShardedIndex`` (scatter,
-    failover, coverage, MaxP merge) over the real ``IndexShardImpl`` shards, called in process
-    instead of as actors. ``dead`` names ``(shard, replica)`` pairs that fail every call (and
+class FakeActorsIndex:
+    """An index backend for the ``Retriever`` that keeps the scatter/gather layer: the real
+    ``ShardedIndex`` (failover, coverage, MaxP merge) over fake shard actors wrapping the real
+    ``IndexShardImpl`` in process, so replicas can be made dead or flaky. (The product's own
+    in-process backend, without replicas, is ``actors.inprocess_index.InProcessIndex``.) ``dead`` names ``(shard, replica)`` pairs that fail every call (and
     answer no ping)."""
 
     dead: frozenset = frozenset()
@@ -217,12 +218,12 @@ class LocalIndex:
     @classmethod
     def with_dead(cls, *pairs: tuple[int, int]) -> type:
         """A subclass whose given ``(shard, replica)`` replicas are dead."""
-        return type("LocalIndexWithDead", (cls,), {"dead": frozenset(pairs), "__module__": __name__})
+        return type("FakeActorsIndexWithDead", (cls,), {"dead": frozenset(pairs), "__module__": __name__})
 
     @classmethod
     def with_flaky(cls, *pairs: tuple[int, int]) -> type:
         """A subclass whose given ``(shard, replica)`` replicas fail searches with ``k == FLAKY_K``."""
-        return type("LocalIndexWithFlaky", (cls,), {"flaky": frozenset(pairs), "__module__": __name__})
+        return type("FakeActorsIndexWithFlaky", (cls,), {"flaky": frozenset(pairs), "__module__": __name__})
 
     async def search(self, queries, k: int):
         return await self.index.search(queries, k)
@@ -285,7 +286,7 @@ class SleepyEncoder(HashEncoder):
 SLOW_K = 13  # a retrieve with this k sleeps (the index sees vectors, not questions)
 
 
-class SleepyIndex(LocalIndex):
+class SleepyIndex(FakeActorsIndex):
     """Sleeps on a search with ``k == SLOW_K``; replica 0 of shard 0 is flaky (see ``FLAKY_K``)."""
 
     flaky = frozenset({(0, 0)})
@@ -364,7 +365,7 @@ def faults_app(args: dict):
 @contextlib.contextmanager
 def serve_fake_app(build: str, port: int, overrides: list[str] | None = None, *, name: str = "longrag"):
     """A local Ray (4 logical CPUs, no dashboard) with the repository on the workers' path, Serve on
-    127.0.0.1:``port`` and the real app over the plain fakes (:class:`HashEncoder`, :class:`LocalIndex`,
+    127.0.0.1:``port`` and the real app over the plain fakes (:class:`HashEncoder`, :class:`FakeActorsIndex`,
     :class:`TitleReader`) of ``build``, configured by ``overrides``; yields the base URL once the app is
     RUNNING; shuts Serve and Ray down on exit."""
     import os
@@ -385,7 +386,7 @@ def serve_fake_app(build: str, port: int, overrides: list[str] | None = None, *,
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         cfg = LongRAGConfig().with_overrides(list(overrides or []))
-        app = build_app(cfg, build, encoder_cls=HashEncoder, index_cls=LocalIndex, engine_cls=TitleReader)
+        app = build_app(cfg, build, encoder_cls=HashEncoder, index_cls=FakeActorsIndex, engine_cls=TitleReader)
         serve.run(app, name=name, route_prefix="/", blocking=False)
         assert wait_running([name], ready_timeout_s=180) is None
         yield f"http://127.0.0.1:{port}"

@@ -27,6 +27,10 @@ DATASET_FORMATS = {"hotpotqa": "hotpotqa", "musique": "musique", "2wiki": "2wiki
 LINK_METHODS = {"titles": "title_mentions", "tfidf": "tfidf", "both": "both"}
 UNIT_KINDS = ("grouped", "document", "passage")
 LINK_SOURCES = ("hyperlinks", *LINK_METHODS)
+LINKER_VERSIONS = {"tfidf": "tfidf/hashed", "both": "both/tfidf-hashed"}
+"""What the fingerprint records for a computed linker whose implementation changed (the TF-IDF links
+of the index package replaced the fitted-vocabulary ones): an index built with the old links is
+rebuilt, not reused."""
 
 Dataset = Literal["hotpotqa", "musique", "2wiki", "nq", "longbench"]
 UnitKind = Literal["grouped", "document", "passage"]
@@ -170,7 +174,7 @@ def index_fingerprint(
         "version": FINGERPRINT_VERSION,
         "corpus": [{"sha256": f["sha256"], "bytes": int(f["bytes"])} for f in corpus_files],
         "unit": unit,
-        "links": links if unit == "grouped" else "n/a",
+        "links": LINKER_VERSIONS.get(links, links) if unit == "grouped" else "n/a",
         **settings.as_dict(),
         "extra": dict(extra or {}),
     }

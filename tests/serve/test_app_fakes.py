@@ -18,7 +18,7 @@ from ray import serve
 from cluster.local import WORKER_ENV
 from longrag.config import LongRAGConfig
 from serve.app import build_app
-from tests.fakes import HashEncoder, LocalIndex, TitleReader, write_tiny_build
+from tests.fakes import HashEncoder, FakeActorsIndex, TitleReader, write_tiny_build
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 8210
@@ -61,7 +61,7 @@ def client(build):
              _metrics_export_port=METRICS_PORT, _system_config={"metrics_report_interval_ms": 1000})
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-        _deploy(build, "longrag", "/", index_cls=LocalIndex.with_dead((1, 0)))
+        _deploy(build, "longrag", "/", index_cls=FakeActorsIndex.with_dead((1, 0)))
         # The single-machine profile beside it: encoder and index in the Ingress (the real
         # InProcessIndex over the same build), no QueryEncoder/Retriever deployments.
         _deploy(build, "longrag-local", "/local", index_cls=None, overrides=("serve.colocate=true",))

@@ -19,7 +19,7 @@ from longrag.config import LongRAGConfig
 from longrag.index.alias import publish
 from longrag.index.artifacts import ArtifactStore
 from serve.app import build_app
-from tests.fakes import HashEncoder, LocalIndex, TitleReader, write_tiny_build
+from tests.fakes import HashEncoder, FakeActorsIndex, TitleReader, write_tiny_build
 from tests.serve.test_app_fakes import DOCS, serve_status_wait
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ def served(tmp_path_factory):
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": PORT})
         cfg = LongRAGConfig().with_overrides(["index.refresh_s=0.5"])
-        app = build_app(cfg, str(alias), encoder_cls=HashEncoder, index_cls=LocalIndex, engine_cls=TitleReader)
+        app = build_app(cfg, str(alias), encoder_cls=HashEncoder, index_cls=FakeActorsIndex, engine_cls=TitleReader)
         serve.run(app, name="swap", route_prefix="/", blocking=False)
         serve_status_wait(["swap"])
         yield alias, ArtifactStore.open(first).read_manifest().build_id
