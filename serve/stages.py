@@ -113,11 +113,13 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, Exception) and not isinstance(exc, TimeoutError) and not is_client_error(exc)
 
 
-async def _attempts(stage: str, retries: int, errors: list[str], trace: dict[str, Any] | None,
+async def _attempts(stage: str, timeout_s: float, retries: int, errors: list[str], trace: dict[str, Any] | None,
                     attempt: Callable[[], Awaitable[T]]) -> T:
     """``await attempt()``, again up to ``retries`` times after a :func:`_retryable` failure (tenacity,
     no wait between attempts); each failure is described into ``errors`` and logged, a retry is
-    recorded as ``trace[f"{stage}_retries"]``. The last failure is raised as it is."""
+    recorded as ``trace[f"{stage}_retries"]``. The outcome is classified here: a client error is
+    raised as it is, the deadline (``TimeoutError``) as :func:`_timed_out`, any other last failure
+    as :class:`StageFailed`."""
 
     def record(state: RetryCallState) -> None:
         errors.append(describe(state.outcome.exception()))  # type: ignore[union-attr, arg-type]
@@ -125,10 +127,17 @@ async def _attempts(stage: str, retries: int, errors: list[str], trace: dict[str
         if trace is not None and len(errors) <= retries:
             trace[f"{stage}_retries"] = len(errors)
 
-    async for try_ in AsyncRetrying(stop=stop_after_attempt(retries + 1), retry=retry_if_exception(_retryable),
-                                    after=record, reraise=True):
-        with try_:
-            return await attempt()
+    try:
+        async for try_ in AsyncRetrying(stop=stop_after_attempt(retries + 1), retry=retry_if_exception(_retryable),
+                                        after=record, reraise=True):
+            with try_:
+                return await attempt()
+    except TimeoutError:
+        raise _timed_out(stage, timeout_s, errors) from None
+    except Exception as exc:  # noqa: BLE001 - classified here
+        if is_client_error(exc):
+            raise
+        raise StageFailed(stage, errors) from None
     raise AssertionError("unreachable: tenacity returns or raises")  # pragma: no cover
 
 
@@ -143,15 +152,8 @@ async def run_stage(stage: str, timeout_s: float, call: Callable[[], Awaitable[T
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     errors: list[str] = []
-    try:
-        return await _attempts(stage, retries, errors, trace,
-                               lambda: asyncio.wait_for(_await(call()), max(deadline - loop.time(), 0.001)))
-    except TimeoutError:
-        raise _timed_out(stage, timeout_s, errors) from None
-    except Exception as exc:  # noqa: BLE001 - classified here
-        if is_client_error(exc):
-            raise
-        raise StageFailed(stage, errors) from None
+    return await _attempts(stage, timeout_s, retries, errors, trace,
+                           lambda: asyncio.wait_for(_await(call()), max(deadline - loop.time(), 0.001)))
 
 
 _END = object()
@@ -181,14 +183,7 @@ async def stream_stage(stage: str, timeout_s: float, open_stream: Callable[[], A
             await _close(stream)  # a failed attempt's stream is stopped before the next one opens
             raise
 
-    try:
-        stream, item = await _attempts(stage, retries, errors, trace, open_first)
-    except TimeoutError:
-        raise _timed_out(stage, timeout_s, errors) from None
-    except Exception as exc:  # noqa: BLE001 - classified here
-        if is_client_error(exc):
-            raise
-        raise StageFailed(stage, errors) from None
+    stream, item = await _attempts(stage, timeout_s, retries, errors, trace, open_first)
     if item is _END:
         return
     done = False
