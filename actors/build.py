@@ -32,7 +32,7 @@ from actors.embedding import ChunkEmbedder, pool_options
 from longrag.config import LongRAGConfig
 from longrag.index.manifest import ShardEntry
 from longrag.index.embedding import CHUNKER_CPUS
-from longrag.index.plan import BuildPlan, check_out, finish_build, plan_build, start_build
+from longrag.index.plan import AnyPlan, BuildPlan, check_out, finish_build, plan_build, start_build
 from longrag.types import Chunk, Document, Unit
 
 log = logging.getLogger(__name__)
@@ -218,7 +218,7 @@ def open_out(out: str, *, overwrite: bool, resume: bool) -> Any:
     return store
 
 
-def build_planned(store: Any, out: str, config: LongRAGConfig, plan: Any, *,
+def build_planned(store: Any, out: str, config: LongRAGConfig, plan: AnyPlan, *,
                   read_report: dict[str, Any], timings: dict[str, float], started_at: float, resume: bool,
                   command: list[str] | None, corpus: Any = None,
                   stage: Callable[[list[int]], None] | None = None) -> dict[str, Any]:

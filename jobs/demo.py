@@ -124,7 +124,7 @@ def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], st
             handle.shutdown()
             _release_memory()
             handle = start_or_join(None, num_cpus=args.num_cpus)
-            index_peak, mem.peak_bytes = mem.peak_bytes, mem.sample()  # the serving phase's own peak from here
+            index_peak = mem.new_phase()  # the serving phase's own peak from here
             say("== 2/3 deploying the Serve app (cpu.yaml's single-machine layout: the LLM, and an Ingress "
                 "holding encoder, index and readers)" if config.serve.colocate else
                 "== 2/3 deploying the Serve app (query encoder, retriever over shard actors, reader, LLM)")

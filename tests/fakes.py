@@ -196,8 +196,8 @@ class FakeActorsIndex:
     """An index backend for the ``Retriever`` that keeps the scatter/gather layer: the real
     ``ShardedIndex`` (failover, coverage, MaxP merge) over fake shard actors wrapping the real
     ``IndexShardImpl`` in process, so replicas can be made dead or flaky. (The product's own
-    in-process backend, without replicas, is ``actors.inprocess_index.InProcessIndex``.) ``dead`` names ``(shard, replica)`` pairs that fail every call (and
-    answer no ping)."""
+    in-process backend, without replicas, is ``actors.inprocess_index.InProcessIndex``.) ``dead``
+    names ``(shard, replica)`` pairs that fail every call (and answer no ping)."""
 
     dead: frozenset = frozenset()
     flaky: frozenset = frozenset()

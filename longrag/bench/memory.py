@@ -29,6 +29,11 @@ class MemorySampler:
                 pass
         return total
 
+    def new_phase(self) -> int:
+        """The peak so far, returned; from now on :attr:`peak_bytes` is the new phase's own peak."""
+        before, self.peak_bytes = self.peak_bytes, self.sample()
+        return before
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             self.peak_bytes = max(self.peak_bytes, self.sample())

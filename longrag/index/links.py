@@ -4,10 +4,11 @@ job and the evaluation.
 Most user corpora have no hyperlinks, so LongRAG's grouping (Algorithm 1) would leave every unit one
 document. Each document links to its ``top_m`` most cosine-similar documents (similarity >=
 ``threshold``) by TF-IDF over ``title\\ntext``. Terms are hashed into ``n_features`` buckets
-  (scikit-learn's ``HashingVectorizer``: no vocabulary to gather on one machine), document
-  frequencies are summed over parts, and the similarities are blocked sparse products: the rows of
-  one part against the columns of every part, a running top-m per row. Memory per task is one
-  part's rows, one part's columns and a ``rows x columns`` block.
+(scikit-learn's ``HashingVectorizer``: no vocabulary to gather on one machine), document
+frequencies are summed over parts, and the similarities are blocked sparse products: the rows of
+one part against the columns of every part, a running top-m per row. Memory per task is one part's
+rows, one part's columns and a ``rows x columns`` block. The parameters come from
+``units.tfidf_*`` (:class:`longrag.config.UnitConfig`).
 
 Pure functions over arrays and scipy matrices. The index job runs them part by part on Ray
 (``actors/distlinks.py``); :func:`tfidf_neighbours` runs the same steps in one process (the
@@ -26,8 +27,6 @@ import numpy as np
 from scipy import sparse
 
 
-
-# ---------------------------------------------------------------------------------------- TF-IDF
 @dataclass(frozen=True)
 class HashedTfidf:
     """TF-IDF over hashed terms: sublinear tf (1 + log tf), smooth idf (``ln((1 + n) / (1 + df)) + 1``,
@@ -115,7 +114,7 @@ def edges_from_neighbours(row_pos: np.ndarray, neighbours: Sequence[np.ndarray])
     return src, dst
 
 
-def tfidf_neighbours(texts: Sequence[str], *, top_m: int = 5, threshold: float = 0.2, n_features: int = 1 << 20,
+def tfidf_neighbours(texts: Sequence[str], *, top_m: int, threshold: float, n_features: int,
                      block_size: int = 1024) -> list[list[int]]:
     """Each text's ``top_m`` most similar other texts (indices, best first, ties by index) with
     similarity >= ``threshold``, in one process: the counts, document frequencies, weights and
