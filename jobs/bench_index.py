@@ -43,6 +43,7 @@ from longrag.cli import int_list, number
 from longrag.index.capacity import (
     CapacityModel,
     clustered_vectors,
+    default_nlist,
     factory_problem,
     interleaved_ms,
     measure_factory,
@@ -64,14 +65,13 @@ PLAN_FACTORIES = "Flat,SQfp16,SQ8,IVF{nlist},SQ8,IVF{nlist},PQ128,HNSW32"
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
-
 # ------------------------------------------------------------------------------------- 1. trade-off
 def tradeoff(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, float]]:
     log(f"generating {args.vectors:,} clustered vectors x {args.dim} dims ...")
     vectors, chunk_ids, unit_ids, queries = clustered_vectors(
         args.vectors, args.dim, chunks_per_unit=args.chunks_per_unit, n_queries=args.queries, seed=args.seed
     )
-    nlist = max(16, int(4 * np.sqrt(args.vectors)))
+    nlist = default_nlist(args.vectors)
     rows: list[dict[str, Any]] = []
     exact = None
     bpv: dict[str, float] = {}
@@ -192,20 +192,10 @@ def actor_overhead(args: argparse.Namespace) -> dict[str, Any]:
             "queries_per_s_single": round(1e3 * batch / b, 1)}
 
 
-# ------------------------------------------------------------------------------------- 3. plan
-def plan(args: argparse.Namespace, chunk_bytes: float, base_bytes: float,
-         cost: dict[str, float] | None = None) -> list[dict[str, Any]]:
-    """:func:`longrag.index.capacity.plan_factories` with this run's settings and fitted constants."""
-    return plan_factories(split_factories(args.plan_factories, max(16, int(4 * np.sqrt(args.plan_chunks)))),
-                          args.plan_chunks, args.plan_dim, chunk_bytes * args.plan_chunk_chars / args.chunk_chars,
-                          base_bytes, node_memory_bytes=args.node_gib * 2**30, usable_fraction=args.usable_fraction,
-                          replicas=args.replicas, node_cpus=args.node_cpus, target_ms=args.target_ms, cost=cost)
-
-
 # ------------------------------------------------------------------------------------- CLI
 def _check_factories(p: argparse.ArgumentParser, flag: str, spec: str, dim: int, n: int) -> None:
     """Refuse a factory string FAISS cannot build, before any work starts."""
-    for factory in split_factories(spec, max(16, int(4 * np.sqrt(n)))):
+    for factory in split_factories(spec, default_nlist(n)):
         if problem := factory_problem(factory, dim):
             p.error(f"argument {flag}: {factory!r} is not a FAISS index factory string for {dim} dimensions "
                     f"({problem}); e.g. Flat, SQ8, IVF{{nlist}},SQ8, HNSW32, IVF{{nlist}},PQ48,RFlat")
@@ -286,8 +276,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n## Sharded exact MaxP through {o['shards']} actors vs one in-process Flat index "
               f"({o['vectors']:,} x {args.dim}, batch of {o['batch']}, median of {o['repeats']}): "
               f"{o['actors_ms']} ms vs {o['single_ms']} ms = {o['ratio']}x (goal <= 1.15x)")
-    plan_rows = plan(args, chunk_bytes, base_bytes, scan_cost(result.get("tradeoff", [])))
-    result["plan"] = plan_rows
+    # 3. plan: plan_factories with this run's settings and fitted constants
+    plan_rows = result["plan"] = plan_factories(
+        split_factories(args.plan_factories, default_nlist(args.plan_chunks)), args.plan_chunks, args.plan_dim,
+        chunk_bytes * args.plan_chunk_chars / args.chunk_chars, base_bytes, node_memory_bytes=args.node_gib * 2**30,
+        usable_fraction=args.usable_fraction, replicas=args.replicas, node_cpus=args.node_cpus,
+        target_ms=args.target_ms, cost=scan_cost(result.get("tradeoff", [])))
     print(f"\n## Plan: {args.plan_chunks:,} chunks x {args.plan_dim} dims, {args.plan_chunk_chars} chars each, "
           f"{args.replicas} replicas, {args.node_gib:g} GiB / {args.node_cpus}-core nodes "
           f"({args.usable_fraction:.0%} of memory for shards, scans within {args.target_ms:g} ms)\n")

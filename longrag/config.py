@@ -297,7 +297,12 @@ class LongRAGConfig(_Section):
         return cls.model_validate(data)
 
     def with_overrides(self, overrides: list[str] | None) -> "LongRAGConfig":
-        """Apply ``section.field=value`` strings (values parsed as YAML scalars)."""
+        """Apply ``section.field=value`` strings (values parsed as YAML scalars).
+
+        The values are YAML's (``yaml.safe_load``) and the checking pydantic's (the result is
+        validated as a whole); what is left here is the dotted-path walk that names an unknown section
+        or field. OmegaConf's ``from_dotlist`` would do the same walk at the price of a dependency
+        (and its ``${...}`` interpolation in values, which a path or a prompt may contain)."""
         data = self.model_dump()
         for item in overrides or []:
             key, sep, raw = item.partition("=")

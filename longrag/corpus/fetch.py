@@ -12,6 +12,10 @@ and each has its own licence, so they are fetched on request (``python -m jobs.f
   :class:`ChecksumError`; the digest of every download is reported so a user can pin it;
 * zip archives (2WikiMultihopQA) are extracted next to the download.
 
+Written here rather than on ``pooch``: pooch downloads to a temporary file and starts over after an
+interruption (no HTTP ``Range`` resume), which for multi-hundred-MB sets on a flaky link is the
+feature that matters; the rest (httpx streaming, tqdm, hashlib, zipfile) is the libraries'.
+
 MuSiQue is distributed through Google Drive (its repository's ``download_data.sh`` uses ``gdown``),
 which a plain HTTP client cannot fetch reliably; it is not in :data:`DATASETS`.
 """

@@ -56,6 +56,14 @@ PLAIN_USER = "Documents:\n\n{context}\n\nQuestion: {question}\nReply with only t
 PLAIN_MAX_TOKENS = 32
 
 
+def plain_messages(question: str, context: str) -> list[dict[str, str]]:
+    """The bare prompt over ``context``: the reader's system message and :data:`PLAIN_USER`."""
+    from longrag.reading.prompts import READER_SYSTEM
+
+    return [{"role": "system", "content": READER_SYSTEM},
+            {"role": "user", "content": PLAIN_USER.format(context=context, question=question)}]
+
+
 @dataclass(frozen=True)
 class ReaderSetting:
     """One reader configuration under test. ``plain`` is the baseline every reader table carries:
@@ -128,15 +136,12 @@ class PlainReader:
         return self._fitter.fit(question, units, "truncate")
 
     async def read(self, question: str, units: list[Unit]) -> Any:
-        from longrag.reading.prompts import READER_SYSTEM, format_context
+        from longrag.reading.prompts import format_context
         from longrag.reading.reader import ReaderResult
 
         t0 = time.perf_counter()
         fitted = self.fit(question, units)
-        messages = [{"role": "system", "content": READER_SYSTEM},
-                    {"role": "user", "content": PLAIN_USER.format(context=format_context(fitted.blocks),
-                                                                  question=question)}]
-        out = await self.llm.chat(messages, max_tokens=PLAIN_MAX_TOKENS)
+        out = await self.llm.chat(plain_messages(question, format_context(fitted.blocks)), max_tokens=PLAIN_MAX_TOKENS)
         lines = [ln.strip() for ln in out.text.strip().splitlines()]
         ms = (time.perf_counter() - t0) * 1e3
         return ReaderResult(answer=lines[0] if lines else "", long_answer="", units_used=fitted.unit_ids,
@@ -404,7 +409,7 @@ def plot_summary(summaries: dict[str, Sequence[dict[str, Any]]], path: Path) -> 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    markers = {"full": "o", "mixpr": "s", "plain": "x"}
+    markers = {"full": "o", "mixpr": "s", "plain": "x", "longcontext": "^"}
     for dataset, summary in summaries.items():
         for s in summary:
             ax.scatter(s["s_per_q"], s["f1"], marker=markers[s["mode"]], s=50)
@@ -412,7 +417,7 @@ def plot_summary(summaries: dict[str, Sequence[dict[str, Any]]], path: Path) -> 
                         xytext=(4, 3), textcoords="offset points")
     ax.set_xlabel("seconds per question (2 turns, CPU)")
     ax.set_ylabel("F1")
-    ax.set_title("Reader: full units (o), MixPR-compressed (s), bare prompt (x)")
+    ax.set_title("Reader: full units (o), MixPR-compressed (s), long document (^), bare prompt (x)")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -330,6 +330,11 @@ def interleaved_ms(a: Any, b: Any, inputs: Sequence[Any]) -> tuple[float, float]
 
 
 # ------------------------------------------------------------------------------------- benchmark helpers
+def default_nlist(n_vectors: int) -> int:
+    """IVF lists for ``n_vectors``: 4 sqrt(n), at least 16 (FAISS's guideline is 4-16 sqrt(n))."""
+    return max(16, int(4 * np.sqrt(n_vectors)))
+
+
 def split_factories(spec: str, nlist: int) -> list[str]:
     """``"Flat,IVF{nlist},Flat,HNSW32"`` -> ``["Flat", "IVF1024,Flat", "HNSW32"]`` (IVF takes the
     next comma-separated part as its encoding)."""

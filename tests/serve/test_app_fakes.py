@@ -6,6 +6,7 @@ The same app with the real models runs in ``tests/serve/test_app.py``."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -354,7 +355,13 @@ def test_a_chunked_body_over_the_limit_is_refused_as_it_streams(client):
     status, sent = _send_unfinished_chunked("/v1/retrieve", total)
     assert status.split()[1:2] == ["413"], f"{status!r} after {sent} bytes of an unfinished body"
     assert _ingress_rss() - before < total // 2  # not the body (other requests' noise: ~20 MB under load)
-    assert client.get("/healthz").status_code in (200, 503)  # the app is still there
+    # the app is still there and serving (200; "degraded" only by the replica an earlier test
+    # killed): the refused body cost it nothing. A replica still busy with the flood may answer its
+    # health check late, so a few seconds are allowed.
+    deadline = time.time() + 30
+    while (health := client.get("/healthz")).status_code != 200 and time.time() < deadline:
+        time.sleep(0.5)
+    assert health.status_code == 200, health.text
 
 
 def test_cors_allows_only_the_configured_origin(client):
