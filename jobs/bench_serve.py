@@ -16,7 +16,8 @@ Deploys ``--config`` (default ``serve/configs/cpu.yaml``, what ``make serve`` ru
 * ``POST /v1/chat/completions`` (retrieve + the bundled reader) at each ``--chat-levels``
   concurrency, beside the reader alone in process (``LongReader`` over an in-process llama.cpp, on
   the units the in-process search found); each level asks its own questions (no KV cache reuse).
-  ``--skip-chat`` leaves it out (minutes: ~10 s per answer on 2 cores).
+  ``--skip-chat`` leaves it out (minutes: ~10 s per answer on 2 cores); then ``--stream-requests``
+  streamed completions one at a time: time to the first token over HTTP vs ``read_stream`` in process.
 
 Per level: throughput, p50/p99 latency, errors, the overhead of serving (served minus in process,
 in ms, and served / in process), and for ``/v1/retrieve`` the medians of the app's own trace and of
@@ -39,7 +40,8 @@ import httpx
 import yaml
 
 from longrag.bench import machine, median_by_key, overhead, run_level, run_level_threads
-from longrag.bench.serving import QUESTIONS, brief, chat_check, retrieve_check, summary
+from longrag.bench.serving import (QUESTIONS, brief, chat_check, first_token_summary, http_first_token,
+                                   reader_first_token, retrieve_check, summary)
 from longrag.cli import int_list, job_setup, number, transcript
 from longrag.config import LongRAGConfig
 from longrag.types import Retrieval
@@ -152,7 +154,7 @@ async def bench_retrieve(client: httpx.AsyncClient, local: InProcessRetrieval, l
 
 
 async def bench_chat(client: httpx.AsyncClient, local: InProcessRetrieval, cfg: LongRAGConfig, levels: list[int],
-                     requests: int, k: int, say) -> list[dict[str, Any]]:
+                     requests: int, k: int, streams: int, say) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     from functools import partial
 
     from longrag.llm.factory import build_llm
@@ -162,9 +164,9 @@ async def bench_chat(client: httpx.AsyncClient, local: InProcessRetrieval, cfg: 
     llm = build_llm(cfg.llm)  # the LLMServer's engine, here in process
     reader = LongReader(llm, cfg.reader, compressor=partial(compress_units_with_mixpr, cfg=cfg.mixpr))
     sizes = [max(requests, c) for c in levels]
-    if sum(sizes) + 1 > len(QUESTIONS):
-        raise ValueError(f"chat levels {levels} with --chat-requests {requests} need {sum(sizes) + 1} questions; "
-                         f"there are {len(QUESTIONS)}")
+    if sum(sizes) + streams + 1 > len(QUESTIONS):
+        raise ValueError(f"chat levels {levels} with --chat-requests {requests} and --stream-requests {streams} need "
+                         f"{sum(sizes) + streams + 1} questions; there are {len(QUESTIONS)}")
     units = {q: local(q, k).readable() for q in QUESTIONS}
     warm = QUESTIONS[-1]  # one question for warming both paths, asked by no level
     r = await client.post("/v1/chat/completions", json={"model": "longrag", "k": k,
@@ -194,9 +196,15 @@ async def bench_chat(client: httpx.AsyncClient, local: InProcessRetrieval, cfg: 
             say(f"chat c={c}: http {brief(served)} | reader alone {brief(alone)} | "
                 f"overhead p50 +{row['overhead']['p50_ms']} ms (x{row['overhead']['p50_ratio']})")
             rows.append(row)
+        # streamed, one at a time: time to the first token over HTTP vs LongReader.read_stream here
+        http_s = [await http_first_token(client, q, k) for q in QUESTIONS[start : start + streams]]
+        local_s = [await reader_first_token(reader, q, units[q]) for q in QUESTIONS[start : start + streams]]
+        stream = first_token_summary(http_s, local_s)
+        say(f"stream c=1: first token http p50 {stream['http_first_token_p50_ms']} ms | in process "
+            f"{stream['in_process_first_token_p50_ms']} ms | +{stream['first_token_overhead_p50_ms']} ms")
     finally:
         await llm.aclose()
-    return rows
+    return rows, stream
 
 
 async def _bench(args: argparse.Namespace, index: str, config: dict[str, Any], say) -> dict[str, Any]:
@@ -207,8 +215,8 @@ async def _bench(args: argparse.Namespace, index: str, config: dict[str, Any], s
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{args.port}", timeout=600, limits=limits) as client:
         result["retrieve"] = await bench_retrieve(client, local, args.levels, args.requests, args.k, say)
         if not args.skip_chat:
-            result["chat"] = await bench_chat(client, local, cfg, args.chat_levels, args.chat_requests,
-                                              args.chat_k, say)
+            result["chat"], result["stream"] = await bench_chat(
+                client, local, cfg, args.chat_levels, args.chat_requests, args.chat_k, args.stream_requests, say)
     return result
 
 
@@ -262,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chat-requests", type=number(int, min_value=1), default=4,
                    help="chat requests per level (at least the level's concurrency)")
     p.add_argument("--chat-k", type=number(int, min_value=1), default=2)
+    p.add_argument("--stream-requests", type=number(int, min_value=0), default=3, help="streamed chat requests (first token)")
     p.add_argument("--skip-chat", action="store_true", help="leave out /v1/chat/completions (minutes)")
     p.add_argument("--one-replica", action="store_true", help="no replica autoscaling: one replica of each "
                    "deployment (requests per replica against latency, for the autoscaling targets)")

@@ -94,4 +94,68 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
     if result.get("chat"):
         out["chat_throughput_rps"] = {str(r["concurrency"]): r["http"]["throughput_rps"] for r in result["chat"]}
         out["chat_overhead_p50_ms"] = {str(r["concurrency"]): r["overhead"]["p50_ms"] for r in result["chat"]}
+    if result.get("stream"):
+        out["stream_first_token_overhead_p50_ms"] = result["stream"]["first_token_overhead_p50_ms"]
+        out["errors"] += result["stream"]["errors"]
+    return out
+
+
+async def http_first_token(client: httpx.AsyncClient, question: str, k: int) -> dict[str, Any]:
+    """One streamed ``/v1/chat/completions`` (model ``longrag``): ms to the first event with text
+    (the long answer's first delta, ``reasoning_content``, or the answer), ms to ``[DONE]``, the
+    answer, and the error event's text if the stream ended in one."""
+    import json
+    import time
+
+    t0 = time.perf_counter()
+    first_ms, answer, error = None, "", None
+    body = {"model": "longrag", "k": k, "stream": True, "messages": [{"role": "user", "content": question}]}
+    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            return {"error": f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"}
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                error = str(event["error"])[:200]
+                continue
+            delta = event["choices"][0]["delta"]
+            text = delta.get("reasoning_content") or delta.get("content") or ""
+            if text and first_ms is None:
+                first_ms = (time.perf_counter() - t0) * 1e3
+            answer += delta.get("content") or ""
+    return {"first_token_ms": first_ms, "total_ms": (time.perf_counter() - t0) * 1e3, "answer": answer, "error": error}
+
+
+async def reader_first_token(reader: Any, question: str, units: list[Any]) -> dict[str, Any]:
+    """The same in process: ``LongReader.read_stream`` over already retrieved units."""
+    import time
+
+    t0 = time.perf_counter()
+    first_ms, answer = None, ""
+    async for item in reader.read_stream(question, units):
+        if isinstance(item, str):
+            if item and first_ms is None:
+                first_ms = (time.perf_counter() - t0) * 1e3
+        else:
+            answer = item.answer
+            if first_ms is None:  # no long answer to stream: the answer is the first text
+                first_ms = (time.perf_counter() - t0) * 1e3
+    return {"first_token_ms": first_ms, "total_ms": (time.perf_counter() - t0) * 1e3, "answer": answer, "error": None}
+
+
+def first_token_summary(http: list[dict[str, Any]], local: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians of time to first token and to the end, over HTTP and in process, and their difference."""
+    import statistics
+
+    def med(rows: list[dict[str, Any]], key: str) -> float | None:
+        xs = [r[key] for r in rows if r.get(key) is not None]
+        return round(statistics.median(xs), 1) if xs else None
+
+    out = {"requests": len(http), "errors": sum(1 for r in http if r.get("error") or not r.get("answer")),
+           "http_first_token_p50_ms": med(http, "first_token_ms"), "in_process_first_token_p50_ms": med(local, "first_token_ms"),
+           "http_total_p50_ms": med(http, "total_ms"), "in_process_total_p50_ms": med(local, "total_ms")}
+    a, b = out["http_first_token_p50_ms"], out["in_process_first_token_p50_ms"]
+    out["first_token_overhead_p50_ms"] = round(a - b, 1) if a is not None and b is not None else None
     return out

@@ -19,7 +19,7 @@ PORT = 8411
 @pytest.mark.parametrize("config", ["cpu.yaml", "cpu-cluster.yaml"])
 def test_tiny_bench_ends_with_one_json_line_of_levels_and_overheads(config, sample_index, tmp_path, capfd):
     split = config == "cpu-cluster.yaml"
-    chat = [] if split else ["--chat-levels", "1", "--chat-requests", "1", "--chat-k", "1"]
+    chat = [] if split else ["--chat-levels", "1", "--chat-requests", "1", "--chat-k", "1", "--stream-requests", "1"]
     rc = main(["--index", sample_index["uri"], "--port", str(PORT), "--levels", "1,2", "--requests", "4",
                "--config", str(ROOT / "serve" / "configs" / config), *chat, *(["--skip-chat"] if split else []),
                "--out", str(tmp_path / "out"), "--log", str(tmp_path / "bench.log")])
@@ -59,4 +59,10 @@ def test_tiny_bench_ends_with_one_json_line_of_levels_and_overheads(config, samp
     assert set(s["retrieve_overhead_p50_ms"]) == {"1", "2"} and s["retrieve_overhead_p50_ms_goal"] == 10.0
     assert isinstance(s["retrieve_overhead_goal_met"], bool) and isinstance(s["retrieve_throughput_grows"], bool)
     assert s["errors"] == 0 and set(s["chat_throughput_rps"]) == {"1"}
+    stream = report["stream"]  # one streamed completion: its first token came before its end, both ways
+    assert stream["requests"] == 1 and stream["errors"] == 0, stream
+    assert 0 < stream["http_first_token_p50_ms"] < stream["http_total_p50_ms"], stream
+    assert 0 < stream["in_process_first_token_p50_ms"] < stream["in_process_total_p50_ms"], stream
+    assert s["stream_first_token_overhead_p50_ms"] == round(
+        stream["http_first_token_p50_ms"] - stream["in_process_first_token_p50_ms"], 1)
     assert len(set(QUESTIONS)) == len(QUESTIONS)

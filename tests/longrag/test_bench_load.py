@@ -135,3 +135,36 @@ def test_median_by_key_and_machine():
     assert median_by_key(rows) == {"a": 2.0, "b": 15.0}
     m = machine()
     assert m["cpus"] >= 1 and len(m["loadavg"]) == 3
+
+
+def test_http_first_token_reads_the_sse_stream_and_the_summary_subtracts_medians():
+    import json
+
+    import httpx
+
+    from longrag.bench.serving import first_token_summary, http_first_token
+
+    def chunk(delta):
+        return "data: " + json.dumps({"choices": [{"delta": delta}]}) + "\n\n"
+
+    async def body():
+        yield chunk({"role": "assistant", "content": ""}).encode()  # no text yet: not the first token
+        await asyncio.sleep(0.05)
+        yield chunk({"reasoning_content": "Orwell wrote"}).encode()
+        await asyncio.sleep(0.05)
+        yield (chunk({"content": "George Orwell"}) + "data: [DONE]\n\n").encode()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert json.loads(request.content)["stream"] is True
+        return httpx.Response(200, content=body(), headers={"content-type": "text/event-stream"})
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://x") as client:
+            return await http_first_token(client, "Who wrote Animal Farm?", 2)
+
+    got = asyncio.run(go())
+    assert got["answer"] == "George Orwell" and got["error"] is None
+    assert 40 <= got["first_token_ms"] < got["total_ms"] and got["total_ms"] >= 90
+    s = first_token_summary([got, {**got, "first_token_ms": 70.0}], [{"first_token_ms": 10.0, "total_ms": 50.0}])
+    assert s["requests"] == 2 and s["errors"] == 0
+    assert s["first_token_overhead_p50_ms"] == round(s["http_first_token_p50_ms"] - 10.0, 1)
