@@ -54,7 +54,7 @@ def test_config_rejects_unknown_names_with_the_valid_ones():
 
 
 def test_select_questions_heldout_is_the_reranker_split():
-    from longrag.dual.train_reranker import split_by_question
+    from longrag.dual.reranker_data import split_by_question
 
     cfg = db.DualEvalConfig(limit=5)
     held = db.select_questions("hotpotqa", cfg)
