@@ -112,6 +112,7 @@ def _dual(args: argparse.Namespace, command: list[str]) -> int:
     """``--pipeline dual``: :func:`longrag.dual.bench.run_and_report` on ``--data`` (default: the
     sample), ``--limit`` questions (default 10), every ``--strategy``."""
     from longrag.dual import bench as db
+    from longrag.dual.bench_report import load_report, write_comparison
     from longrag.lrg.records import trained_question_ids
 
     try:
@@ -121,10 +122,10 @@ def _dual(args: argparse.Namespace, command: list[str]) -> int:
                                                                           if s.strip()),
                                 limit=args.limit or 10, dual=config.dual, llm=config.llm, embedding=config.embedding,
                                 exclude_qids=tuple(excluded))
-        baseline = db.load_report(args.baseline) if args.baseline else None
+        baseline = load_report(args.baseline) if args.baseline else None
         report = db.run_and_report(cfg, args.out, command=command, data={args.dataset: args.data})
         if baseline is not None:
-            md = db.write_comparison(baseline, report, args.out)
+            md = write_comparison(baseline, report, args.out)
             report["markdown"] += "\n\n" + md
     except (ValidationError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -12,6 +12,7 @@ import pytest
 from longrag.config import DualConfig
 from longrag.dual.pipeline import DualPipeline, index_paragraphs
 from longrag.dual import bench as db
+from longrag.dual import bench_report as dr
 from longrag.eval.datasets import Paragraph, QAExample
 from tests.fakes import ScriptedLLM
 from tests.longrag.test_dual_pipeline import _kinds, _stage_reply
@@ -143,17 +144,17 @@ def test_summary_tables_and_plot(tmp_path):
     cfg = _cfg(reranked_strategies=("R&B",))
     examples = {"hotpotqa": [_example("q1")], "musique": [_example("m1"), _example("m2")]}
     rows = asyncio.run(db.run_dual_eval(cfg, _stage_llm(), _BagEncoder(), _PreferBananas(), examples=examples))
-    summary = db.summarize(rows)
+    summary = dr.summarize(rows)
     assert [(s["retrieval"], s["strategy"]) for s in summary][:2] == [("dense only", "R&B"), ("dense only", "R&B")]
-    t3 = db.table3_markdown(summary)
+    t3 = dr.table3_markdown(summary)
     lines = t3.splitlines()
     assert lines[0] == "| strategy | musique F1 (2 q) | hotpotqa F1 (1 q) | avg F1 |"
     assert [ln.split(" | ")[0] for ln in lines[2:]] == ["| R&B", "| R&L", "| Ext", "| Fil", "| E&F"]
     assert "| E&F | 100.0 | 100.0 | 100.0 |" in t3
-    assert "generator input" in db.tokens_markdown(summary)
-    rr = db.reranker_markdown(summary)
+    assert "generator input" in dr.tokens_markdown(summary)
+    rr = dr.reranker_markdown(summary)
     assert "| dense only | R&B | 100.0 / 100.0 | 100.0 / 100.0 |" in rr and "| reranked | R&B | 50.0 / 100.0" in rr
-    png = db.plot_table3(summary, tmp_path / "t3.png")
+    png = dr.plot_table3(summary, tmp_path / "t3.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -217,12 +218,12 @@ def test_filter_precision_and_recall_against_the_support_labels():
     assert by["R&B"]["retrieved"] == 3 and by["R&B"]["retrieved_supporting"] == 2
     assert by["R&B"]["kept"] == 3 and by["R&B"]["kept_supporting"] == 2
     assert by["Fil"]["kept"] == 2 and by["Fil"]["kept_supporting"] == 1
-    s = {x["strategy"]: x for x in db.summarize(rows)}
+    s = {x["strategy"]: x for x in dr.summarize(rows)}
     assert (s["Fil"]["filter_precision"], s["Fil"]["filter_recall"]) == (50.0, 50.0)
     assert (s["R&B"]["filter_precision"], s["R&B"]["filter_recall"]) == (66.7, 100.0)
     # rows checkpointed before the counts existed give NaN, not an error
     old = [{k: v for k, v in r.items() if k not in ("kept_supporting", "retrieved_supporting")} for r in rows]
-    q = db.filter_quality(old)
+    q = dr.filter_quality(old)
     assert q["filter_precision"] != q["filter_precision"] and q["filter_recall"] != q["filter_recall"]
 
 
@@ -263,11 +264,11 @@ def test_comparison_of_two_runs_over_the_same_questions(tmp_path):
         asyncio.run(db.run_dual_eval(cfg, _judging_llm(judge), _BagEncoder(), None, checkpoint=tmp_path / name / db.CHECKPOINT,
                                      examples=ex))  # fmt: skip
         reports.append(db.run_and_report(cfg, tmp_path / name, report_only=True, torch_threads=1))
-    md = db.write_comparison(db.load_report(tmp_path / "base"), reports[1], tmp_path / "tuned")
+    md = dr.write_comparison(dr.load_report(tmp_path / "base"), reports[1], tmp_path / "tuned")
     assert "| Fil | hotpotqa | 1 | 100.0 -> 100.0 (+0.0) | 100.0 -> 100.0 | 66.7 -> 100.0 | 100.0 -> 100.0 |" in md
     assert (tmp_path / "tuned" / "comparison.md").is_file() and (tmp_path / "tuned" / "comparison.json").is_file()
     other = dict(reports[1], questions={"hotpotqa": ["q9"]})
     with pytest.raises(ValueError, match="other questions"):
-        db.write_comparison(reports[0], other, tmp_path / "x")
+        dr.write_comparison(reports[0], other, tmp_path / "x")
     with pytest.raises(FileNotFoundError, match="dual_eval.json"):
-        db.load_report(tmp_path / "missing")
+        dr.load_report(tmp_path / "missing")
