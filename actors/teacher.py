@@ -29,7 +29,7 @@ class TeacherActor:
         self.temperature = temperature
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from longrag.lrg.build import answer_all
+        from longrag.lrg.calls import answer_all
         from longrag.lrg.records import TeacherRequest
 
         reqs = [TeacherRequest.model_validate_json(str(s)) for s in batch["request"]]

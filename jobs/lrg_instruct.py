@@ -34,7 +34,8 @@ from typing import Any, Sequence
 from longrag.cli import choice_list, number
 from longrag.eval.datasets import load_qa
 from longrag.llm.openai_http import estimate_tokens
-from longrag.lrg.build import Input, Sink, build_lrg
+from longrag.lrg.build import Input, build_lrg
+from longrag.lrg.calls import Sink
 from longrag.lrg.records import KINDS, LRGConfig, TeacherReply, TeacherRequest
 from longrag.lrg.teacher import chat_payload, parse_teacher, reply_from_response
 

@@ -2,7 +2,8 @@
 Retrieval-Augmented Generation Paradigm for Long-Context Question Answering", Zhao et al., 2024,
 Section 3.2 and Appendix C). Ray-free: ``jobs.lrg_instruct`` runs it on Ray Data."""
 
-from longrag.lrg.build import Input, build_lrg, llm_executor, read_records
+from longrag.lrg.build import Input, build_lrg, read_records
+from longrag.lrg.calls import llm_executor
 from longrag.lrg.records import KINDS, BuildReport, InstructionRecord, LRGConfig, Sample, TeacherReply, TeacherRequest
 
 __all__ = [

@@ -9,7 +9,8 @@ import pytest
 
 import jobs.finetune as job
 from longrag.eval.datasets import LoadResult, Paragraph, QAExample
-from longrag.lrg.build import Input, build_lrg, llm_executor
+from longrag.lrg.build import Input, build_lrg
+from longrag.lrg.calls import llm_executor
 from longrag.lrg.records import LRGConfig
 from tests.fakes import ScriptedLLM
 

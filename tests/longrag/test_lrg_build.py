@@ -11,7 +11,8 @@ from longrag.dual.pipeline import COT_PROMPT, EXTRACTOR_PROMPT, GENERATOR_PROMPT
 from longrag.eval.datasets import LoadResult, Paragraph, QAExample
 from longrag.llm.base import LLMError
 from longrag.lrg import prompts as P
-from longrag.lrg.build import JOURNAL, Input, Journal, build_lrg, llm_executor, read_records, split_of
+from longrag.lrg.build import JOURNAL, Input, build_lrg, read_records, split_of
+from longrag.lrg.calls import Journal, llm_executor
 from longrag.lrg.records import LRGConfig
 from longrag.lrg.teacher import parse_teacher
 from tests.fakes import ScriptedLLM
