@@ -175,11 +175,9 @@ def plot(timeline: Timeline, path: str | Path, title: str = "") -> Path:
     """Nodes by type, running replicas per deployment and the load (requests in flight, failures),
     over time, with the scenario's events as vertical lines. Deployments that never had more than
     one replica are named in the legend's title instead of drawn."""
-    import matplotlib
+    from longrag.figures import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     ts = [s.t for s in timeline.samples]
     fig, axes = plt.subplots(3, 1, figsize=(11, 8), sharex=True, gridspec_kw={"height_ratios": [1.2, 1.2, 1]})
     types = sorted({k for s in timeline.samples for k in s.nodes})
@@ -216,11 +214,4 @@ def plot(timeline: Timeline, path: str | Path, title: str = "") -> Path:
     top = axes[0].get_ylim()[1]
     for t, label in timeline.events:
         axes[0].text(t, top, " " + label, rotation=90, va="top", fontsize=7)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=90, title=title, title_size=10)

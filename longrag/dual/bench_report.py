@@ -168,11 +168,9 @@ def reranker_markdown(summary: Sequence[dict[str, Any]]) -> str:
 
 def plot_table3(summary: Sequence[dict[str, Any]], path: str | Path, title: str = "") -> Path:
     """Two panels: F1 per strategy and dataset (bars), generator input tokens per strategy."""
-    import matplotlib
+    from longrag.figures import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     ds, strats = _datasets(summary), _strategies(summary, DENSE_ONLY)
     x = np.arange(len(strats))
     w = 0.8 / max(len(ds), 1)
@@ -189,14 +187,7 @@ def plot_table3(summary: Sequence[dict[str, Any]], path: str | Path, title: str 
         ax.legend(fontsize=8)
     a1.set_title("F1 by strategy (Table 3 layout)")
     a2.set_title("generator input tokens (Figure 3)")
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110, title=title)
 
 
 

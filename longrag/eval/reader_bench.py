@@ -403,11 +403,9 @@ def markdown_table(dataset: str, summary: Sequence[dict[str, Any]]) -> str:
 
 def plot_summary(summaries: dict[str, Sequence[dict[str, Any]]], path: Path) -> Path:
     """F1 against seconds per question, one marker per setting and dataset."""
-    import matplotlib
+    from longrag.figures import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     markers = {"full": "o", "mixpr": "s", "plain": "x", "longcontext": "^"}
     for dataset, summary in summaries.items():
@@ -419,11 +417,7 @@ def plot_summary(summaries: dict[str, Sequence[dict[str, Any]]], path: Path) -> 
     ax.set_ylabel("F1")
     ax.set_title("Reader: full units (o), MixPR-compressed (s), long document (^), bare prompt (x)")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 def report_json(dataset: str, candidates: Candidates, summary: Sequence[dict[str, Any]],

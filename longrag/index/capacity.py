@@ -394,11 +394,9 @@ def factory_problem(factory: str, dim: int) -> str | None:
 
 def plot_tradeoff(rows: list[dict[str, Any]], path: Any) -> None:
     """Memory vs recall and latency vs recall of the trade-off rows (a PNG at ``path``)."""
-    import matplotlib
+    from longrag.figures import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     for fac in dict.fromkeys(r["factory"] for r in rows):
         rs = [r for r in rows if r["factory"] == fac]
@@ -417,9 +415,7 @@ def plot_tradeoff(rows: list[dict[str, Any]], path: Any) -> None:
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def synthetic_shard(n: int, dim: int, chunk_chars: int, chunks_per_unit: int, seed: int, shard_id: int,

@@ -200,11 +200,9 @@ def mean_loss(history: list[dict], first: bool, n: int = 3) -> float:
 
 def plot_loss(history: list[dict], path: str | Path, title: str) -> Path:
     """A PNG of the training loss per step."""
-    import matplotlib
+    from longrag.figures import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     steps = [h["step"] for h in history if "loss" in h]
     loss = [h["loss"] for h in history if "loss" in h]
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
@@ -213,9 +211,4 @@ def plot_loss(history: list[dict], path: str | Path, title: str) -> Path:
     ax.set_ylabel("training loss (gold output tokens)")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(p)
-    plt.close(fig)
-    return p
+    return save_figure(fig, path, dpi=110)

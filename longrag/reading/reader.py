@@ -30,7 +30,7 @@ import asyncio
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Callable
 
 from longrag.config import ReaderConfig
 from longrag.llm.base import LLM, ChatResult, ContextOverflowError
@@ -38,7 +38,6 @@ from longrag.reading.prompts import (
     FEW_SHOT_EXAMPLES,
     direct_messages,
     UNIT_SEPARATOR,
-    FewShotExample,
     completion_prompt,
     format_context,
     format_unit,

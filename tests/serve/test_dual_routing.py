@@ -6,7 +6,6 @@ scripted ``LLMServer``), each stage's own model, and the Ingress routing ``strat
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 from pydantic import ValidationError
