@@ -53,7 +53,7 @@ class ChunkUnits:
         from longrag.index.chunking import chunk_units
 
         units = [
-            Unit(unit_id=str(u), doc_ids=[], titles=list(t), text=str(x), n_tokens=0)
+            Unit(unit_id=str(u), doc_ids=[], titles=[str(x) for x in t], text=str(x), n_tokens=0)
             for u, t, x in zip(batch["unit_id"], batch["titles"], batch["text"])
         ]
         shard_of = dict(zip(batch["unit_id"], batch["shard"]))
@@ -73,24 +73,16 @@ STAGE_CPUS = 0.05
 chunks): small, so they always fit beside the pool sized by :func:`actors.embedding.pool_options`."""
 
 
-def read_staged_units(batch: dict[str, np.ndarray], store_uri: str) -> dict[str, list[Any]]:
-    """Ray Data callable: ``(shard, part)`` -> that staged part's units as rows for :class:`ChunkUnits`."""
-    import io
+def shard_column(batch: Any) -> Any:
+    """Ray Data callable (pyarrow batches): the ``shard`` of each staged unit, from the part's path
+    (``.../staging/units/shard-00003/part-00000.parquet``), in place of the path."""
+    import pyarrow as pa
 
-    import pyarrow.parquet as pq
+    from longrag.index.distplan import shard_of_staged_path
 
-    from longrag.index.distplan import staged_units_key
-    from longrag.index.artifacts import ArtifactStore
-
-    store = ArtifactStore.open(store_uri)
-    out: dict[str, list[Any]] = {"unit_id": [], "titles": [], "text": [], "shard": []}
-    for shard, part in zip(batch["shard"], batch["part"]):
-        data = store.storage.read_bytes(staged_units_key(int(shard), int(part)))
-        cols = pq.read_table(io.BytesIO(data), columns=["unit_id", "titles", "text"]).to_pydict()
-        for c in ("unit_id", "titles", "text"):
-            out[c].extend(cols[c])
-        out["shard"].extend([int(shard)] * len(cols["unit_id"]))
-    return out
+    paths = batch.column("path").to_pylist()
+    shards = pa.array([shard_of_staged_path(p) for p in paths], pa.int64())
+    return batch.drop_columns(["path"]).append_column("shard", shards)
 
 
 def stage_chunks(batch: dict[str, np.ndarray], store_uri: str) -> dict[str, list[int]]:
@@ -129,7 +121,6 @@ def build_staged_shard(store_uri: str, shard: int, factory: str, metric: str) ->
     """One shard from its staged units and embedded chunks -> FAISS index + files in the store;
     returns its manifest entry as JSON. One task per shard: the shards of a build run in parallel,
     as many at a time as the cluster has the task's resources for."""
-    import io
 
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -139,10 +130,13 @@ def build_staged_shard(store_uri: str, shard: int, factory: str, metric: str) ->
     from longrag.index.artifacts import ArtifactStore, write_shard
 
     store = ArtifactStore.open(store_uri)
-    units = [Unit.from_row(r) for k in sorted(store.storage.list(staged_units_prefix(shard)))
-             for r in pq.read_table(io.BytesIO(store.storage.read_bytes(k))).to_pylist()]
-    parts = [pq.read_table(io.BytesIO(store.storage.read_bytes(k)))
-             for k in sorted(store.storage.list(staged_chunks_prefix(shard)))]
+    storage = store.storage
+
+    def read(prefix: str) -> list[Any]:
+        return [pq.read_table(storage.path(k), filesystem=storage.filesystem) for k in sorted(storage.list(prefix))]
+
+    units = [Unit.from_row(r) for t in read(staged_units_prefix(shard)) for r in t.to_pylist()]
+    parts = read(staged_chunks_prefix(shard))
     if not parts:
         raise RuntimeError(f"shard {shard}: no embedded chunks were staged (no chunks?)")
     table = pa.concat_tables(parts)
@@ -185,10 +179,16 @@ def build_shards(out: str, config: LongRAGConfig, max_tokens: int, pending: dict
 
     if not pending:
         return []
+    from longrag.index.artifacts import ArtifactStore
+    from longrag.index.distplan import staged_units_key
+
     emb = config.embedding
-    parts = [{"shard": s, "part": k} for s, n in sorted(pending.items()) for k in range(staged_parts(n))]
-    ds = ray.data.from_items(parts, override_num_blocks=len(parts))
-    ds = ds.map_batches(read_staged_units, batch_size=1, fn_kwargs={"store_uri": out}, num_cpus=STAGE_CPUS)
+    storage = ArtifactStore.open(out).storage
+    paths = [storage.path(staged_units_key(s, k)) for s, n in sorted(pending.items()) for k in range(staged_parts(n))]
+    # the staged parquet parts, read by Ray Data through the store's filesystem (local, S3, GCS)
+    ds = ray.data.read_parquet(paths, filesystem=storage.filesystem, columns=["unit_id", "titles", "text"],
+                               include_paths=True, ray_remote_args={"num_cpus": STAGE_CPUS})
+    ds = ds.map_batches(shard_column, batch_format="pyarrow", num_cpus=STAGE_CPUS)
     ds = ds.map_batches(
         ChunkUnits,
         fn_constructor_kwargs={"model": emb.model, "max_tokens": max_tokens},

@@ -5,7 +5,6 @@ such a pool returns. Shared by the build (:mod:`actors.distbuild`) and the compu
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 import numpy as np
@@ -23,7 +22,7 @@ def read_part(store: Any, key: str, columns: list[str]) -> Any:
     """Columns of one ``documents/`` parquet part of the build."""
     import pyarrow.parquet as pq
 
-    return pq.read_table(io.BytesIO(store.storage.read_bytes(str(key))), columns=columns)
+    return pq.read_table(store.storage.path(str(key)), filesystem=store.storage.filesystem, columns=columns)
 
 
 def part_positions(keys_sorted: np.ndarray, pos_sorted: np.ndarray, code: int, n_rows: int) -> np.ndarray:

@@ -1,6 +1,7 @@
-"""The storage layer: one interface (:class:`Storage`) over a local folder and ``s3://bucket/prefix``,
-reading sources (compressed or not, local or S3) as streams, and the parquet codecs of units and
-chunks (:class:`RecordLookup`: rows become records only when asked for).
+"""The storage layer: one interface (:class:`Storage`, on ``pyarrow.fs``) over a local folder,
+``s3://bucket/prefix`` and ``gs://bucket/prefix``, reading sources (compressed or not, local or
+object store) as streams, and the parquet codecs of units and chunks (:class:`RecordLookup`: rows
+become records only when asked for).
 
 Generic: it knows nothing of an index build. The build's layout on a storage (manifest, config,
 shard folders, FAISS files) is :mod:`longrag.index.artifacts`.
@@ -14,12 +15,12 @@ import hashlib
 import io
 import os
 import tempfile
-from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Callable, Generic, Iterator, TypeVar
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from longrag.types import Chunk, Unit
@@ -65,40 +66,106 @@ def sha256_bytes(data: bytes) -> str:
 
 
 # ---------------------------------------------------------------------------------------- storage
-class Storage(ABC):
-    """Flat key/value file access under one root; keys are relative paths with ``/``."""
+class Storage:
+    """Flat key/value file access under one folder of a ``pyarrow.fs`` filesystem (local, S3, GCS);
+    keys are relative paths with ``/``. :attr:`filesystem` and :meth:`path` hand the same files to
+    pyarrow and Ray Data readers (``pq.read_table(storage.path(key), filesystem=storage.filesystem)``,
+    ``ray.data.read_parquet(paths, filesystem=...)``).
 
-    uri: str
+    pyarrow guesses a compression from a path's extension when it opens a stream; every stream here
+    is opened with ``compression=None``: a key's bytes are its bytes (``open_source`` decompresses).
 
-    @abstractmethod
+    What is the product's own here is small: the key checks, atomic local writes (temp file +
+    rename, so a crash never leaves a torn file under a final name; an object store's PUT is atomic
+    already), listings of files only (S3 has directory markers), and errors that name the key."""
+
+    def __init__(self, filesystem: Any, base: str, uri: str) -> None:
+        self.filesystem = filesystem
+        self.base = base.rstrip("/")
+        self.uri = uri
+        self._local = isinstance(filesystem, pafs.LocalFileSystem)
+
+    def path(self, key: str) -> str:
+        """The filesystem path of ``key``."""
+        _check_key(key)
+        return f"{self.base}/{key}" if self.base else key
+
+    def _missing(self, key: str) -> FileNotFoundError:
+        return FileNotFoundError(f"{key} not found in {self.uri}")
+
     def read_bytes(self, key: str) -> bytes:
         """Raise FileNotFoundError naming the key when it does not exist."""
+        try:
+            with self.filesystem.open_input_stream(self.path(key), compression=None) as fh:
+                return fh.read()
+        except FileNotFoundError:
+            raise self._missing(key) from None
 
-    @abstractmethod
-    def write_bytes(self, key: str, data: bytes) -> None: ...
+    def write_bytes(self, key: str, data: bytes) -> None:
+        path = self.path(key)
+        if not self._local:
+            with self.filesystem.open_output_stream(path, compression=None) as fh:
+                fh.write(data)
+            return
+        folder, _, name = path.rpartition("/")
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
-    @abstractmethod
-    def exists(self, key: str) -> bool: ...
+    def exists(self, key: str) -> bool:
+        return self.filesystem.get_file_info(self.path(key)).type == pafs.FileType.File
 
-    @abstractmethod
     def list(self, prefix: str = "") -> list[str]:
-        """All keys under ``prefix`` (recursive), sorted."""
+        """All keys under ``prefix`` (recursive; files whose name starts with a dot left out), sorted."""
+        folder = prefix.rpartition("/")[0]
+        root = f"{self.base}/{folder}".rstrip("/") if self.base else folder
+        infos = self.filesystem.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+        cut = len(self.base) + 1 if self.base else 0
+        keys = (info.path[cut:] for info in infos if info.type == pafs.FileType.File)
+        return sorted(k for k in keys if k.startswith(prefix) and not k.rpartition("/")[2].startswith("."))
 
-    @abstractmethod
     def delete(self, key: str) -> None:
         """Remove a key; a missing key is not an error."""
+        try:
+            self.filesystem.delete_file(self.path(key))
+        except FileNotFoundError:
+            pass
 
     def upload_file(self, local_path: str | Path, key: str) -> None:
-        self.write_bytes(key, Path(local_path).read_bytes())
+        if self._local:
+            self.write_bytes(key, Path(local_path).read_bytes())
+            return
+        pafs.copy_files(str(local_path), self.path(key), source_filesystem=pafs.LocalFileSystem(),
+                        destination_filesystem=self.filesystem)
 
     def download_file(self, key: str, local_path: str | Path) -> None:
-        Path(local_path).write_bytes(self.read_bytes(key))
+        if not self.exists(key):
+            raise self._missing(key)
+        pafs.copy_files(self.path(key), str(local_path), source_filesystem=self.filesystem,
+                        destination_filesystem=pafs.LocalFileSystem())
 
     def open_read(self, key: str, *, seekable: bool = False) -> IO[bytes]:
-        """A binary file object reading ``key`` from its start; the caller closes it. Streamed where
-        the storage can, unless ``seekable`` is asked for (parquet readers seek). Raises
-        FileNotFoundError naming the key when it does not exist."""
-        return io.BytesIO(self.read_bytes(key))
+        """A binary file object reading ``key`` from its start; the caller closes it. A local file is
+        opened as one; elsewhere the object is streamed (a multi-GB dump is never held in memory), or,
+        with ``seekable`` (parquet readers, multistream offsets), read by ranges as it is asked for.
+        Raises FileNotFoundError naming the key when it does not exist."""
+        path = self.path(key)
+        try:
+            if self._local:
+                if not os.path.isfile(path):
+                    raise FileNotFoundError(path)
+                return open(path, "rb")
+            if seekable:
+                return self.filesystem.open_input_file(path)
+            return io.BufferedReader(_StreamReader(self.filesystem.open_input_stream(path, compression=None)), buffer_size=1 << 20)
+        except FileNotFoundError:
+            raise self._missing(key) from None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
@@ -112,144 +179,36 @@ def _check_key(key: str) -> str:
 
 
 class LocalStorage(Storage):
-    """Files under a local folder; writes are atomic (temp file + rename)."""
+    """Files under a local folder."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).expanduser().resolve()
-        self.uri = str(self.root)
-
-    def _path(self, key: str) -> Path:
-        return self.root / _check_key(key)
-
-    def read_bytes(self, key: str) -> bytes:
-        path = self._path(key)
-        if not path.is_file():
-            raise FileNotFoundError(f"{key} not found in {self.uri}")
-        return path.read_bytes()
-
-    def write_bytes(self, key: str, data: bytes) -> None:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-
-    def exists(self, key: str) -> bool:
-        return self._path(key).is_file()
-
-    def open_read(self, key: str, *, seekable: bool = False) -> IO[bytes]:
-        path = self._path(key)
-        if not path.is_file():
-            raise FileNotFoundError(f"{key} not found in {self.uri}")
-        return open(path, "rb")
-
-    def list(self, prefix: str = "") -> list[str]:
-        if not self.root.is_dir():
-            return []
-        keys = (p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file())
-        return sorted(k for k in keys if k.startswith(prefix) and not Path(k).name.startswith("."))
-
-    def delete(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
+        super().__init__(pafs.LocalFileSystem(), self.root.as_posix(), str(self.root))
 
 
 class S3Storage(Storage):
-    """Objects under ``s3://bucket/prefix`` through boto3.
+    """Objects under ``s3://bucket/prefix`` (``pyarrow.fs.S3FileSystem``: credentials and region as the
+    AWS SDK finds them). ``endpoint_url`` points at any S3-compatible server (MinIO, moto)."""
 
-    ``endpoint_url`` points at any S3-compatible server (MinIO, moto); when None boto3 follows
-    its usual configuration (``AWS_ENDPOINT_URL``, profiles, instance roles).
-    """
-
-    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None, client: Any = None) -> None:
+    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None) -> None:
         if not bucket:
             raise ValueError("S3Storage needs a bucket name")
-        self.bucket = bucket
-        self.prefix = prefix.strip("/")
-        self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
-        if client is None:
-            import boto3
-
-            client = boto3.client("s3", endpoint_url=endpoint_url)
-        self.client = client
-
-    def _key(self, key: str) -> str:
-        _check_key(key)
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def _is_missing(self, err: Exception) -> bool:
-        code = str(getattr(err, "response", {}).get("Error", {}).get("Code", ""))
-        return code in ("404", "NoSuchKey", "NotFound")
-
-    def read_bytes(self, key: str) -> bytes:
-        try:
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
-        except self.client.exceptions.ClientError as err:
-            if self._is_missing(err):
-                raise FileNotFoundError(f"{key} not found in {self.uri}") from err
-            raise
-
-    def write_bytes(self, key: str, data: bytes) -> None:
-        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
-
-    def exists(self, key: str) -> bool:
-        try:
-            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
-            return True
-        except self.client.exceptions.ClientError as err:
-            if self._is_missing(err):
-                return False
-            raise
-
-    def list(self, prefix: str = "") -> list[str]:
-        base = f"{self.prefix}/" if self.prefix else ""
-        keys: list[str] = []
-        paginator = self.client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=base + prefix):
-            keys.extend(obj["Key"][len(base) :] for obj in page.get("Contents", []))
-        return sorted(keys)
-
-    def delete(self, key: str) -> None:
-        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
-
-    def upload_file(self, local_path: str | Path, key: str) -> None:
-        self.client.upload_file(str(local_path), self.bucket, self._key(key))  # multipart for big files
-
-    def download_file(self, key: str, local_path: str | Path) -> None:
-        if not self.exists(key):
-            raise FileNotFoundError(f"{key} not found in {self.uri}")
-        self.client.download_file(self.bucket, self._key(key), str(local_path))
-
-    def open_read(self, key: str, *, seekable: bool = False) -> IO[bytes]:
-        """The object's body as a stream (a multi-GB dump is never held in memory); with ``seekable``
-        it is first copied into an anonymous temporary file."""
-        if seekable:
-            if not self.exists(key):
-                raise FileNotFoundError(f"{key} not found in {self.uri}")
-            fh = tempfile.TemporaryFile()
-            try:
-                self.client.download_fileobj(self.bucket, self._key(key), fh)
-                fh.seek(0)
-            except BaseException:
-                fh.close()
-                raise
-            return fh
-        try:
-            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
-        except self.client.exceptions.ClientError as err:
-            if self._is_missing(err):
-                raise FileNotFoundError(f"{key} not found in {self.uri}") from err
-            raise
-        return io.BufferedReader(_StreamReader(body), buffer_size=1 << 20)
+        prefix = prefix.strip("/")
+        options: dict[str, Any] = {}
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        if region:
+            options["region"] = region
+        if endpoint_url:
+            scheme, sep, host = endpoint_url.partition("://")
+            options.update(endpoint_override=host if sep else endpoint_url, scheme=scheme if sep else "https")
+        self.bucket, self.prefix = bucket, prefix
+        uri = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+        super().__init__(pafs.S3FileSystem(**options), f"{bucket}/{prefix}".rstrip("/"), uri)
 
 
 class _StreamReader(io.RawIOBase):
-    """A read-only, forward-only raw file over a ``read(n)`` stream (an S3 object body), so
-    ``io``/``bz2``/``gzip`` and XML parsers can wrap it like a local file."""
+    """A read-only, forward-only raw file over a ``read(n)`` stream (an object store's input stream),
+    so ``io``/``bz2``/``gzip`` and XML parsers can wrap it like a local file."""
 
     def __init__(self, body: Any) -> None:
         self._body = body
@@ -270,34 +229,40 @@ class _StreamReader(io.RawIOBase):
 
 
 def open_storage(uri: str | Path, *, endpoint_url: str | None = None) -> Storage:
-    """``s3://bucket/prefix`` -> :class:`S3Storage`; a path or ``file://`` URI -> :class:`LocalStorage`."""
+    """``s3://bucket/prefix`` -> :class:`S3Storage` (endpoint: ``endpoint_url`` or
+    ``LONGRAG_S3_ENDPOINT_URL``); ``gs://bucket/prefix`` -> a :class:`Storage` on pyarrow's
+    ``GcsFileSystem``; a path or ``file://`` URI -> :class:`LocalStorage`."""
     text = str(uri)
     if text.startswith("s3://"):
         bucket, _, prefix = text[len("s3://") :].partition("/")
         endpoint = endpoint_url or os.environ.get("LONGRAG_S3_ENDPOINT_URL")
         return S3Storage(bucket, prefix, endpoint_url=endpoint)
+    if text.startswith("gs://"):
+        filesystem, path = pafs.FileSystem.from_uri(text)
+        return Storage(filesystem, path, text.rstrip("/"))
     if text.startswith("file://"):
         text = text[len("file://") :]
     elif "://" in text:
-        raise ValueError(f"unsupported store URI {text!r}: use a local path or s3://bucket/prefix")
+        raise ValueError(f"unsupported store URI {text!r}: use a local path, s3://bucket/prefix or gs://bucket/prefix")
     return LocalStorage(text)
 
 
 # ---------------------------------------------------------------------------------------- sources
 def source_location(source: str | Path, *, endpoint_url: str | None = None) -> tuple[Storage, str]:
     """``(storage of the file's folder, the file's key)`` for one input file: a local path, a
-    ``file://`` URI or ``s3://bucket/path/file`` (endpoint as in :func:`open_storage`)."""
+    ``file://`` URI, ``s3://bucket/path/file`` or ``gs://bucket/path/file`` (as in :func:`open_storage`)."""
     text = str(source)
-    if text.startswith("s3://"):
-        bucket, _, key = text[len("s3://") :].partition("/")
-        folder, _, name = key.rstrip("/").rpartition("/")
-        if not bucket or not name:
-            raise ValueError(f"{text!r} names no object: use s3://bucket/path/file")
-        return open_storage(f"s3://{bucket}/{folder}", endpoint_url=endpoint_url), name
+    for scheme in ("s3://", "gs://"):
+        if text.startswith(scheme):
+            bucket, _, key = text[len(scheme) :].partition("/")
+            folder, _, name = key.rstrip("/").rpartition("/")
+            if not bucket or not name:
+                raise ValueError(f"{text!r} names no object: use {scheme}bucket/path/file")
+            return open_storage(f"{scheme}{bucket}/{folder}", endpoint_url=endpoint_url), name
     if text.startswith("file://"):
         text = text[len("file://") :]
     elif "://" in text:
-        raise ValueError(f"unsupported source {text!r}: use a local path or s3://bucket/path/file")
+        raise ValueError(f"unsupported source {text!r}: use a local path, s3://bucket/path/file or gs://bucket/path/file")
     path = Path(text).expanduser()
     return LocalStorage(path.parent), path.name
 

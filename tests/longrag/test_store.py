@@ -19,7 +19,7 @@ from longrag.index.artifacts import (
 )
 from longrag.index.manifest import Manifest, ShardEntry, git_commit, shard_plan
 from longrag.index.maxp import MaxPIndex, merge_topk
-from longrag.store import ChecksumError, LocalStorage
+from longrag.store import ChecksumError, LocalStorage, open_storage, source_location, units_to_parquet
 from longrag.types import Chunk, Unit
 from tests.s3server import moto_s3
 
@@ -227,7 +227,18 @@ def test_storage_keys_and_uris(tmp_path) -> None:
         s.read_bytes("nope")
     assert ArtifactStore.open(f"file://{tmp_path}").uri == str(tmp_path.resolve())
     with pytest.raises(ValueError, match="unsupported store URI"):
-        ArtifactStore.open("gs://bucket/x")
+        ArtifactStore.open("ftp://host/x")
+    # one interface over pyarrow's filesystems: GCS comes with it (opened, not reached: no network here)
+    gcs = open_storage("gs://bucket/builds/b1")
+    assert type(gcs.filesystem).__name__ == "GcsFileSystem" and gcs.path("manifest.json") == "bucket/builds/b1/manifest.json"
+    assert source_location("gs://bucket/dumps/enwiki.xml.bz2")[1] == "enwiki.xml.bz2"
+    # the same files for pyarrow readers: path + filesystem
+    import pyarrow.parquet as pq
+
+    s.write_bytes("p/t.parquet", units_to_parquet([Unit("u1", ["d1"], ["T"], "text", 1)]))
+    assert pq.read_table(s.path("p/t.parquet"), filesystem=s.filesystem).column("unit_id").to_pylist() == ["u1"]
+    s.write_bytes("p/.hidden", b"x")  # dot files (a local write's temp files) are not keys
+    assert s.list("p/") == ["p/t.parquet"] and s.list("p/t") == ["p/t.parquet"] and s.list("q/") == []
 
 
 def test_shard_plan_changes_with_any_unit_field_and_order():
@@ -250,3 +261,31 @@ def test_shard_plan_changes_with_any_unit_field_and_order():
     d1 = Unit(unit_id="u1", doc_ids=["d1"], titles=["A"], text="a", n_tokens=1)
     d2 = Unit(unit_id="u2", doc_ids=["d2"], titles=["B"], text="bc", n_tokens=1)
     assert shard_plan({0: [c1, c2]}) != shard_plan({0: [d1, d2]})
+
+
+def test_storage_keeps_bytes_as_written_and_streams_them(store: ArtifactStore, tmp_path) -> None:
+    """Local and S3 alike: a key named like a compressed file keeps its bytes (pyarrow would guess a
+    codec from the extension), streams and ranged reads give them back, uploads and downloads round
+    trip, listings hold files only and deletes are idempotent (S3 leaves directory markers behind)."""
+    s = store.storage
+    s.write_bytes("raw/a.gz", b"not gzip at all")
+    s.write_bytes("raw/sub/b.bz2", b"nor bzip2")
+    assert s.read_bytes("raw/a.gz") == b"not gzip at all"
+    with s.open_read("raw/sub/b.bz2") as fh:
+        assert fh.read() == b"nor bzip2"
+    with s.open_read("raw/a.gz", seekable=True) as fh:
+        fh.seek(4)
+        assert fh.read(4) == b"gzip"
+    src = tmp_path / "big.bin"
+    src.write_bytes(bytes(range(256)) * 4096)
+    s.upload_file(src, "raw/big.bin")
+    s.download_file("raw/big.bin", tmp_path / "back.bin")
+    assert (tmp_path / "back.bin").read_bytes() == src.read_bytes()
+    assert s.list("raw/") == ["raw/a.gz", "raw/big.bin", "raw/sub/b.bz2"]
+    s.delete("raw/sub/b.bz2")
+    s.delete("raw/sub/b.bz2")
+    assert s.list("raw/") == ["raw/a.gz", "raw/big.bin"] and not s.exists("raw/sub/b.bz2")
+    for missing in (lambda: s.read_bytes("raw/nope"), lambda: s.open_read("raw/nope"),
+                    lambda: s.open_read("raw/nope", seekable=True), lambda: s.download_file("raw/nope", tmp_path / "x")):
+        with pytest.raises(FileNotFoundError, match="raw/nope"):
+            missing()
