@@ -37,6 +37,7 @@ from longrag.mixpr.baselines import DenseEncoder, HybridRetriever
 from longrag.mixpr.retriever import PreparedDocument
 from longrag.mixpr.router import route_query, router_text
 from longrag.reading.answers import finish_short_answer
+from longrag.reading.prompts import direct_messages
 from longrag.types import InvalidRequest
 
 __all__ = [
@@ -58,8 +59,6 @@ READER_SYSTEM = (
     "only these passages. Answer briefly and directly."
 )
 _USER_WITH_QUESTION = "PASSAGES:\n{context}\n\nQUESTION: {question}\nANSWER:"
-# The bare prompt's instruction (longrag.reading.prompts.DIRECT_TEMPLATE says why no list of answer kinds).
-_USER_SHORT_ANSWER = "PASSAGES:\n{context}\n\nQUESTION: {question}\nReply with only the answer.\nANSWER:"
 _USER_WITHOUT_QUESTION = (
     "PASSAGES:\n{context}\n\nThe document ends with this request; carry it out using the passages.\n"
     "REQUEST: {question}\nANSWER:"
@@ -88,16 +87,40 @@ class LongContextResult:
 def reader_messages(question: str, chunk_texts: Sequence[str], *, has_question: bool = True,
                     short_answer: bool = False) -> list[dict]:
     """The reader's conversation: passages in the order given, then the question (or, without a
-    question, the document's own closing request); ``short_answer`` asks for the answer alone."""
-    if not has_question:
-        template = _USER_WITHOUT_QUESTION
-    else:
-        template = _USER_SHORT_ANSWER if short_answer else _USER_WITH_QUESTION
+    question, the document's own closing request). ``short_answer`` asks for the answer alone in the
+    long reader's direct prompt, the bare prompt's own words (:func:`longrag.reading.prompts.direct_messages`):
+    the long-context reader then answers as the bare prompt would, and its finishing (span, yes/no) is
+    what it adds."""
     context = _CHUNK_SEP.join(chunk_texts)
+    if has_question and short_answer:
+        return direct_messages(question.strip(), context)
+    template = _USER_WITH_QUESTION if has_question else _USER_WITHOUT_QUESTION
     return [
         {"role": "system", "content": READER_SYSTEM},
         {"role": "user", "content": template.format(context=context, question=question.strip())},
     ]
+
+
+def join_in_document_order(document: str, starts: Sequence[int], ends: Sequence[int]) -> str:
+    """Chunks (their spans in ``document``, in document order) as the reader reads them: two chunks
+    that follow each other in the document are joined by what separated them there, reduced to one
+    space, one line break or a blank line (a paragraph break); a blank line where chunks were left out.
+    With every chunk kept this is the document again, up to whitespace: the reader keeps the
+    paragraphs (and their titles) that sentence chunks would otherwise run together."""
+    out: list[str] = []
+    prev_end: int | None = None
+    for a, b in zip(starts, ends):
+        if prev_end is not None:
+            gap = document[prev_end:a]
+            if a < prev_end or gap.strip():  # chunks left out between them
+                out.append("\n\n")
+            elif gap.count("\n") >= 2:
+                out.append("\n\n")
+            else:
+                out.append("\n" if "\n" in gap else " ")
+        out.append(document[a:b])
+        prev_end = b
+    return "".join(out)
 
 
 def select_within_budget(scores: np.ndarray, costs: np.ndarray, budget: int, sep_cost: int = 0) -> np.ndarray:
@@ -215,7 +238,7 @@ class LongContextPipeline:
         answer: str | None = None
         if read:
             t0 = time.perf_counter()
-            answer, read_trace = await self._read(prep.query_text, question is not None, res, cfg)
+            answer, read_trace = await self._read(prep.query_text, question is not None, res, cfg, document)
             trace["read_ms"] = _ms(time.perf_counter() - t0)
             trace.update(read_trace)
         trace["total_ms"] = _ms(time.perf_counter() - t_start)
@@ -231,7 +254,7 @@ class LongContextPipeline:
         return llm.context_window - empty - cfg.answer_max_tokens - cfg.reader_reserve_tokens
 
     async def _read(
-        self, question: str, has_question: bool, res: MixPRResult, cfg: MixPRConfig
+        self, question: str, has_question: bool, res: MixPRResult, cfg: MixPRConfig, document: str
     ) -> tuple[str, dict[str, Any]]:
         llm = self.llm
         budget = self.context_budget(question, has_question, cfg)
@@ -243,13 +266,14 @@ class LongContextPipeline:
             )
         else:
             costs, keep = np.zeros(len(texts), np.int64), np.zeros(0, np.int64)
-        kept = [texts[i] for i in keep.tolist()]
+        kept = [res.chunks[i] for i in keep.tolist()]
+        context = join_in_document_order(document, [c.start for c in kept], [c.end for c in kept])
         short = has_question and cfg.short_answer
-        messages = reader_messages(question, kept, has_question=has_question, short_answer=short)
+        messages = reader_messages(question, [context] if kept else [], has_question=has_question, short_answer=short)
         out = await llm.chat(messages, max_tokens=cfg.answer_max_tokens)
         answer = out.text.strip()
         if short:
-            answer, _ = finish_short_answer(out.text, question, "", _CHUNK_SEP.join(kept))
+            answer, _ = finish_short_answer(out.text, question, "", context)
         trace = {
             "raw_answer": out.text,
             "prompt_tokens": out.prompt_tokens,

@@ -86,7 +86,7 @@ def test_explicit_route_skips_router_and_unparsable_router_reply_uses_fallback()
 
 def test_window_fitting_drops_lowest_scores_first_and_keeps_order():
     llm = ScriptedLLM(["n", "ok"], context_window=100)  # tokens = whitespace words
-    cfg = MixPRConfig(top_k=8, answer_max_tokens=10, reader_reserve_tokens=0)
+    cfg = MixPRConfig(top_k=8, answer_max_tokens=10, reader_reserve_tokens=16)
     pipe = LongContextPipeline(cfg, llm=llm)
     res = run(pipe.run(DOC, QUESTION))
     budget = pipe.context_budget(QUESTION, True, cfg)
@@ -311,3 +311,31 @@ def test_a_question_gets_the_short_answer_prompt_and_its_finishing():
     no_q = ScriptedLLM([reply], context_window=4096)
     res = run(LongContextPipeline(MixPRConfig(top_k=3), llm=no_q).run(DOC, None, retriever="sparse"))
     assert res.answer == reply.strip()
+
+
+def test_the_reader_reads_kept_chunks_with_the_documents_own_breaks():
+    """Kept chunks that follow each other in the document are joined by what separated them there
+    (space, line break, paragraph break); a gap where chunks were left out is a blank line; with
+    every chunk kept the reader gets the document back, titles and paragraphs included."""
+    from longrag.reading.longcontext import join_in_document_order
+    from longrag.reading.prompts import direct_messages
+
+    doc = "Title A\nFirst sentence.   Second sentence.\n\n\nTitle B\nThird one.\tFourth one."
+    spans = [(0, 7), (8, 23), (26, 42), (45, 52), (53, 63), (64, 75)]
+    assert [doc[a:b] for a, b in spans] == ["Title A", "First sentence.", "Second sentence.", "Title B",
+                                            "Third one.", "Fourth one."]
+    starts, ends = zip(*spans)
+    assert join_in_document_order(doc, starts, ends) == \
+        "Title A\nFirst sentence. Second sentence.\n\nTitle B\nThird one. Fourth one."
+    keep = [0, 1, 4]  # "Second sentence." and "Title B" left out: a blank line where they were
+    assert join_in_document_order(doc, [starts[i] for i in keep], [ends[i] for i in keep]) == \
+        "Title A\nFirst sentence.\n\nThird one."
+    assert join_in_document_order(doc, [], []) == ""
+
+    llm = ScriptedLLM(["Motihari"], context_window=2048)
+    paragraphs = ("Animal Farm\nAnimal Farm is a novella by George Orwell. It was published in 1945.\n\n"
+                  "George Orwell\nOrwell was born in Motihari. He died in London in 1950.")
+    asyncio.run(LongContextPipeline(MixPRConfig(), llm=llm).run(
+        paragraphs, "Where was the author of Animal Farm born?", retriever="sparse", route="local", k=400))
+    # the short answer is asked in the bare prompt's words (the long reader's direct prompt)
+    assert llm.calls[0]["messages"] == direct_messages("Where was the author of Animal Farm born?", paragraphs)
