@@ -11,7 +11,9 @@ lines between them. Every :class:`DocumentSetting` answers the question over tha
   ``python -m jobs.longcontext --retriever R --route ROUTE --k N`` runs it (``mixpr/auto`` is the job's
   default: the LLM routes, MixPR ranks, the chunks that fit the window are read).
 
-Rows share the reader benchmark's shape, so :func:`longrag.eval.reader_bench.summarize`,
+Every read starts cold (:meth:`~longrag.llm.base.LLM.forget_prefixes`): when two settings send the
+same prompt, llama.cpp would otherwise evaluate the second from its cache, whose logits can differ in
+the last bits and so, now and then, the greedy answer. Rows share the reader benchmark's shape, so :func:`longrag.eval.reader_bench.summarize`,
 ``versus_plain``, ``attribution`` and ``markdown_table`` report them; they are appended to a journal as
 they come, so a rerun resumes.
 """
@@ -143,6 +145,7 @@ async def run_document_settings(
             if (s.label, ex.qid) in done:
                 rows.append(done[(s.label, ex.qid)])
                 continue
+            llm.forget_prefixes()  # every read cold: no row depends on the one read before it
             t0 = time.perf_counter()
             if s.retriever is None:
                 got = await _read_plain(llm, ex.question, document, budget)

@@ -135,6 +135,12 @@ class LLM(abc.ABC):
         the template's role markers."""
         return sum(self.count_tokens(m["content"]) + 4 for m in messages) + 2
 
+    def forget_prefixes(self) -> None:
+        """Drop what the backend keeps of earlier prompts, so the next call is evaluated from
+        scratch. Benchmarks use it: a prompt evaluated again from a cached prefix can give logits that
+        differ in the last bits, hence now and then another greedy answer, which would make one row
+        depend on the row read before it. Default: nothing kept here (a server's cache is its own)."""
+
     async def aclose(self) -> None:
         """Release resources (HTTP clients, model memory). Default: nothing to release."""
 

@@ -344,6 +344,17 @@ class LlamaCppLLM(LLM):
             self.complete_sync, prompt, max_tokens=max_tokens, temperature=temperature, stop=stop
         )
 
+    def forget_prefixes(self) -> None:
+        """The context's tokens and the RAM prompt cache emptied: the next prompt is evaluated whole."""
+        with self._lock:
+            llama = self._llama
+            if llama is None:
+                return
+            llama.reset()
+            cache = getattr(llama, "cache", None)
+            if cache is not None and hasattr(cache, "cache_state"):
+                cache.cache_state.clear()
+
     async def aclose(self) -> None:
         with self._lock:
             llama, self._llama = self._llama, None

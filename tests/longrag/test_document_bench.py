@@ -82,3 +82,15 @@ def test_plain_is_trimmed_to_the_pipelines_budget():
     llm = ScriptedLLM(["Motihari"], context_window=700)
     rows = asyncio.run(run_document_settings(llm, [ex], [DocumentSetting()], distractors=0))
     assert rows[0]["truncated"] and rows[0]["context_tokens"] <= rows[0]["budget"]
+
+
+def test_every_read_starts_cold():
+    class Counting(ScriptedLLM):
+        forgets = 0
+
+        def forget_prefixes(self) -> None:
+            Counting.forgets += 1
+
+    llm = Counting(["Motihari", "Motihari"], context_window=2048)
+    asyncio.run(run_document_settings(llm, [example()], parse_document_settings("plain,sparse/local/k400"), distractors=2))
+    assert Counting.forgets == 2
