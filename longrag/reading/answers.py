@@ -163,14 +163,18 @@ def first_sentence(text: str, max_words: int = 30) -> str:
 
 
 def finish_short_answer(raw: str, question: str, long_answer: str, context: str,
-                        examples: Sequence[FewShotExample] = ()) -> tuple[str, str | None]:
+                        examples: Sequence[FewShotExample] = (), *, cut_span: bool = True) -> tuple[str, str | None]:
     """A model's short-answer reply -> (answer, why it was replaced or None).
 
-    Cleaned (:func:`clean_short_answer`) and cut to its span (:func:`reduce_to_span`); a reply that
+    Cleaned (:func:`clean_short_answer`) and, with ``cut_span``, cut to its span (:func:`reduce_to_span`;
+    the long-document reader leaves it out: on its bare-prompt replies it cost 1.2-1.6 F1 and
+    changed no exact match, ``jobs.bench_reader --document``); a reply that
     cannot be the answer (:func:`short_answer_problem`) is replaced by the long answer's first
     sentence cut to its span, when there is a long answer; a yes/no question gets yes or no
     (:func:`yes_no_answer`)."""
-    answer = reduce_to_span(clean_short_answer(raw), question)
+    answer = clean_short_answer(raw)
+    if cut_span:
+        answer = reduce_to_span(answer, question)
     fallback = short_answer_problem(answer, question, f"{long_answer}\n{context}", examples)
     if fallback is not None and long_answer:
         answer = reduce_to_span(clean_short_answer(first_sentence(long_answer)), question)

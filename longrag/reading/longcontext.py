@@ -273,7 +273,7 @@ class LongContextPipeline:
         out = await llm.chat(messages, max_tokens=cfg.answer_max_tokens)
         answer = out.text.strip()
         if short:
-            answer, _ = finish_short_answer(out.text, question, "", context)
+            answer, _ = finish_short_answer(out.text, question, "", context, cut_span=False)
         trace = {
             "raw_answer": out.text,
             "prompt_tokens": out.prompt_tokens,

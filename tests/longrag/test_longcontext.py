@@ -339,3 +339,18 @@ def test_the_reader_reads_kept_chunks_with_the_documents_own_breaks():
         paragraphs, "Where was the author of Animal Farm born?", retriever="sparse", route="local", k=400))
     # the short answer is asked in the bare prompt's words (the long reader's direct prompt)
     assert llm.calls[0]["messages"] == direct_messages("Where was the author of Animal Farm born?", paragraphs)
+
+
+def test_the_long_document_reader_cleans_its_reply_but_does_not_cut_it_to_a_span():
+    """The span cut cost the long-document reader 1.2-1.6 F1 on bare-prompt replies (jobs.bench_reader
+    --document); its answer is the cleaned reply (prefix, quotes, trailing period), yes/no kept."""
+    from longrag.reading.answers import finish_short_answer
+
+    reply = "The novel Animal Farm was written by George Orwell."
+    assert finish_short_answer(reply, "Who wrote Animal Farm?", "", "")[0] == "written by George Orwell"
+    assert finish_short_answer(reply, "Who wrote Animal Farm?", "", "", cut_span=False)[0] == reply[:-1]
+    llm = ScriptedLLM([f"Answer: {reply}"], context_window=2048)
+    res = asyncio.run(LongContextPipeline(MixPRConfig(), llm=llm).run(
+        "Animal Farm\nAnimal Farm is a novella by George Orwell.", "Who wrote Animal Farm?", retriever="sparse",
+        route="local"))
+    assert res.answer == reply[:-1]
