@@ -56,6 +56,12 @@ PLAIN_USER = "Documents:\n\n{context}\n\nQuestion: {question}\nReply with only t
 PLAIN_MAX_TOKENS = 32
 
 
+def plain_answer(reply: str) -> str:
+    """The bare prompt's answer: the reply's first line as it is (stripped), nothing else."""
+    lines = [ln.strip() for ln in reply.strip().splitlines()]
+    return lines[0] if lines else ""
+
+
 def plain_messages(question: str, context: str) -> list[dict[str, str]]:
     """The bare prompt over ``context``: the reader's system message and :data:`PLAIN_USER`."""
     from longrag.reading.prompts import READER_SYSTEM
@@ -142,9 +148,8 @@ class PlainReader:
         t0 = time.perf_counter()
         fitted = self.fit(question, units)
         out = await self.llm.chat(plain_messages(question, format_context(fitted.blocks)), max_tokens=PLAIN_MAX_TOKENS)
-        lines = [ln.strip() for ln in out.text.strip().splitlines()]
         ms = (time.perf_counter() - t0) * 1e3
-        return ReaderResult(answer=lines[0] if lines else "", long_answer="", units_used=fitted.unit_ids,
+        return ReaderResult(answer=plain_answer(out.text), long_answer="", units_used=fitted.unit_ids,
                             prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
                             stages_ms={"fit_context": 0.0, "long_answer": 0.0, "short_answer": ms, "total": ms},
                             truncated=fitted.truncated, context_tokens=fitted.tokens, raw_short_answer=out.text)
