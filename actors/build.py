@@ -123,7 +123,6 @@ def build_staged_shard(store_uri: str, shard: int, factory: str, metric: str) ->
     as many at a time as the cluster has the task's resources for."""
 
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from longrag.index.distplan import staged_chunks_prefix, staged_units_prefix
     from longrag.index.maxp import MaxPIndex
@@ -133,7 +132,7 @@ def build_staged_shard(store_uri: str, shard: int, factory: str, metric: str) ->
     storage = store.storage
 
     def read(prefix: str) -> list[Any]:
-        return [pq.read_table(storage.path(k), filesystem=storage.filesystem) for k in sorted(storage.list(prefix))]
+        return [storage.read_table(k) for k in sorted(storage.list(prefix))]
 
     units = [Unit.from_row(r) for t in read(staged_units_prefix(shard)) for r in t.to_pylist()]
     parts = read(staged_chunks_prefix(shard))

@@ -20,9 +20,8 @@ def row_keys(part: np.ndarray, row: np.ndarray) -> np.ndarray:
 
 def read_part(store: Any, key: str, columns: list[str]) -> Any:
     """Columns of one ``documents/`` parquet part of the build."""
-    import pyarrow.parquet as pq
 
-    return pq.read_table(store.storage.path(str(key)), filesystem=store.storage.filesystem, columns=columns)
+    return store.storage.read_table(str(key), columns)
 
 
 def part_positions(keys_sorted: np.ndarray, pos_sorted: np.ndarray, code: int, n_rows: int) -> np.ndarray:

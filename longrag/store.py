@@ -118,6 +118,10 @@ class Storage:
             Path(tmp).unlink(missing_ok=True)
             raise
 
+    def read_table(self, key: str, columns: list[str] | None = None) -> pa.Table:
+        """One parquet file, read by pyarrow through this storage's filesystem (no bytes copy)."""
+        return pq.read_table(self.path(key), filesystem=self.filesystem, columns=columns)
+
     def exists(self, key: str) -> bool:
         return self.filesystem.get_file_info(self.path(key)).type == pafs.FileType.File
 
