@@ -94,8 +94,13 @@ class MixPRConfig(BaseModel):
     answer_max_tokens: int = Field(128, ge=1, description="Tokens the reader may generate for the answer.")
     short_answer: bool = Field(
         True, description="With a question: ask for the answer alone and finish it as the LongReader's direct answer "
-        "(cleaned, cut to its span, yes/no for a yes/no question); off: the reader's reply as it comes (open-ended "
+        "(cleaned, yes/no for a yes/no question; not cut to a span); off: the reader's reply as it comes (open-ended "
         "requests). Without a question (the document's own closing request) the reply is always kept whole.",
+    )
+    short_answer_max_tokens: int = Field(
+        32, ge=1, description="Tokens the reader may generate for a short answer (the bare prompt's budget); the "
+        "smaller of this and answer_max_tokens applies. A longer budget lets a small model run on past the answer "
+        "(0.5B, MuSiQue, 50 questions: F1 21.3 at 128 tokens against the bare prompt's 21.7 at 32).",
     )
     reader_reserve_tokens: int = Field(
         64, ge=0, description="Tokens kept free in the reader's window beyond the prompt and the answer."

@@ -9,8 +9,9 @@ and (optionally) a question.
 Without a question the query is the document's own last chunk(s) (the paper's convention: the
 instruction is part of the text) and the reader is asked to follow it.
 
-Fitting the window: the reader's prompt (instructions + question + chunks + the answer budget
-``mixpr.answer_max_tokens`` + ``mixpr.reader_reserve_tokens``) must fit ``llm.context_window``;
+Fitting the window: the reader's prompt (instructions + question + chunks + the answer budget:
+``mixpr.short_answer_max_tokens`` for a short answer, else ``mixpr.answer_max_tokens``; +
+``mixpr.reader_reserve_tokens``) must fit ``llm.context_window``;
 when the retrieved chunks do not, the lowest-scored ones are dropped first and the rest stay in
 document order (``trace.chunks_dropped``).
 
@@ -251,7 +252,7 @@ class LongContextPipeline:
         llm = self.llm
         empty = llm.count_message_tokens(reader_messages(question, [], has_question=has_question,
                                                          short_answer=cfg.short_answer))
-        return llm.context_window - empty - cfg.answer_max_tokens - cfg.reader_reserve_tokens
+        return llm.context_window - empty - answer_budget(has_question, cfg) - cfg.reader_reserve_tokens
 
     async def _read(
         self, question: str, has_question: bool, res: MixPRResult, cfg: MixPRConfig, document: str
@@ -270,7 +271,7 @@ class LongContextPipeline:
         context = join_in_document_order(document, [c.start for c in kept], [c.end for c in kept])
         short = has_question and cfg.short_answer
         messages = reader_messages(question, [context] if kept else [], has_question=has_question, short_answer=short)
-        out = await llm.chat(messages, max_tokens=cfg.answer_max_tokens)
+        out = await llm.chat(messages, max_tokens=answer_budget(has_question, cfg))
         answer = out.text.strip()
         if short:
             answer, _ = finish_short_answer(out.text, question, "", context, cut_span=False)
@@ -284,6 +285,14 @@ class LongContextPipeline:
             "chunks_dropped": len(texts) - len(kept),
         }
         return answer, trace
+
+
+def answer_budget(has_question: bool, cfg: MixPRConfig) -> int:
+    """Tokens the reader may generate: ``short_answer_max_tokens`` (capped by ``answer_max_tokens``)
+    for a short answer to a question, ``answer_max_tokens`` for everything else."""
+    if has_question and cfg.short_answer:
+        return min(cfg.answer_max_tokens, cfg.short_answer_max_tokens)
+    return cfg.answer_max_tokens
 
 
 def _ms(seconds: float) -> float:

@@ -311,6 +311,11 @@ def test_a_question_gets_the_short_answer_prompt_and_its_finishing():
     no_q = ScriptedLLM([reply], context_window=4096)
     res = run(LongContextPipeline(MixPRConfig(top_k=3), llm=no_q).run(DOC, None, retriever="sparse"))
     assert res.answer == reply.strip()
+    # the short answer has the bare prompt's 32-token budget; whole replies keep answer_max_tokens
+    assert [c["max_tokens"] for c in (llm.calls[0], whole.calls[0], no_q.calls[0])] == [32, 128, 128]
+    capped = ScriptedLLM([reply], context_window=4096)
+    run(LongContextPipeline(MixPRConfig(top_k=3, answer_max_tokens=10), llm=capped).run(DOC, QUESTION, retriever="sparse"))
+    assert capped.calls[0]["max_tokens"] == 10
 
 
 def test_the_reader_reads_kept_chunks_with_the_documents_own_breaks():
