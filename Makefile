@@ -73,8 +73,8 @@ demo: setup $(DEMO_DEPS)
 test: setup chromium setup-reader-1.5b
 	$(BIN)/python -m pytest -m "not vllm and not gpu and not scenario"
 
-# The jobs run end to end for minutes each on a local or fake cluster: autoscaling, chaos, `ray job
-# submit`, the serving and scale benchmarks, LoRA fine-tuning (~17 min here). CI runs them after `make test`.
+# The jobs run end to end for minutes each on a local or fake cluster: chaos, `ray job submit`, the
+# serving and scale benchmarks, LoRA fine-tuning (~11 min here). CI runs them after `make test`.
 test-scenarios: setup
 	$(BIN)/python -m pytest -m "scenario and not vllm and not gpu"
 
