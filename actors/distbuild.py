@@ -31,7 +31,8 @@ from actors.build import build_planned, clear_staging, open_out
 from actors.distlinks import computed_edges
 from actors.parts import collect_edges, over_parts, part_positions, read_part, row_keys
 from longrag.config import LongRAGConfig
-from longrag.index.distplan import DOCUMENTS_PREFIX, DocMeta, UnitPlan
+from longrag.index.distplan import DOCUMENTS_PREFIX, DocMeta
+from longrag.index.units import UnitPlan
 from longrag.index.manifest import CorpusArtifact, CorpusPart
 from longrag.index.plan import StagedPlan, chunk_limits
 
@@ -65,7 +66,8 @@ def parse_tasks(batch: dict[str, np.ndarray], store_uri: str, text_mode: str, mo
     Redirects, bad records and the parts written go to a small JSON report per task."""
     from longrag.corpus.documents import documents_to_table
     from longrag.corpus.sources import ReadTask, read_task_records
-    from longrag.index.grouping import document_passages, document_text
+    from longrag.index.grouping import document_text
+    from longrag.index.units import document_passages
     from longrag.index.artifacts import ArtifactStore
     from longrag.store import _table_bytes, sha256_bytes
 
@@ -143,7 +145,7 @@ class LinkResolver:
     (a dropped duplicate's links left out)."""
 
     def __init__(self, store_uri: str, shared: list[Any]) -> None:
-        from longrag.index.distplan import title_keys
+        from longrag.index.grouping import title_keys
         from longrag.index.artifacts import ArtifactStore
 
         self.store = ArtifactStore.open(store_uri)
@@ -187,7 +189,7 @@ class AttachPlan:
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list[Any]]:
 
-        from longrag.index.distplan import passage_rows
+        from longrag.index.units import passage_rows
 
         out: dict[str, list[Any]] = {c: [] for c in ("shard", "unit", "pos", "doc_id", "title", "text", "n_tokens")}
         for key, code in zip(batch["key"], batch["code"]):
@@ -211,7 +213,8 @@ def assemble_shard(group: dict[str, np.ndarray], store_uri: str, kind: str, mode
                    passage_words: int) -> dict[str, list[Any]]:
     """Ray Data ``map_groups``: one shard's document rows -> its units, staged in the store;
     returns the shard's unit count and plan digest."""
-    from longrag.index.distplan import assemble_units, stage_shard_units
+    from longrag.index.distplan import stage_shard_units
+    from longrag.index.units import assemble_units
     from longrag.index.manifest import shard_plan
     from longrag.index.artifacts import ArtifactStore
 
@@ -244,7 +247,8 @@ def plan_corpus(sources: str | list[str], fmt: str, out: str, config: LongRAGCon
     """Stages 1-4 into the store at ``out``: parsed documents under ``documents/``, each shard's units
     staged. Returns the plan, the read report and the corpus artifact's manifest entry."""
     from longrag.corpus.sources import expand_sources
-    from longrag.index.distplan import final_redirects, order_documents, plan_units
+    from longrag.index.distplan import final_redirects, order_documents
+    from longrag.index.units import plan_units
     from longrag.index.plan import BuildSettings
     from longrag.index.artifacts import ArtifactStore
 

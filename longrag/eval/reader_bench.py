@@ -179,7 +179,7 @@ def retrieve_candidates(
     has more candidates than it can take whole."""
     from longrag.index.chunking import chunk_units
     from longrag.index.embedding import Embedder
-    from longrag.index.grouping import make_units_from_config
+    from longrag.index.units import make_units_from_config
     from longrag.index.maxp import MaxPIndex
     from longrag.text.tokens import counter_for_model_dir
 

@@ -9,51 +9,38 @@ document -> group map), so a step costs about its degree, never a scan over all 
 
 Departures from the reference code, on purpose: documents without links become units of their
 own (instead of being dropped), and a document longer than the budget stays a unit on its own.
-``make_units`` also builds the paper's other granularities (Table 3): one unit per document, or
-~100-word passages.
+The units themselves (ids, texts, token counts, shards, and the paper's other granularities of
+Table 3) are built in :mod:`longrag.index.units`.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
-from typing import TYPE_CHECKING, Literal
-
 import numpy as np
 
-from longrag.text.tokens import TokenCounter
-from longrag.types import Document, Unit
-
-if TYPE_CHECKING:
-    from longrag.config import UnitConfig
+from longrag.types import Document
 
 __all__ = [
     "UNIT_SEPARATOR",
     "adjacency_csr",
     "build_adjacency",
     "csr_from_edges",
-    "document_passages",
     "document_text",
     "earlier_neighbours",
     "group_csr",
     "group_documents",
     "groups_from_labels",
-    "grouping_stats",
-    "grouping_stats_arrays",
     "index_dtype",
-    "make_units",
-    "make_units_from_config",
+    "link_edges",
     "normalize_title",
-    "passage_units",
-    "units_from_groups",
+    "title_keys",
 ]
 
 UNIT_SEPARATOR = "\n\n"
 """Joins the documents of a grouped unit; each document is written as ``Title\\ntext``."""
 
-_ID_DIGITS = 8
-_PREFIX = {"grouped": "g", "document": "d", "passage": "p"}
 
 
 def normalize_title(title: str) -> str:
@@ -71,25 +58,38 @@ def document_text(doc: Document) -> str:
     return titled_text(doc.title, doc.text)
 
 
-def build_adjacency(docs: Sequence[Document], symmetric: bool = True) -> list[list[int]]:
-    """Related documents of each document, as sorted corpus indices.
+def title_keys(titles: Iterable[str]) -> dict[str, int]:
+    """Normalized title -> position of the first document with it: where two documents share a
+    title, the first one gets the links."""
+    out: dict[str, int] = {}
+    for i, t in enumerate(titles):
+        out.setdefault(normalize_title(t), i)
+    return out
 
-    A link is resolved by (normalized) title against the corpus; links to unknown titles and to
-    the document itself are dropped, duplicates collapse. Where two documents share a title the
-    first one gets the links. ``symmetric=True`` relates both ends of a link."""
-    index: dict[str, int] = {}
-    for i, d in enumerate(docs):
-        index.setdefault(normalize_title(d.title), i)
-    n = len(docs)
-    rows: list[list[int]] = [[] for _ in range(n)]
+
+def link_edges(docs: Sequence[Document]) -> tuple[np.ndarray, np.ndarray]:
+    """The documents' links as edge arrays ``(src, dst)`` of corpus positions, each link resolved by
+    (normalized) title against the corpus (:func:`title_keys`); links to unknown titles are dropped,
+    self-loops and duplicates are left to :func:`csr_from_edges`."""
+    keys = title_keys(d.title for d in docs)
+    src: list[int] = []
+    dst: list[int] = []
     for i, d in enumerate(docs):
         for link in d.links:
-            j = index.get(normalize_title(link))
+            j = keys.get(normalize_title(link))
             if j is not None:
-                rows[i].append(j)
-                if symmetric:
-                    rows[j].append(i)
-    return _clean_adjacency(rows, n)
+                src.append(i)
+                dst.append(j)
+    return np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+
+
+def build_adjacency(docs: Sequence[Document], symmetric: bool = True) -> list[list[int]]:
+    """Related documents of each document, as sorted corpus indices: :func:`link_edges` without
+    self-loops and duplicates; ``symmetric=True`` relates both ends of a link."""
+    src, dst = link_edges(docs)
+    indptr, indices = csr_from_edges(len(docs), src, dst, symmetric=symmetric, what="links")
+    bounds, dst_list = indptr.tolist(), indices.tolist()
+    return [dst_list[bounds[i] : bounds[i + 1]] for i in range(len(docs))]
 
 
 def group_documents(n_tokens: Sequence[int], adjacency: Sequence[Sequence[int]], budget: int = 4096) -> list[list[int]]:
@@ -314,155 +314,3 @@ def adjacency_csr(adjacency: Sequence[Sequence[int]], n: int) -> tuple[np.ndarra
         raise ValueError(f"adjacency must hold integer document indices: {exc}") from None
     src = np.repeat(np.arange(n, dtype=np.int64), lengths)
     return csr_from_edges(n, src, dst, symmetric=False, what="adjacency")
-
-
-def _clean_adjacency(adjacency: Sequence[Sequence[int]], n: int) -> list[list[int]]:
-    """Rows of distinct related documents, self-loops removed, indices checked (vectorized)."""
-    indptr, indices = adjacency_csr(adjacency, n)
-    bounds = indptr.tolist()
-    dst_list = indices.tolist()
-    return [dst_list[bounds[i] : bounds[i + 1]] for i in range(n)]
-
-
-def units_from_groups(
-    docs: Sequence[Document],
-    groups: Sequence[Sequence[int]],
-    counter: TokenCounter,
-    prefix: str = "g",
-    doc_tokens: Sequence[int] | None = None,
-) -> list[Unit]:
-    """One unit per group: documents as ``Title\\ntext`` joined by blank lines, in group order;
-    ids ``{prefix}{i:08d}``. ``n_tokens`` is counted on the unit text, or, for an additive counter
-    given the documents' counts ``doc_tokens``, summed from them (the same number, no recount)."""
-    texts = [UNIT_SEPARATOR.join(document_text(docs[i]) for i in g) for g in groups]
-    if doc_tokens is not None and getattr(counter, "additive", False):
-        if len(doc_tokens) != len(docs):
-            raise ValueError(f"doc_tokens has {len(doc_tokens)} entries for {len(docs)} documents")
-        sep = counter.count(UNIT_SEPARATOR)
-        counts = [sum(int(doc_tokens[i]) for i in g) + sep * (len(g) - 1) for g in groups]
-    else:
-        counts = counter.count_batch(texts)
-    return [
-        Unit(
-            unit_id=f"{prefix}{k:0{_ID_DIGITS}d}",
-            doc_ids=[docs[i].doc_id for i in g],
-            titles=[docs[i].title for i in g],
-            text=text,
-            n_tokens=int(c),
-        )
-        for k, (g, text, c) in enumerate(zip(groups, texts, counts))
-    ]
-
-
-def document_passages(doc: Document, passage_words: int = 100) -> list[str]:
-    """The passage texts of one document: consecutive ``passage_words``-word pieces, each written
-    ``Title\\nwords`` (one title-only passage for a document without words)."""
-    if passage_words <= 0:
-        raise ValueError(f"passage_words must be > 0, got {passage_words}")
-    words = doc.text.split()
-    pieces = [words[i : i + passage_words] for i in range(0, len(words), passage_words)] or [[]]
-    out = []
-    for piece in pieces:
-        body = " ".join(piece)
-        out.append(f"{doc.title}\n{body}" if doc.title else body)
-    return out
-
-
-def passage_units(docs: Sequence[Document], counter: TokenCounter, passage_words: int = 100) -> list[Unit]:
-    """The passage granularity: consecutive ``passage_words``-word pieces of each document (the last
-    one shorter), each written ``Title\\nwords``. A document without words gives one title-only unit."""
-    if passage_words <= 0:
-        raise ValueError(f"passage_words must be > 0, got {passage_words}")
-    meta: list[tuple[str, str]] = []
-    texts: list[str] = []
-    for d in docs:
-        for text in document_passages(d, passage_words):
-            texts.append(text)
-            meta.append((d.doc_id, d.title))
-    counts = counter.count_batch(texts)
-    return [
-        Unit(unit_id=f"p{k:0{_ID_DIGITS}d}", doc_ids=[doc_id], titles=[title], text=t, n_tokens=int(c))
-        for k, ((doc_id, title), t, c) in enumerate(zip(meta, texts, counts))
-    ]
-
-
-def make_units(
-    docs: Sequence[Document],
-    kind: Literal["grouped", "document", "passage"] = "grouped",
-    counter: TokenCounter | None = None,
-    budget: int = 4096,
-    passage_words: int = 100,
-    symmetric: bool = True,
-) -> list[Unit]:
-    """Retrieval units of the chosen granularity (LongRAG, Section 4.2, Table 3).
-
-    grouped: Algorithm 1 over the link graph with a ``budget`` of tokens (each document counted as
-    ``Title\\ntext`` plus the separator that joins it to the next); document: one unit per document;
-    passage: ``passage_words``-word pieces."""
-    if counter is None:
-        raise ValueError("make_units needs a token counter (see longrag.text.tokens)")
-    if kind not in _PREFIX:
-        raise ValueError(f"kind must be one of {sorted(_PREFIX)}, got {kind!r}")
-    ids = [d.doc_id for d in docs]
-    if len(set(ids)) != len(ids):
-        raise ValueError("doc_id values must be unique")
-    if kind == "passage":
-        return passage_units(docs, counter, passage_words)
-    if kind == "document":
-        return units_from_groups(docs, [[i] for i in range(len(docs))], counter, prefix="d")
-    if budget <= 0:
-        raise ValueError(f"budget must be > 0, got {budget}")
-    sizes = counter.count_batch([document_text(d) for d in docs])
-    sep = counter.count(UNIT_SEPARATOR)
-    # k documents carry k-1 separators: sum(n_i + sep) <= budget + sep
-    groups = group_documents(
-        np.asarray(sizes, dtype=np.int64) + sep, build_adjacency(docs, symmetric=symmetric), budget + sep
-    )
-    return units_from_groups(docs, groups, counter, prefix="g", doc_tokens=sizes)
-
-
-def make_units_from_config(docs: Sequence[Document], cfg: UnitConfig, counter: TokenCounter) -> list[Unit]:
-    """``make_units`` with the ``units`` section of the config."""
-    return make_units(
-        docs,
-        kind=cfg.kind,
-        counter=counter,
-        budget=cfg.max_group_tokens,
-        passage_words=cfg.passage_words,
-        symmetric=cfg.symmetric_links,
-    )
-
-
-def grouping_stats(units: Sequence[Unit], budget: int | None = None) -> dict:
-    """Counts for a report: units, documents, documents-per-unit histogram, token statistics
-    (and units over ``budget`` when given)."""
-    n_docs = np.asarray([len(u.doc_ids) for u in units], dtype=np.int64)
-    toks = np.asarray([u.n_tokens for u in units], dtype=np.int64)
-    return grouping_stats_arrays(n_docs, toks, budget)
-
-
-def grouping_stats_arrays(n_docs: np.ndarray, toks: np.ndarray, budget: int | None = None) -> dict:
-    """:func:`grouping_stats` from per-unit arrays: documents and tokens of each unit."""
-    n_docs = np.asarray(n_docs, dtype=np.int64)
-    toks = np.asarray(toks, dtype=np.int64)
-    n = int(n_docs.shape[0])
-    sizes, counts = np.unique(n_docs, return_counts=True)
-    hist = {int(k): int(c) for k, c in zip(sizes.tolist(), counts.tolist())}
-    out: dict = {
-        "n_units": n,
-        "n_docs": int(n_docs.sum()),
-        "docs_per_unit": dict(sorted(hist.items())),
-        "docs_per_unit_mean": float(n_docs.mean()) if n else 0.0,
-        "tokens": {
-            "total": int(toks.sum()),
-            "min": int(toks.min()) if n else 0,
-            "mean": float(toks.mean()) if n else 0.0,
-            "p50": float(np.percentile(toks, 50)) if n else 0.0,
-            "p90": float(np.percentile(toks, 90)) if n else 0.0,
-            "max": int(toks.max()) if n else 0,
-        },
-    }
-    if budget is not None:
-        out["n_over_budget"] = int((toks > budget).sum())
-        out["n_over_budget_multi_doc"] = int(((toks > budget) & (n_docs > 1)).sum())
-    return out

@@ -138,7 +138,7 @@ def group_documents(docs: list[Document], config: LongRAGConfig) -> list[Unit]:
     """Retrieval units of ``config.units.kind``, token budgets counted with the embedding model's own
     tokenizer (its folder, or its Hugging Face cache snapshot for a hub name like bge-large)."""
     from longrag.index.embedding import tokenizer_dir
-    from longrag.index.grouping import make_units
+    from longrag.index.units import make_units
     from longrag.text.tokens import counter_for_model_dir
 
     return make_units(
@@ -153,10 +153,10 @@ def group_documents(docs: list[Document], config: LongRAGConfig) -> list[Unit]:
 
 def assign_shards(units: list[Unit], n_shards: int) -> list[int]:
     """Balance shards by tokens: largest unit first onto the lightest shard (deterministic; units
-    in id order, as :func:`longrag.index.grouping.make_units` numbers them)."""
+    in id order, as :func:`longrag.index.units.make_units` numbers them)."""
     import numpy as np
 
-    from longrag.index.distplan import assign_shards_array
+    from longrag.index.units import assign_shards_array
 
     order = sorted(range(len(units)), key=lambda i: units[i].unit_id)
     toks = np.asarray([units[i].n_tokens for i in order], dtype=np.int64)
@@ -212,7 +212,7 @@ class BuildPlan:
 def plan_build(docs: list[Document], config: LongRAGConfig) -> BuildPlan:
     """Group ``docs`` into units and assign them to ``index.shards`` shards (fewer when there are
     fewer units)."""
-    from longrag.index.grouping import grouping_stats
+    from longrag.index.units import grouping_stats
 
     model_max, max_tokens = chunk_limits(config)
     t0 = time.perf_counter()

@@ -31,7 +31,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from longrag.index.grouping import build_adjacency, make_units
+from longrag.index.grouping import build_adjacency
+from longrag.index.units import make_units
 from longrag.types import Document, Unit
 
 log = logging.getLogger(__name__)

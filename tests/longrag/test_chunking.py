@@ -12,7 +12,7 @@ import pytest
 
 from longrag.data import DPR_PASSAGES, data_path, open_text
 from longrag.index.chunking import chunk_spans, chunk_text, chunk_units, document_spans
-from longrag.index.grouping import make_units
+from longrag.index.units import make_units
 from longrag.text.sentences import sentence_spans
 from longrag.text.tokens import WhitespaceCounter, counter_for_model_dir
 from longrag.types import Document, Unit

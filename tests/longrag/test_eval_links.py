@@ -184,7 +184,7 @@ def test_build_links_dispatch():
 def test_title_links_feed_grouping_on_hotpotqa():
     """Links from title mentions drive Algorithm 1: more gold pairs share a grouped unit than by chance."""
     from longrag.eval import datasets as D
-    from longrag.index.grouping import make_units
+    from longrag.index.units import make_units
     from longrag.text.tokens import WhitespaceCounter
 
     ex = D.load_hotpotqa(data_path(HOTPOTQA_SAMPLE)).examples

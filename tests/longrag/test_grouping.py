@@ -23,11 +23,9 @@ from longrag.index.grouping import (
     group_csr,
     group_documents,
     groups_from_labels,
-    grouping_stats,
-    make_units,
-    make_units_from_config,
     normalize_title,
 )
+from longrag.index.units import grouping_stats, make_units, make_units_from_config
 from longrag.synthetic.wikigraph import wikilike_graph
 from longrag.text.tokens import WhitespaceCounter, counter_for_model_dir
 from longrag.types import Document

@@ -13,7 +13,7 @@ import pytest
 from longrag.config import LongRAGConfig
 from longrag.index.alias import AliasError, BuildPointer, publish, read_pointer, resolve_build
 from longrag.index.chunking import chunk_units
-from longrag.index.grouping import make_units
+from longrag.index.units import make_units
 from longrag.index.manifest import Manifest
 from longrag.index.maxp import MaxPIndex
 from longrag.index.plan import assign_shards
