@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-reader": ("jobs.bench_reader", "reader settings vs the bare prompt, EM/F1"),
     "bench-index": ("jobs.bench_index", "FAISS factories, shard memory, capacity plan"),
     "bench-llm": ("jobs.bench_llm", "LLM backends' throughput and latency"),
+    "bench-embed": ("jobs.bench_embed", "embedding throughput per device, batch size and dtype"),
     "bench-mixpr": ("jobs.bench_mixpr", "MixPR speed and recall"),
     "bench-scale": ("jobs.bench_scale", "driver memory of a build and the embedding pool"),
 }

@@ -34,6 +34,10 @@ class EmbeddingConfig(_Section):
     batch_size: int = 32
     normalize: bool = True
     device: str = Field("auto", description="auto picks cuda when a GPU is visible, else cpu.")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto", description="The encoder's weights and activations; auto: float16 on a GPU, float32 on a CPU. On an "
+        "H200, float16 embeds a bge-large-sized encoder 3.5x faster than float32 with vectors at cosine >= 0.9997 "
+        "to float32's (python -m jobs.bench_embed, docs/benchmarks.md); vectors are stored as float32 either way.")
     num_gpus: float = Field(0.0, ge=0, description="GPUs per embedding actor in the Ray Data pool.")
     num_cpus: float | None = Field(
         None, gt=0, description="CPUs per embedding actor; None = sized from the CPUs Ray offers "

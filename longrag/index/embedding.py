@@ -147,6 +147,13 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def resolve_dtype(dtype: str, device: str) -> str:
+    """``auto`` -> ``float16`` on a GPU, ``float32`` elsewhere; anything else is passed through."""
+    if dtype == "auto":
+        return "float16" if device.startswith("cuda") else "float32"
+    return dtype
+
+
 def _check_texts(texts: Sequence[str], what: str) -> list[str]:
     if isinstance(texts, str):
         raise ValueError(f"{what} must be a list of strings, got one string")
@@ -171,6 +178,10 @@ class Embedder:
         self.model = SentenceTransformer(
             self.spec.path_or_name, device=self.device, local_files_only=offline or self.spec.bundled
         )
+        import torch
+
+        self.dtype = resolve_dtype(self.config.dtype, self.device)
+        self.model.to(getattr(torch, self.dtype))  # float32 also for weights stored in half precision
         if self.config.max_seq_length is not None:
             self.model.max_seq_length = int(self.config.max_seq_length)
         elif self.spec.max_seq_length is not None:
@@ -238,4 +249,4 @@ class Embedder:
         return self._encode([self.query_instruction + t for t in texts])
 
     def __repr__(self) -> str:
-        return f"Embedder(model={self.spec.name!r}, dim={self.dim}, device={self.device!r})"
+        return f"Embedder(model={self.spec.name!r}, dim={self.dim}, device={self.device!r}, dtype={self.dtype!r})"

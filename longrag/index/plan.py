@@ -84,7 +84,7 @@ class BuildSettings(_Frozen):
     grouped units, the TF-IDF link settings only where they make the links, the passage length only
     for passages); chunking; the FAISS factory, metric and shard count.
     Out: ``embedding.query_instruction`` (it changes query vectors only, and the query encoder reads
-    it from the serving config), resources (batch size, device, GPUs, actor counts, replicas) and the
+    it from the serving config), resources (batch size, device and dtype, GPUs, actor counts, replicas) and the
     reader/serving sections. Settings outside may change between a build and its resume, and an
     evaluation reuses a build whatever they are."""
 

@@ -117,6 +117,24 @@ def test_config_options() -> None:
     np.testing.assert_allclose(emb.encode_queries(["who"]), emb.encode_passages(["query: who"]), atol=1e-6)
 
 
+def test_half_precision_gives_float32_vectors_close_to_the_reference() -> None:
+    """embedding.dtype: bfloat16 (what a CPU runs of the half types) against the hand-written
+    float32 mean-pool reference; auto is float32 on a CPU and float16 on a GPU."""
+    from longrag.index.embedding import resolve_dtype
+
+    assert resolve_dtype("auto", "cpu") == "float32" and resolve_dtype("auto", "cuda:1") == "float16"
+    assert resolve_dtype("bfloat16", "cuda") == "bfloat16"
+    emb = Embedder(EmbeddingConfig(device="cpu", dtype="bfloat16", max_seq_length=32))
+    assert emb.dtype == "bfloat16" and "bfloat16" in repr(emb)
+    got = emb.encode_passages(TEXTS[:3])
+    assert got.dtype == np.float32
+    cosine = np.sum(got * reference_minilm(TEXTS[:3], max_len=32), axis=1)
+    assert cosine.min() > 0.99 and cosine.max() < 0.999999  # close, and really computed in bfloat16
+    assert Embedder(EmbeddingConfig(device="cpu")).dtype == "float32"
+    with pytest.raises(ValueError):
+        EmbeddingConfig(dtype="int8")
+
+
 def test_tokenizer_of_a_hub_model_resolves_in_the_hub_cache(tmp_path, monkeypatch) -> None:
     """Issue 9: ``--set embedding.model=bge-large-en-v1.5`` failed with "no tokenizer": the hub name
     was taken for a folder. The tokenizer is found in the model's Hugging Face cache snapshot,

@@ -1,0 +1,119 @@
+"""Embedding throughput: chunks per second of the product's encoder (``longrag.index.embedding.Embedder``,
+what every embedding actor of an index build runs) on a device, per batch size and dtype.
+
+    python -m jobs.bench_embed                                   (the bundled MiniLM on this machine)
+    python -m jobs.bench_embed --device cuda --dtypes float32,float16 --batch-sizes 32,128,512
+    python -m jobs.bench_embed --set embedding.model=/models/bge-large-en-v1.5 --device cuda
+
+The texts are the bundled DPR passages joined two by two (~270 tokens each; ``--passages-per-chunk``):
+every text fills the encoder's input the way the chunker's chunks do (``chunking`` cuts units to the model's
+limit). Each (dtype, batch) level encodes ``--chunks`` texts after one warm-up batch; the figure
+is chunks per second of wall time, with the vectors checked against the first level's (cosine),
+beside the rate of tokenizing alone (the host's part of ``encode``: a small model on a GPU waits on it).
+This is the figure the cluster plan needs: chunks per second per GPU times the GPUs gives an
+index build's embedding time (docs/autoscaling.md). Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from longrag.bench import machine
+from longrag.cli import add_config_flags, choice_list, config_from_args, int_list, job_setup, number
+from longrag.data import DPR_PASSAGES, data_path, open_text
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+def texts(n: int, per_chunk: int = 2) -> list[str]:
+    """``n`` chunk-sized texts: the bundled DPR passages joined ``per_chunk`` at a time, cycled."""
+    with open_text(data_path(DPR_PASSAGES)) as f:
+        passages = [json.loads(line)["contents"] for line in f if line.strip()]  # '"Title"\ntext'
+    groups = [passages[i:i + per_chunk] for i in range(0, len(passages) - per_chunk + 1, per_chunk)]
+    joined = [" ".join([g[0], *(p.partition("\n")[2] for p in g[1:])]) for g in groups]
+    return [joined[i % len(joined)] for i in range(n)]
+
+
+def level(embedder: Any, chunks: list[str], batch: int) -> tuple[dict[str, Any], np.ndarray]:
+    embedder.config = embedder.config.model_copy(update={"batch_size": batch})
+    embedder.encode_passages(chunks[:batch])  # warm-up: kernels, allocator
+    sync = _synchronizer(embedder.device)
+    sync()
+    t0 = time.perf_counter()
+    vectors = embedder.encode_passages(chunks)
+    sync()
+    wall = time.perf_counter() - t0
+    return {"batch": batch, "chunks": len(chunks), "wall_s": round(wall, 3),
+            "chunks_per_s": round(len(chunks) / wall, 1)}, vectors
+
+
+def _synchronizer(device: str):
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.synchronize
+    return lambda: None
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m jobs.bench_embed", description=__doc__.split("\n\n")[0])
+    add_config_flags(p)
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: embedding.device, auto)")
+    p.add_argument("--dtypes", type=choice_list(DTYPES), default=["float32"], help=f"comma list of {DTYPES}")
+    p.add_argument("--batch-sizes", type=int_list(min_value=1), default=[32], help="comma list")
+    p.add_argument("--chunks", type=number(int, min_value=1), default=2000, help="texts per level")
+    p.add_argument("--passages-per-chunk", type=number(int, min_value=1, max_value=100), default=2,
+                   help="DPR passages (~130 tokens each) joined into one text: 2 fills MiniLM's 256, 4 a 512-token model")
+    p.add_argument("--torch-threads", type=number(int, min_value=1), default=None, help="CPU threads (default torch's)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    job_setup()
+    try:
+        config = config_from_args(args, {"device": "embedding.device"})
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    import torch
+
+    from longrag.index.embedding import Embedder
+
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    chunks = texts(args.chunks, args.passages_per_chunk)
+    rows, reference, device = [], None, ""
+    for dtype in args.dtypes:
+        embedder = Embedder(config.embedding.model_copy(update={"dtype": dtype}))
+        device = embedder.device
+        n_tok = embedder.count_tokens(chunks[:200])
+        preprocess = getattr(embedder.model, "preprocess", None) or embedder.model.tokenize  # sentence-transformers 6 / 5
+        t0 = time.perf_counter()
+        for lo in range(0, len(chunks), 512):  # the host's share: tokenizing alone, as encode() does it
+            preprocess(chunks[lo:lo + 512])
+        tokenize_per_s = round(len(chunks) / (time.perf_counter() - t0), 1)
+        for batch in args.batch_sizes:
+            row, vectors = level(embedder, chunks, batch)
+            if reference is None:
+                reference = vectors
+            row.update(dtype=embedder.dtype, tokenize_only_chunks_per_s=tokenize_per_s, min_cosine_vs_first=round(float(np.min(np.sum(vectors * reference, axis=1))), 5))
+            rows.append(row)
+            print(f"{dtype:>9} batch {batch:>4}: {row['chunks_per_s']:>9.1f} chunks/s "
+                  f"(cosine to the first level >= {row['min_cosine_vs_first']})", flush=True)
+        del embedder
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    print(json.dumps({"model": config.embedding.model, "device": device, "gpu": gpu,
+                      "tokens_per_chunk_mean": round(float(np.mean(n_tok)), 1), "levels": rows,
+                      "machine": machine()}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
