@@ -11,9 +11,11 @@ lines between them. Every :class:`DocumentSetting` answers the question over tha
   ``python -m jobs.longcontext --retriever R --route ROUTE --k N`` runs it (``mixpr/auto`` is the job's
   default: the LLM routes, MixPR ranks, the chunks that fit the window are read).
 
-Every read starts cold (:meth:`~longrag.llm.base.LLM.forget_prefixes`): when two settings send the
-same prompt, llama.cpp would otherwise evaluate the second from its cache, whose logits can differ in
-the last bits and so, now and then, the greedy answer. Rows share the reader benchmark's shape, so :func:`longrag.eval.reader_bench.summarize`,
+Every LLM call is evaluated cold (:attr:`~longrag.llm.base.LLM.cold_reads`): when two settings send
+the same prompt, or the pipeline's reader prompt follows its router prompt, llama.cpp would otherwise
+evaluate it from its cache, whose logits can differ in the last bits and so, now and then, the greedy
+answer (1.5B, MuSiQue: the reader's prompt equal to the bare prompt's, read after the router's, gave
+another answer on 6 of 50 questions, F1 40.7 against 42.1). Rows share the reader benchmark's shape, so :func:`longrag.eval.reader_bench.summarize`,
 ``versus_plain``, ``attribution`` and ``markdown_table`` report them; they are appended to a journal as
 they come, so a rerun resumes.
 """
@@ -144,12 +146,15 @@ async def run_document_settings(
             if (s.label, ex.qid) in done:
                 rows.append(done[(s.label, ex.qid)])
                 continue
-            llm.forget_prefixes()  # every read cold: no row depends on the one read before it
             t0 = time.perf_counter()
-            if s.retriever is None:
-                got = await _read_plain(llm, ex.question, document, budget)
-            else:
-                got = await _read_pipeline(pipe, s, ex.question, document)
+            cold, llm.cold_reads = llm.cold_reads, True  # no call depends on the one before it
+            try:
+                if s.retriever is None:
+                    got = await _read_plain(llm, ex.question, document, budget)
+                else:
+                    got = await _read_pipeline(pipe, s, ex.question, document)
+            finally:
+                llm.cold_reads = cold
             seconds = round(time.perf_counter() - t0, 3)
             row = {"setting": s.label, "mode": s.mode, "budget": budget, "few_shot": 0, "answer_mode": "direct",
                    "qid": ex.qid, "question": ex.question, "golds": list(ex.answers), "document_chars": len(document),

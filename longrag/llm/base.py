@@ -72,6 +72,10 @@ class LLM(abc.ABC):
     #: True where :meth:`chat_json` constrains decoding to the JSON schema (llama.cpp grammar,
     #: OpenAI ``response_format``); False: the default asks in the prompt only.
     supports_json_schema: bool = False
+    #: True: every call is evaluated from scratch, as after :meth:`forget_prefixes` (benchmarks
+    #: comparing prompts: within one pipeline the reader's prompt would otherwise reuse the router's
+    #: cached prefix, and its logits could differ from a cold read's in the last bits).
+    cold_reads: bool = False
 
     @abc.abstractmethod
     async def chat(

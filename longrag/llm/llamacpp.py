@@ -153,6 +153,8 @@ class LlamaCppLLM(LLM):
         with self._lock:
             if self._llama is None:
                 raise LLMError(f"{self.name} is closed")
+            if self.cold_reads:
+                self._forget_locked()
             try:
                 before = self._evaluated_prompt_tokens()
                 return fn(), self._evaluated_prompt_tokens() - before
@@ -347,13 +349,16 @@ class LlamaCppLLM(LLM):
     def forget_prefixes(self) -> None:
         """The context's tokens and the RAM prompt cache emptied: the next prompt is evaluated whole."""
         with self._lock:
-            llama = self._llama
-            if llama is None:
-                return
-            llama.reset()
-            cache = getattr(llama, "cache", None)
-            if cache is not None and hasattr(cache, "cache_state"):
-                cache.cache_state.clear()
+            self._forget_locked()
+
+    def _forget_locked(self) -> None:
+        llama = self._llama
+        if llama is None:
+            return
+        llama.reset()
+        cache = getattr(llama, "cache", None)
+        if cache is not None and hasattr(cache, "cache_state"):
+            cache.cache_state.clear()
 
     async def aclose(self) -> None:
         with self._lock:

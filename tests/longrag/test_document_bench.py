@@ -84,13 +84,15 @@ def test_plain_is_trimmed_to_the_pipelines_budget():
     assert rows[0]["truncated"] and rows[0]["context_tokens"] <= rows[0]["budget"]
 
 
-def test_every_read_starts_cold():
-    class Counting(ScriptedLLM):
-        forgets = 0
+def test_every_call_is_read_cold():
+    """Every LLM call of a row (the router's and the reader's too) runs with cold_reads on; the
+    LLM's own setting is back afterwards."""
+    class Recording(ScriptedLLM):
+        async def chat(self, messages, **kw):
+            seen.append(self.cold_reads)
+            return await super().chat(messages, **kw)
 
-        def forget_prefixes(self) -> None:
-            Counting.forgets += 1
-
-    llm = Counting(["Motihari", "Motihari"], context_window=2048)
-    asyncio.run(run_document_settings(llm, [example()], parse_document_settings("plain,sparse/local/k400"), distractors=2))
-    assert Counting.forgets == 2
+    seen: list[bool] = []
+    llm = Recording(["Motihari", "y", "Motihari"], context_window=2048)
+    asyncio.run(run_document_settings(llm, [example()], parse_document_settings("plain,mixpr/auto"), distractors=2))
+    assert len(llm.calls) == 3 and seen == [True, True, True] and llm.cold_reads is False

@@ -153,3 +153,23 @@ def test_next_turn_reuses_its_prefix_after_another_request(cache_mb):
             assert a2.cached_prompt_tokens < a1.prompt_tokens // 2
     finally:
         asyncio.run(model.aclose())
+
+
+def test_cold_reads_evaluate_every_prompt_whole():
+    """forget_prefixes / cold_reads (the benchmarks' fairness between prompts): the same prompt
+    again reuses the KV cache by default, and is evaluated whole after forget_prefixes or with
+    cold_reads on -- also with a RAM prompt cache that holds it."""
+    model = LlamaCppLLM("smollm2-135m-instruct", n_ctx=1024, n_threads=1, prompt_cache_mb=64)
+    try:
+        msgs = [{"role": "user", "content": "Name the planets of the solar system in order. " * 6}]
+        first = model.chat_sync(msgs, max_tokens=4)
+        assert first.cached_prompt_tokens <= 1  # llama.cpp's counters: the whole prompt evaluated (give or take its last token)
+        assert model.chat_sync(msgs, max_tokens=4).cached_prompt_tokens >= first.prompt_tokens - 2
+        model.forget_prefixes()
+        assert model.chat_sync(msgs, max_tokens=4).cached_prompt_tokens <= 1
+        model.cold_reads = True
+        again = [model.chat_sync(msgs, max_tokens=4) for _ in range(2)]
+        assert all(r.cached_prompt_tokens <= 1 for r in again), again
+        assert len({r.text for r in [first, *again]}) == 1  # greedy and cold: the same reply each time
+    finally:
+        asyncio.run(model.aclose())
