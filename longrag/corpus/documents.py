@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -132,10 +132,23 @@ def read_jsonl(path: str | Path, max_examples: int = 20) -> tuple[list[Document]
 def read_parquet(path: str | Path, max_examples: int = 20, batch_size: int = 4096) -> tuple[list[Document], ReadReport]:
     """Read a parquet document file (local or ``s3://``) batch by batch; ``line`` in the report is
     the 1-based row."""
-    from longrag.store import open_source
-
     source = _source_str(path)
     report = ReadReport(source=source, fmt="parquet", max_examples=max_examples)
+    col = _Collector(report)
+    for row, rec in parquet_rows(source, batch_size=batch_size):
+        col.add(row, rec)
+    return col.docs, report
+
+
+PARQUET_COLUMNS = ("doc_id", "id", "title", "text", "contents", "links")
+"""The columns a parquet document file may have (an id and a text column at least)."""
+
+
+def parquet_rows(source: str, row_group: int | None = None, batch_size: int = 4096) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(1-based row, record without nulls)`` of a parquet document file (local or ``s3://``), of
+    one ``row_group`` or all of them; a file without an id or a text column is a ValueError."""
+    from longrag.store import open_source
+
     with open_source(source, seekable=True, decompress=False) as fh:
         pf = pq.ParquetFile(fh)
         names = set(pf.schema_arrow.names)
@@ -144,14 +157,13 @@ def read_parquet(path: str | Path, max_examples: int = 20, batch_size: int = 409
                 f"{source}: parquet documents need a doc_id (or id) and a text (or contents) column; "
                 f"found {sorted(names)}"
             )
-        wanted = [c for c in ("doc_id", "id", "title", "text", "contents", "links") if c in names]
-        col = _Collector(report)
-        row = 0
-        for batch in pf.iter_batches(batch_size=batch_size, columns=wanted):
+        wanted = [c for c in PARQUET_COLUMNS if c in names]
+        groups = None if row_group is None else [row_group]
+        row = 0 if row_group is None else sum(pf.metadata.row_group(i).num_rows for i in range(row_group))
+        for batch in pf.iter_batches(batch_size=batch_size, columns=wanted, row_groups=groups):
             for rec in batch.to_pylist():
                 row += 1
-                col.add(row, {k: v for k, v in rec.items() if v is not None})
-    return col.docs, report
+                yield row, {k: v for k, v in rec.items() if v is not None}
 
 
 def _source_str(path: str | Path) -> str:

@@ -200,24 +200,10 @@ def _jsonl_records(task: ReadTask) -> Iterator[TaskRecord]:
 
 
 def _parquet_records(task: ReadTask) -> Iterator[TaskRecord]:
-    import pyarrow.parquet as pq
+    from longrag.corpus.documents import parquet_rows
 
-    from longrag.store import open_source
-
-    with open_source(task.source, seekable=True, decompress=False) as fh:
-        pf = pq.ParquetFile(fh)
-        names = set(pf.schema_arrow.names)
-        if not ({"doc_id", "id"} & names) or not ({"text", "contents"} & names):
-            raise ValueError(
-                f"{task.source}: parquet documents need a doc_id (or id) and a text (or contents) column; "
-                f"found {sorted(names)}"
-            )
-        wanted = [c for c in ("doc_id", "id", "title", "text", "contents", "links") if c in names]
-        row = sum(pf.metadata.row_group(i).num_rows for i in range(task.row_group))
-        for batch in pf.iter_batches(batch_size=4096, columns=wanted, row_groups=[task.row_group]):
-            for rec in batch.to_pylist():
-                row += 1
-                yield _record(row, {k: v for k, v in rec.items() if v is not None})
+    for row, rec in parquet_rows(task.source, row_group=task.row_group):
+        yield _record(row, rec)
 
 
 def _wiki_records(task: ReadTask, text_mode: str) -> Iterator[TaskRecord]:

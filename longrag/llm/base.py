@@ -60,6 +60,20 @@ def check_max_tokens(max_tokens: int) -> None:
         raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
 
 
+def check_prompt(prompt: str) -> None:
+    """Raise ValueError unless ``prompt`` is a non-empty str (a plain completion's input)."""
+    if not isinstance(prompt, str) or not prompt:
+        raise ValueError("prompt must be a non-empty str")
+
+
+def resolve_temperature(default: float, temperature: float | None) -> float:
+    """The call's temperature (``None``: the backend's configured ``default``), checked >= 0."""
+    t = default if temperature is None else float(temperature)
+    if t < 0:
+        raise ValueError(f"temperature must be >= 0, got {t}")
+    return t
+
+
 class LLM(abc.ABC):
     """Abstract async LLM. Subclasses set ``name``, ``context_window`` (tokens) and, for base
     models, ``is_chat_model = False``."""

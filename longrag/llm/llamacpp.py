@@ -31,6 +31,8 @@ from longrag.llm.base import (
     LLMError,
     check_max_tokens,
     check_messages,
+    check_prompt,
+    resolve_temperature,
 )
 from longrag.llm.bundled import BUNDLED_MODELS, DEFAULT_READER_MODEL, BundledModel, resolve_model_path
 
@@ -169,10 +171,7 @@ class LlamaCppLLM(LLM):
                 raise LLMError(f"{self.name} {what} failed: {e}") from e
 
     def _temperature(self, temperature: float | None) -> float:
-        t = self.temperature if temperature is None else float(temperature)
-        if t < 0:
-            raise ValueError(f"temperature must be >= 0, got {t}")
-        return t
+        return resolve_temperature(self.temperature, temperature)
 
     def _result(self, out: dict, evaluated: int, text: str, t0: float) -> ChatResult:
         usage = out.get("usage") or {}
@@ -228,8 +227,7 @@ class LlamaCppLLM(LLM):
         stop: list[str] | None = None,
     ) -> ChatResult:
         """Blocking plain completion (what :meth:`complete` runs in a thread)."""
-        if not isinstance(prompt, str) or not prompt:
-            raise ValueError("prompt must be a non-empty str")
+        check_prompt(prompt)
         check_max_tokens(max_tokens)
         temp = self._temperature(temperature)
         t0 = time.perf_counter()

@@ -29,6 +29,8 @@ from longrag.llm.base import (
     LLMError,
     check_max_tokens,
     check_messages,
+    check_prompt,
+    resolve_temperature,
 )
 from longrag.text.tokens import WhitespaceCounter
 
@@ -150,14 +152,19 @@ class OpenAIHTTPLLM(LLM):
 
     def _payload(self, max_tokens: int, temperature: float | None, stop: list[str] | None) -> dict[str, Any]:
         check_max_tokens(max_tokens)
-        temp = self.temperature if temperature is None else float(temperature)
-        if temp < 0:
-            raise ValueError(f"temperature must be >= 0, got {temp}")
+        temp = resolve_temperature(self.temperature, temperature)
         payload: dict[str, Any] = {"model": self.name, "max_tokens": max_tokens, "temperature": temp}
         if stop:
             payload["stop"] = list(stop)
         if self.seed is not None:
             payload["seed"] = self.seed
+        return payload
+
+    def _chat_payload(self, messages: list[dict], max_tokens: int, temperature: float | None,
+                      stop: list[str] | None) -> dict[str, Any]:
+        check_messages(messages)
+        payload = self._payload(max_tokens, temperature, stop)
+        payload["messages"] = [{"role": m["role"], "content": m["content"]} for m in messages]
         return payload
 
     def _result(self, resp: Any, text: str | None, t0: float, prompt_est: int) -> ChatResult:
@@ -187,9 +194,7 @@ class OpenAIHTTPLLM(LLM):
         temperature: float | None = None,
         stop: list[str] | None = None,
     ) -> ChatResult:
-        check_messages(messages)
-        payload = self._payload(max_tokens, temperature, stop)
-        payload["messages"] = [{"role": m["role"], "content": m["content"]} for m in messages]
+        payload = self._chat_payload(messages, max_tokens, temperature, stop)
         t0 = time.perf_counter()
         resp = await self._create("/chat/completions", payload)
         text = self._first_choice(resp, "/chat/completions").message.content
@@ -205,9 +210,7 @@ class OpenAIHTTPLLM(LLM):
     ) -> AsyncIterator[str | ChatResult]:
         """``stream=True`` with ``stream_options.include_usage`` (the last chunk carries the usage);
         retries cover opening the stream, not a stream that breaks midway (raised as LLMError)."""
-        check_messages(messages)
-        payload = self._payload(max_tokens, temperature, stop)
-        payload["messages"] = [{"role": m["role"], "content": m["content"]} for m in messages]
+        payload = self._chat_payload(messages, max_tokens, temperature, stop)
         payload.update(stream=True, stream_options={"include_usage": True})
         t0 = time.perf_counter()
         stream = await self._create("/chat/completions", payload)
@@ -239,8 +242,7 @@ class OpenAIHTTPLLM(LLM):
         check_messages(messages)
         if not isinstance(schema, dict):
             raise ValueError(f"schema must be a JSON schema dict, got {type(schema).__name__}")
-        payload = self._payload(max_tokens, temperature, None)
-        payload["messages"] = [{"role": m["role"], "content": m["content"]} for m in messages]
+        payload = self._chat_payload(messages, max_tokens, temperature, None)
         payload["response_format"] = {
             "type": "json_schema",
             "json_schema": {"name": str(schema.get("title") or "reply"), "schema": schema, "strict": True},
@@ -258,8 +260,7 @@ class OpenAIHTTPLLM(LLM):
         temperature: float | None = None,
         stop: list[str] | None = None,
     ) -> ChatResult:
-        if not isinstance(prompt, str) or not prompt:
-            raise ValueError("prompt must be a non-empty str")
+        check_prompt(prompt)
         payload = self._payload(max_tokens, temperature, stop)
         payload["prompt"] = prompt
         t0 = time.perf_counter()
