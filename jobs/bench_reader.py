@@ -97,16 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     llm = build_llm(config.llm)
     rows = asyncio.run(rb.run_settings(llm, examples, cands, args.settings, base=config.reader, mixpr=config.mixpr,
                                        checkpoint=out / f"{args.dataset}.rows.jsonl"))
-    summary = rb.summarize(rows)
-    causes = rb.attribution(rows)
     meta = {"llm": config.llm.model_dump(), "data": data, "malformed": loaded.n_malformed,
             "settings_spec": rb.setting_dicts(args.settings), "wall_s": round(time.perf_counter() - t0, 1),
             "command": ["python", "-m", "jobs.bench_reader", *(argv if argv is not None else sys.argv[1:])]}
-    out.mkdir(parents=True, exist_ok=True)
-    report = rb.report_json(args.dataset, cands, summary, meta) | {"attribution": causes}
-    (out / f"{args.dataset}.json").write_text(json.dumps(report, indent=2))
-    table = rb.markdown_table(args.dataset, summary) + "\n\n" + rb.attribution_table(args.dataset, causes)
-    (out / f"{args.dataset}.md").write_text(table + "\n")
+    table, summary = rb.write_reports(out, args.dataset, rows, {"dataset": args.dataset, "retrieval": cands.stats,
+                                                                **meta})
     summaries = {p.stem: json.loads(p.read_text())["settings"] for p in sorted(out.glob("*.json"))}
     rb.plot_summary(summaries, out / "reader_bench.png")
     print(table)
@@ -128,19 +123,14 @@ def _document(args: argparse.Namespace, config, argv: list[str] | None) -> int:
     name = f"{args.dataset}-document"
     rows = asyncio.run(run_document_settings(llm, examples, args.settings, mixpr=config.mixpr,
                                              distractors=args.distractors, checkpoint=out / f"{name}.rows.jsonl"))
-    summary = rb.summarize(rows)
-    causes = rb.attribution(rows)
-    report = {"dataset": args.dataset, "document": {"distractors": args.distractors}, "settings": summary,
-              "attribution": causes, "llm": config.llm.model_dump(), "data": data, "malformed": loaded.n_malformed,
-              "wall_s": round(time.perf_counter() - t0, 1),
-              "command": ["python", "-m", "jobs.bench_reader", *(argv if argv is not None else sys.argv[1:])]}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(report, indent=2))
-    table = rb.markdown_table(name, summary) + "\n\n" + rb.attribution_table(name, causes)
-    (out / f"{name}.md").write_text(table + "\n")
+    wall_s = round(time.perf_counter() - t0, 1)
+    table, summary = rb.write_reports(out, name, rows, {
+        "dataset": args.dataset, "document": {"distractors": args.distractors}, "llm": config.llm.model_dump(),
+        "data": data, "malformed": loaded.n_malformed, "wall_s": wall_s,
+        "command": ["python", "-m", "jobs.bench_reader", *(argv if argv is not None else sys.argv[1:])]})
     print(table)
     print(json.dumps({"dataset": args.dataset, "document": True, "model": config.llm.model, "settings": summary,
-                      "vs_plain": rb.versus_plain(summary), "wall_s": report["wall_s"]}))
+                      "vs_plain": rb.versus_plain(summary), "wall_s": wall_s}))
     return 0
 
 

@@ -25,6 +25,7 @@ Results are appended to a checkpoint as they come, so a rerun resumes.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -425,9 +426,16 @@ def plot_summary(summaries: dict[str, Sequence[dict[str, Any]]], path: Path) -> 
     return save_figure(fig, path, dpi=120)
 
 
-def report_json(dataset: str, candidates: Candidates, summary: Sequence[dict[str, Any]],
-                meta: dict[str, Any]) -> dict[str, Any]:
-    return {"dataset": dataset, "retrieval": candidates.stats, "settings": list(summary), **meta}
+def write_reports(out: Path, name: str, rows: Sequence[dict[str, Any]], report: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """``out/<name>.json`` (``report`` with the settings' summary and the attribution of their
+    points) and ``out/<name>.md`` (both tables); returns the tables' text and the summary."""
+    summary = summarize(rows)
+    causes = attribution(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps({**report, "settings": summary, "attribution": causes}, indent=2))
+    table = markdown_table(name, summary) + "\n\n" + attribution_table(name, causes)
+    (out / f"{name}.md").write_text(table + "\n")
+    return table, summary
 
 
 def setting_dicts(settings: Sequence[ReaderSetting]) -> list[dict[str, Any]]:
