@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from longrag.cli import choice_list, number
+from longrag.cli import add_cluster_flags, choice_list, number
 from longrag.llm.bundled import BUNDLED_MODELS
 from longrag.llm.convert import lora_to_gguf
 from longrag.lrg.records import KINDS
@@ -78,8 +78,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="restart the worker group this many times after a worker dies (e.g. killed for memory)")
     p.add_argument("--storage", default=None, help="Ray Train storage (a shared folder or s3://...; default OUT/ray)")
     p.add_argument("--plot", default=None, help="write the loss curve PNG here (default OUT/loss.png)")
-    p.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS or a local Ray)")
-    p.add_argument("--num-cpus", type=number(int, min_value=1), default=4, help="CPUs of a local Ray")
+    add_cluster_flags(p)
     return p.parse_args(argv)
 
 

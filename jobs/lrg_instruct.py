@@ -31,7 +31,7 @@ import logging
 import sys
 from typing import Any, Sequence
 
-from longrag.cli import choice_list, number
+from longrag.cli import add_cluster_flags, choice_list, number
 from longrag.eval.datasets import load_qa
 from longrag.llm.openai_http import estimate_tokens
 from longrag.lrg.build import Input, build_lrg
@@ -157,8 +157,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--actor-cpus", type=number(float, min_value=0), default=1.0, help="CPUs per teacher actor")
     p.add_argument("--context-window", type=number(int, min_value=512), default=8192, help="teacher window (tokens)")
     p.add_argument("--timeout-s", type=number(float, min_value=0, min_exclusive=True), default=300.0)
-    p.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS or a local Ray)")
-    p.add_argument("--num-cpus", type=number(int, min_value=1), default=4, help="CPUs of a local Ray")
+    add_cluster_flags(p)
     return p.parse_args(argv)
 
 
