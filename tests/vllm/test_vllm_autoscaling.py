@@ -6,7 +6,7 @@ after the burst, with no failed request throughout.
 
 Each replica is a vLLM engine (a 1-CPU placement-group bundle, 1 GiB of KV cache, the 0.5B model
 in float32: ~3 GiB), so two fit this 2-core, 24 GiB machine on 3 logical CPUs. Run with
-`make test-vllm` (marker `vllm`; about 5 minutes of it)."""
+`make test-vllm` (marker `vllm`; 4 min on a quiet machine: 135 s of burst until the second engine ran)."""
 
 from __future__ import annotations
 
