@@ -4,6 +4,7 @@ what every embedding actor of an index build runs) on a device, per batch size a
     python -m jobs.bench_embed                                   (the bundled MiniLM on this machine)
     python -m jobs.bench_embed --device cuda --dtypes float32,float16 --batch-sizes 32,128,512
     python -m jobs.bench_embed --set embedding.model=/models/bge-large-en-v1.5 --device cuda
+    python -m jobs.bench_embed --random-shape bge-large --passages-per-chunk 4 --device cuda --dtypes float32,float16
 
 The texts are the bundled DPR passages joined two by two (~270 tokens each; ``--passages-per-chunk``):
 every text fills the encoder's input the way the chunker's chunks do (``chunking`` cuts units to the model's
@@ -20,6 +21,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,6 +40,33 @@ def texts(n: int, per_chunk: int = 2) -> list[str]:
     groups = [passages[i:i + per_chunk] for i in range(0, len(passages) - per_chunk + 1, per_chunk)]
     joined = [" ".join([g[0], *(p.partition("\n")[2] for p in g[1:])]) for g in groups]
     return [joined[i % len(joined)] for i in range(n)]
+
+
+SHAPES = {"bge-large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
+                           max_position_embeddings=512)}
+"""Encoder shapes measurable without their weights (``--random-shape``): speed does not depend on them."""
+
+
+def random_shape_model(shape: str, folder: Path) -> Path:
+    """A sentence-transformers folder with a BERT of ``shape`` (e.g. bge-large-en-v1.5's: 24 layers,
+    1,024 wide, 512 tokens) and random weights, using the bundled MiniLM's BERT-uncased tokenizer."""
+    import shutil
+
+    from transformers import BertConfig, BertModel
+
+    from longrag.index.embedding import bundled_minilm_path
+
+    src = bundled_minilm_path()
+    shutil.copytree(src, folder, ignore=lambda d, names: [n for n in names if Path(d) == src
+                                                            and n in ("model.safetensors", "config.json")])
+    cfg = SHAPES[shape]
+    BertModel(BertConfig(vocab_size=30522, **cfg)).save_pretrained(folder)
+    (folder / "sentence_bert_config.json").write_text(json.dumps(
+        {"max_seq_length": cfg["max_position_embeddings"], "do_lower_case": True}))
+    pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    pooling["word_embedding_dimension"] = cfg["hidden_size"]
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    return folder
 
 
 def level(embedder: Any, chunks: list[str], batch: int) -> tuple[dict[str, Any], np.ndarray]:
@@ -70,6 +99,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--chunks", type=number(int, min_value=1), default=2000, help="texts per level")
     p.add_argument("--passages-per-chunk", type=number(int, min_value=1, max_value=100), default=2,
                    help="DPR passages (~130 tokens each) joined into one text: 2 fills MiniLM's 256, 4 a 512-token model")
+    p.add_argument("--random-shape", choices=sorted(SHAPES), default=None,
+                   help="measure an encoder of this shape with random weights instead of embedding.model")
     p.add_argument("--torch-threads", type=number(int, min_value=1), default=None, help="CPU threads (default torch's)")
     return p.parse_args(argv)
 
@@ -84,11 +115,28 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch
 
-    from longrag.index.embedding import Embedder
-
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     chunks = texts(args.chunks, args.passages_per_chunk)
+    if args.random_shape:
+        import shutil
+        import tempfile
+
+        tmp = Path(tempfile.mkdtemp(prefix="bench-embed-"))
+        try:
+            folder = random_shape_model(args.random_shape, tmp / args.random_shape)
+            config = config.model_copy(update={"embedding": config.embedding.model_copy(update={"model": str(folder)})})
+            return run(args, config, chunks)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return run(args, config, chunks)
+
+
+def run(args: argparse.Namespace, config: Any, chunks: list[str]) -> int:
+    import torch
+
+    from longrag.index.embedding import Embedder
+
     rows, reference, device = [], None, ""
     for dtype in args.dtypes:
         embedder = Embedder(config.embedding.model_copy(update={"dtype": dtype}))

@@ -34,3 +34,22 @@ def test_bad_options_exit_with_a_message(capsys):
     with pytest.raises(SystemExit):
         main(["--dtypes", "int8"])
     assert "int8" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_random_shape_is_measured_and_its_folder_removed(monkeypatch, capsys, tmp_path):
+    """--random-shape: a BERT of the shape with random weights and the bundled tokenizer, measured
+    like any encoder, its temporary folder gone afterwards (a small shape stands in for bge-large)."""
+    import tempfile
+
+    import jobs.bench_embed as be
+
+    monkeypatch.setitem(be.SHAPES, "tiny", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                                intermediate_size=128, max_position_embeddings=512))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert be.main(["--random-shape", "tiny", "--device", "cpu", "--chunks", "4", "--batch-sizes", "4",
+                    "--passages-per-chunk", "4", "--torch-threads", "1"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "tiny" in out["model"] and out["tokens_per_chunk_mean"] > 400  # 512-token inputs, not MiniLM's 256
+    assert out["levels"][0]["chunks_per_s"] > 0
+    assert list(tmp_path.iterdir()) == []  # the random model's folder removed
