@@ -82,6 +82,15 @@ def level(embedder: Any, chunks: list[str], batch: int) -> tuple[dict[str, Any],
             "chunks_per_s": round(len(chunks) / wall, 1)}, vectors
 
 
+def tokenize_rate(embedder: Any, chunks: list[str]) -> float:
+    """Chunks per second of tokenizing alone, as ``encode`` does it: the host's share of embedding."""
+    preprocess = getattr(embedder.model, "preprocess", None) or embedder.model.tokenize  # sentence-transformers 6 / 5
+    t0 = time.perf_counter()
+    for lo in range(0, len(chunks), 512):
+        preprocess(chunks[lo:lo + 512])
+    return round(len(chunks) / (time.perf_counter() - t0), 1)
+
+
 def _synchronizer(device: str):
     if device.startswith("cuda"):
         import torch
@@ -137,16 +146,13 @@ def run(args: argparse.Namespace, config: Any, chunks: list[str]) -> int:
 
     from longrag.index.embedding import Embedder
 
-    rows, reference, device = [], None, ""
+    rows, reference, device, n_tok, tokenize_per_s = [], None, "", [], 0.0
     for dtype in args.dtypes:
         embedder = Embedder(config.embedding.model_copy(update={"dtype": dtype}))
         device = embedder.device
-        n_tok = embedder.count_tokens(chunks[:200])
-        preprocess = getattr(embedder.model, "preprocess", None) or embedder.model.tokenize  # sentence-transformers 6 / 5
-        t0 = time.perf_counter()
-        for lo in range(0, len(chunks), 512):  # the host's share: tokenizing alone, as encode() does it
-            preprocess(chunks[lo:lo + 512])
-        tokenize_per_s = round(len(chunks) / (time.perf_counter() - t0), 1)
+        if not n_tok:  # the tokenizer is the same whatever the dtype: measured once
+            n_tok = embedder.count_tokens(chunks[:200])
+            tokenize_per_s = tokenize_rate(embedder, chunks)
         for batch in args.batch_sizes:
             row, vectors = level(embedder, chunks, batch)
             if reference is None:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from longrag.index.grouping import normalize_title
+from longrag.index.grouping import link_positions
 from longrag.types import Unit
 
 DOCUMENTS_PREFIX = "documents/"
@@ -180,9 +180,4 @@ def resolve_links(
             if t != own:
                 resolved.append(t)
         links = resolved
-    out = []
-    for t in links:
-        j = keys.get(normalize_title(t))
-        if j is not None:
-            out.append(j)
-    return out
+    return link_positions(links, keys)

@@ -75,12 +75,20 @@ def link_edges(docs: Sequence[Document]) -> tuple[np.ndarray, np.ndarray]:
     src: list[int] = []
     dst: list[int] = []
     for i, d in enumerate(docs):
-        for link in d.links:
-            j = keys.get(normalize_title(link))
-            if j is not None:
-                src.append(i)
-                dst.append(j)
+        found = link_positions(d.links, keys)
+        src.extend([i] * len(found))
+        dst.extend(found)
     return np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+
+
+def link_positions(links: Iterable[str], keys: dict[str, int]) -> list[int]:
+    """The positions (:func:`title_keys`) of the titles ``links`` name; unknown titles dropped."""
+    out = []
+    for t in links:
+        j = keys.get(normalize_title(t))
+        if j is not None:
+            out.append(j)
+    return out
 
 
 def build_adjacency(docs: Sequence[Document], symmetric: bool = True) -> list[list[int]]:
