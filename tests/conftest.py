@@ -40,15 +40,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def sample_index(tmp_path_factory) -> dict:
     """The bundled enwiki sample indexed once per session (lead sections, grouped units, 2 shards)
-    with the real bundled embedding model. Starts and stops its own local Ray, so test modules
-    can each start theirs afterwards."""
+    with the real bundled embedding model, on a local Ray of 2 logical CPUs as ``make demo`` builds
+    (a stage asking for a whole CPU beside the chunker and the embedding pool waits forever there).
+    Starts and stops its own local Ray, so test modules can each start theirs afterwards."""
     from cluster.local import start_or_join
     from actors.distbuild import build_corpus_index
     from longrag.config import load_config
 
     out = tmp_path_factory.mktemp("sample-index") / "build"
     config = load_config(None, ["units.kind=grouped", "units.text_mode=lead", "index.shards=2"])
-    handle = start_or_join(None, num_cpus=4)
+    handle = start_or_join(None, num_cpus=2)
     try:
         report = build_corpus_index(str(SAMPLE_WIKI), "wikixml", str(out), config, command=["pytest"])
     finally:
