@@ -73,24 +73,38 @@ STAGE_CPUS = 0.05
 chunks): small, so they always fit beside the pool sized by :func:`actors.embedding.pool_options`."""
 
 
-def read_staged_units(batch: dict[str, np.ndarray], store_uri: str) -> Any:
-    """Ray Data callable: the staged unit parts named by ``batch["key"]`` (with their ``shard``),
-    read through the store's filesystem (local, S3, GCS), as one pyarrow table with a ``shard``
-    column.
-
-    Not ``ray.data.read_parquet``: its file-listing task asks for a whole CPU that cannot be set,
-    and beside the chunker and the embedding pool on a 2-CPU machine it never gets one (the
-    build waited forever)."""
+def shard_column(batch: Any) -> Any:
+    """Ray Data callable (pyarrow batches): the ``shard`` of each staged unit, from the part's path
+    (``.../staging/units/shard-00003/part-00000.parquet``), in place of the path."""
     import pyarrow as pa
 
-    from longrag.index.artifacts import ArtifactStore
+    from longrag.index.distplan import shard_of_staged_path
 
-    storage = ArtifactStore.open(store_uri).storage
-    tables = []
-    for key, shard in zip(batch["key"], batch["shard"]):
-        t = storage.read_table(str(key), columns=["unit_id", "titles", "text"])
-        tables.append(t.append_column("shard", pa.array(np.full(t.num_rows, int(shard)), pa.int64())))
-    return pa.concat_tables(tables)
+    paths = batch.column("path").to_pylist()
+    shards = pa.array([shard_of_staged_path(p) for p in paths], pa.int64())
+    return batch.drop_columns(["path"]).append_column("shard", shards)
+
+
+def read_staged_units(paths: list[str], filesystem: Any) -> Any:
+    """The staged unit parts at ``paths`` as a Ray Dataset of ``unit_id, titles, text, shard``,
+    read by ``ray.data.read_parquet`` through the store's filesystem (local, S3, GCS).
+
+    Through Ray Data's first parquet datasource (``DataContext.use_datasource_v2=False``, for this
+    read only): the second one lists files in a task that asks for a whole CPU, which no option
+    sets, and beside the chunker and the embedding pool on a 2-CPU machine that task never got one
+    (``make demo`` waited forever). The first one lists on the driver and its read tasks take
+    :data:`STAGE_CPUS`."""
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current()
+    before = ctx.use_datasource_v2
+    ctx.use_datasource_v2 = False  # the dataset keeps a copy of the context it was made with
+    try:
+        ds = ray.data.read_parquet(paths, filesystem=filesystem, columns=["unit_id", "titles", "text"],
+                                   include_paths=True, ray_remote_args={"num_cpus": STAGE_CPUS})
+    finally:
+        ctx.use_datasource_v2 = before
+    return ds.map_batches(shard_column, batch_format="pyarrow", num_cpus=STAGE_CPUS)
 
 
 def stage_chunks(batch: dict[str, np.ndarray], store_uri: str) -> dict[str, list[int]]:
@@ -182,14 +196,15 @@ def build_shards(out: str, config: LongRAGConfig, max_tokens: int, pending: dict
     Ray Data reads the staged units, chunks them (one actor) and embeds them (an actor pool sized from
     the cluster, :func:`actors.embedding.pool_options`), writing embedded chunks back to staging; then
     one task per shard builds its index, all shards at once within the cluster's resources."""
+    from longrag.index.artifacts import ArtifactStore
     from longrag.index.distplan import staged_parts, staged_units_key
 
     if not pending:
         return []
     emb = config.embedding
-    parts = [{"key": staged_units_key(s, k), "shard": s} for s, n in sorted(pending.items()) for k in range(staged_parts(n))]
-    ds = ray.data.from_items(parts, override_num_blocks=len(parts))
-    ds = ds.map_batches(read_staged_units, fn_kwargs={"store_uri": out}, batch_size=1, num_cpus=STAGE_CPUS)
+    storage = ArtifactStore.open(out).storage
+    paths = [storage.path(staged_units_key(s, k)) for s, n in sorted(pending.items()) for k in range(staged_parts(n))]
+    ds = read_staged_units(paths, storage.filesystem)
     ds = ds.map_batches(
         ChunkUnits,
         fn_constructor_kwargs={"model": emb.model, "max_tokens": max_tokens},

@@ -18,6 +18,7 @@ link graph: ids and titles as Arrow strings, a few integers per document, 8 byte
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from longrag.types import Unit
 
 DOCUMENTS_PREFIX = "documents/"
 STAGING_PREFIX = "staging/"
+_STAGED_UNITS = re.compile(r"(?:^|/)staging/units/shard-(\d+)/part-\d+\.parquet$")
 
 
 UNITS_PER_PART = 64
@@ -40,6 +42,14 @@ units over the embedding actors."""
 def staged_units_prefix(shard: int) -> str:
     """Store prefix of a shard's assembled units (parquet parts) before the shard is built."""
     return f"{STAGING_PREFIX}units/shard-{shard:05d}/"
+
+
+def shard_of_staged_path(path: str) -> int:
+    """The shard of a staged units part from its key or path (the inverse of :func:`staged_units_key`)."""
+    m = _STAGED_UNITS.search(path)
+    if m is None:
+        raise ValueError(f"{path!r} is not a staged units part ({STAGING_PREFIX}units/shard-NNNNN/part-NNNNN.parquet)")
+    return int(m.group(1))
 
 
 def staged_units_key(shard: int, part: int) -> str:
