@@ -208,10 +208,11 @@ def _parquet_records(task: ReadTask) -> Iterator[TaskRecord]:
 
 def _wiki_records(task: ReadTask, text_mode: str) -> Iterator[TaskRecord]:
     from longrag.corpus import wikitext
+    from longrag.corpus.wikititles import normalize_title
 
     for raw in _task_pages(task):
         if raw.redirect:
-            yield TaskRecord("redirect", title=wikitext.normalize_title(raw.title), target=raw.redirect)
+            yield TaskRecord("redirect", title=normalize_title(raw.title), target=raw.redirect)
             continue
         doc, reason = wikitext.try_parse_page(raw, text_mode=text_mode)
         if doc is None:
@@ -220,12 +221,12 @@ def _wiki_records(task: ReadTask, text_mode: str) -> Iterator[TaskRecord]:
             yield TaskRecord("doc", doc=doc)
 
 
-def _task_pages(task: ReadTask) -> Iterator["wikitext.RawPage"]:  # noqa: F821
-    from longrag.corpus import wikitext
+def _task_pages(task: ReadTask) -> Iterator["wikixml.RawPage"]:  # noqa: F821
+    from longrag.corpus import wikixml
     from longrag.store import open_source
 
     if task.kind != "stream":
-        yield from wikitext.iter_pages(task.source)
+        yield from wikixml.iter_pages(task.source)
         return
     with open_source(task.source, seekable=True, decompress=False) as fh:
         fh.seek(task.start)
@@ -238,7 +239,7 @@ def _task_pages(task: ReadTask) -> Iterator["wikitext.RawPage"]:  # noqa: F821
     if head >= 0:  # the first stream of a dump also carries the root's start tag
         body = xml[xml.index(b">", head) + 1 :]
     body = body.replace(b"</mediawiki>", b"")
-    yield from wikitext.iter_pages(io.BytesIO(b"<mediawiki>" + body + b"</mediawiki>"))
+    yield from wikixml.iter_pages(io.BytesIO(b"<mediawiki>" + body + b"</mediawiki>"))
 
 
 # ---------------------------------------------------------------------------------------- writing

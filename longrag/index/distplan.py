@@ -10,7 +10,7 @@ link graph: ids and titles as Arrow strings, a few integers per document, 8 byte
   numerically, JSONL/parquet in file and line order) and drops later duplicates of a ``doc_id``;
 - :func:`final_redirects` / :func:`resolve_links` resolve link titles against
   :func:`longrag.index.grouping.title_keys` the way :func:`longrag.index.grouping.link_edges` and
-  :func:`longrag.corpus.wikitext.resolve_redirects` do, on a worker, from broadcast tables;
+  :func:`longrag.corpus.wikititles.resolve_redirects` do, on a worker, from broadcast tables;
 - the units are planned and assembled by :mod:`longrag.index.units` (:func:`~longrag.index.units.plan_units`
   on the driver, :func:`~longrag.index.units.assemble_units` per shard on workers), the path every
   build takes; this module stages them (:func:`stage_shard_units`).
@@ -154,9 +154,9 @@ def order_documents(meta: DocMeta, fmt: str) -> tuple[np.ndarray, list[tuple[int
 
 def final_redirects(redirects: dict[str, str]) -> dict[str, str]:
     """Each redirect source -> the title at the end of its chain
-    (:func:`longrag.corpus.wikitext.resolve_title`: a cycle leaves the title as it is)."""
-    from longrag.corpus.wikitext import normalize_title as wiki_title
-    from longrag.corpus.wikitext import resolve_title
+    (:func:`longrag.corpus.wikititles.resolve_title`: a cycle leaves the title as it is)."""
+    from longrag.corpus.wikititles import normalize_title as wiki_title
+    from longrag.corpus.wikititles import resolve_title
 
     red = {wiki_title(k): wiki_title(v) for k, v in redirects.items()}
     return {k: resolve_title(k, red) for k in red}
@@ -167,10 +167,10 @@ def resolve_links(
 ) -> list[int]:
     """Positions of the documents ``links`` point to. With ``redirects`` (a wiki export: the map of
     :func:`final_redirects`), links go through them and a link that lands on the document's own title
-    is dropped, as :func:`longrag.corpus.wikitext.resolve_redirects` does; links to titles outside the
+    is dropped, as :func:`longrag.corpus.wikititles.resolve_redirects` does; links to titles outside the
     corpus are dropped, duplicates and self-loops are left to the graph builder."""
     if redirects is not None:
-        from longrag.corpus.wikitext import normalize_title as wiki_title
+        from longrag.corpus.wikititles import normalize_title as wiki_title
 
         own = wiki_title(title)
         resolved = []
