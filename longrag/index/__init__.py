@@ -5,5 +5,7 @@
 :mod:`~longrag.index.chunking` (units cut to the encoder's input), :mod:`~longrag.index.embedding`
 (bundled/production encoders), :mod:`~longrag.index.maxp` (exact FAISS shards, MaxP merge),
 :mod:`~longrag.index.manifest` (build manifests with checksums and provenance),
-:mod:`~longrag.index.capacity` (memory/throughput plan for a corpus size).
+:mod:`~longrag.index.capacity` (memory/throughput plan for a corpus size, measured through
+:mod:`~longrag.index.tradeoff` on :mod:`~longrag.index.synthetic` vectors and the FAISS
+:mod:`~longrag.index.factories`).
 """

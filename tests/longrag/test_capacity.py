@@ -6,15 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from longrag.index.capacity import (
-    CapacityModel,
-    clustered_vectors,
-    index_bytes_per_vector,
-    measure_factory,
-    plan_corpus,
-    projected_bytes_per_vector,
-    unit_recall,
-)
+from longrag.index.capacity import CapacityModel, plan_corpus, projected_bytes_per_vector
+from longrag.index.synthetic import clustered_vectors
+from longrag.index.tradeoff import index_bytes_per_vector, measure_factory, unit_recall
 from longrag.index.maxp import MaxPIndex
 from longrag.types import UnitHit
 

@@ -11,7 +11,7 @@ import faiss
 import numpy as np
 import pytest
 
-from longrag.index.capacity import clustered_vectors
+from longrag.index.synthetic import clustered_vectors
 from longrag.index.maxp import MaxPIndex
 
 pytestmark = pytest.mark.gpu
