@@ -39,7 +39,9 @@ from longrag.dual.bench_report import (
     tokens_markdown,
 )
 from longrag.dual.chunking import SourceParagraph
-from longrag.dual.pipeline import DualPipeline, DualResult, index_paragraphs
+from longrag.dual.paragraphs import index_paragraphs
+from longrag.dual.pipeline import DualPipeline
+from longrag.dual.records import DualResult
 from longrag.dual.rerank import DENSE_ONLY, DenseEncoder, PairScorer, Retrieval
 from longrag.eval.checkpoint import ReaderCheckpoint
 from longrag.eval.datasets import QAExample, load_qa

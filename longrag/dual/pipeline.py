@@ -14,83 +14,49 @@ Answering" (Zhao et al., 2024):
   information + chunks), Fil (kept chunks), E&F (global information + kept chunks).
 
 Every stage is traced with its calls, tokens and latency; the result also records the generator's
-input tokens (the paper's Figure 3). The prompts are written for this project, after the roles of the
-paper's Table 23 prompts.
+input tokens (the paper's Figure 3). This module holds the stages and the strategies' runner; the
+prompts are in :mod:`longrag.dual.prompts`, the traces and results in :mod:`longrag.dual.records`,
+the chunk index and the chunk -> paragraph mapping in :mod:`longrag.dual.paragraphs`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
 from longrag.config import DUAL_STRATEGIES, DualConfig
-from longrag.dual.chunking import DualChunk, SourceParagraph, chunk_paragraphs, split_document
-from longrag.dual.rerank import DenseEncoder, DualRetriever, PairScorer, Retrieval, RetrievedChunk
+from longrag.dual.chunking import SourceParagraph
+from longrag.dual.paragraphs import ChunkIndex, map_to_paragraphs
+from longrag.dual.prompts import (
+    COT_PROMPT,
+    DETAILS_HEADER,
+    EXTRACTOR_PROMPT,
+    GENERATOR_PROMPT,
+    GLOBAL_HEADER,
+    JUDGE_PROMPT,
+    JUDGEMENT_SCHEMA,
+    SYSTEM,
+    parse_judgement,
+)
+from longrag.dual.records import DualResult, Judgement, StageTrace
+from longrag.dual.rerank import Retrieval, RetrievedChunk
 from longrag.llm.base import LLM, ChatResult
 from longrag.reading.answers import finish_short_answer
 from longrag.types import InvalidRequest
 
 __all__ = [
     "STRATEGIES",
-    "JUDGEMENT_SCHEMA",
-    "ChunkIndex",
-    "StageTrace",
-    "Judgement",
-    "DualResult",
     "DualPipeline",
     "ExtractorStage",
     "FilterStage",
     "GeneratorStage",
     "check_strategy",
-    "map_to_paragraphs",
-    "parse_judgement",
-    "index_paragraphs",
-    "index_document",
 ]
 
 STRATEGIES: tuple[str, ...] = DUAL_STRATEGIES
 USES_EXTRACTOR = frozenset({"Ext", "E&F"})
 USES_FILTER = frozenset({"Fil", "E&F"})
-
-JUDGEMENT_SCHEMA: dict[str, Any] = {
-    "title": "judgement",
-    "type": "object",
-    "properties": {"status": {"type": "boolean"}},
-    "required": ["status"],
-    "additionalProperties": False,
-}
-
-SYSTEM = "You are a careful assistant that answers questions from the documents you are given."
-EXTRACTOR_PROMPT = (
-    "Background:\n{content}\n\n"
-    "Read the background above. Write down the information from it that someone would need to cite to "
-    "answer the question below: the relevant facts and how they connect. Do not answer the question itself.\n"
-    "Question: {question}"
-)
-COT_PROMPT = (
-    "Passages:\n{content}\n\n"
-    "Using the passages above, reason step by step about how the following question can be answered: "
-    "which facts are needed and how they lead to the answer.\n"
-    "Question: {question}"
-)
-JUDGE_PROMPT = (
-    "Passage:\n{content}\n\n"
-    "Question: {question}\n"
-    "Reasoning about the question: {cot}\n\n"
-    "Following that reasoning, decide whether the passage must be cited to answer the question. "
-    'Reply with JSON only: {{"status": true}} if it must be cited, {{"status": false}} if not.'
-)
-GENERATOR_PROMPT = (
-    "{content}\n\n"
-    "Answer the question from the information above. Give only the answer, with no other words.\n"
-    "Question: {question}\nAnswer:"
-)
-GLOBAL_HEADER = "Global information:\n"
-DETAILS_HEADER = "Passages:\n"
 _SEP = "\n\n"
 
 
@@ -98,153 +64,6 @@ def check_strategy(strategy: Any) -> str:
     if strategy not in STRATEGIES:
         raise InvalidRequest(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
     return strategy
-
-
-# -------------------------------------------------------------------------------------------- records
-
-
-@dataclass
-class ChunkIndex:
-    """Chunks of a corpus with their source paragraphs and a retriever over them."""
-
-    paragraphs: dict[str, SourceParagraph]
-    chunks: list[DualChunk]
-    retriever: DualRetriever
-
-
-@dataclass
-class StageTrace:
-    """One stage: the model that ran it, LLM calls, summed tokens and call latency, the stage's wall
-    time, notes."""
-
-    stage: str
-    calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    llm_ms: float = 0.0
-    wall_ms: float = 0.0
-    notes: list[str] = field(default_factory=list)
-    model: str | None = None
-
-    def add(self, r: ChatResult) -> None:
-        self.model = r.model
-        self.calls += 1
-        self.prompt_tokens += r.prompt_tokens
-        self.completion_tokens += r.completion_tokens
-        self.llm_ms += r.latency_ms
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class Judgement:
-    """The filter's verdict on one chunk: ``keep`` None = the reply could not be parsed."""
-
-    chunk_id: int
-    keep: bool | None
-    reply: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class DualResult:
-    question: str
-    strategy: str
-    answer: str
-    retrieved: list[RetrievedChunk]
-    kept_chunk_ids: list[int]
-    paragraph_ids: list[str]
-    global_information: str | None
-    cot: str | None
-    judgements: list[Judgement]
-    generator_input_tokens: int
-    retrieval: dict[str, Any] | None
-    stages: list[StageTrace]
-    notes: list[str]
-    total_ms: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "question": self.question,
-            "strategy": self.strategy,
-            "answer": self.answer,
-            "retrieved": [c.to_dict() for c in self.retrieved],
-            "kept_chunk_ids": self.kept_chunk_ids,
-            "paragraph_ids": self.paragraph_ids,
-            "global_information": self.global_information,
-            "cot": self.cot,
-            "judgements": [j.to_dict() for j in self.judgements],
-            "trace": {
-                "retrieval": self.retrieval,
-                "stages": [s.to_dict() for s in self.stages],
-                "generator_input_tokens": self.generator_input_tokens,
-                "notes": self.notes,
-                "total_ms": self.total_ms,
-            },
-        }
-
-
-# -------------------------------------------------------------------------------------------- pure parts
-
-
-def map_to_paragraphs(
-    chunks: Sequence[RetrievedChunk], paragraphs: Mapping[str, SourceParagraph]
-) -> list[tuple[SourceParagraph, RetrievedChunk]]:
-    """Each distinct source paragraph of ``chunks`` once, with its best-scored chunk, best first
-    (Section 4.2's mapping: k chunks -> k' <= k paragraphs). Unknown paragraph ids raise."""
-    best: dict[str, RetrievedChunk] = {}
-    for c in chunks:
-        pid = c.chunk.paragraph_id
-        if pid not in paragraphs:
-            raise KeyError(f"chunk {c.chunk.chunk_id} maps to unknown paragraph {pid!r}")
-        if pid not in best or c.score > best[pid].score:
-            best[pid] = c
-    order = sorted(best, key=lambda pid: -best[pid].score)
-    return [(paragraphs[pid], best[pid]) for pid in order]
-
-
-_JSON_OBJECT = re.compile(r"\{[^{}]*\}")
-_BOOL_WORD = re.compile(r"\b(true|false|yes|no)\b", re.IGNORECASE)
-
-
-def parse_judgement(text: str) -> bool | None:
-    """``{"status": true|false}`` (also "True"/"yes" strings, extra text around the object) -> bool;
-    a bare true/false/yes/no word is accepted as a fallback; anything else -> None."""
-    for m in _JSON_OBJECT.finditer(text or ""):
-        try:
-            obj = json.loads(m.group(0))
-        except ValueError:
-            obj = None
-        if isinstance(obj, dict) and "status" in obj:
-            v = obj["status"]
-            if isinstance(v, bool):
-                return v
-            if isinstance(v, str) and v.strip().lower() in ("true", "false", "yes", "no"):
-                return v.strip().lower() in ("true", "yes")
-            return None
-    m = _BOOL_WORD.search(text or "")
-    if m:
-        return m.group(1).lower() in ("true", "yes")
-    return None
-
-
-def index_paragraphs(
-    paragraphs: Sequence[SourceParagraph], encoder: DenseEncoder, scorer: PairScorer | None, cfg: DualConfig
-) -> ChunkIndex:
-    """Chunk ``paragraphs`` with ``cfg`` and build a :class:`DualRetriever` over them."""
-    chunks = chunk_paragraphs(paragraphs, cfg.chunk_words, cfg.overlap_sentences, cfg.min_tail_words)
-    retriever = DualRetriever(chunks, encoder, scorer, dense_candidates=cfg.dense_candidates, k=cfg.rerank_k)
-    return ChunkIndex({p.id: p for p in paragraphs}, chunks, retriever)
-
-
-def index_document(
-    document: str, encoder: DenseEncoder, scorer: PairScorer | None, cfg: DualConfig, doc_id: str = "doc"
-) -> ChunkIndex:
-    """One long document (the LongBench setting): blank-line paragraphs, then :func:`index_paragraphs`."""
-    return index_paragraphs(split_document(document, doc_id), encoder, scorer, cfg)
 
 
 # -------------------------------------------------------------------------------------------- pipeline

@@ -16,7 +16,9 @@ from typing import Any, Sequence
 
 from longrag.config import DualConfig
 from longrag.dual.chunking import SourceParagraph
-from longrag.dual.pipeline import ChunkIndex, DualPipeline, DualResult, check_strategy, index_document, index_paragraphs
+from longrag.dual.paragraphs import ChunkIndex, index_document, index_paragraphs
+from longrag.dual.pipeline import DualPipeline, check_strategy
+from longrag.dual.records import DualResult
 from longrag.dual.rerank import DenseEncoder, PairScorer, Retrieval
 
 __all__ = ["DualAnswer", "DualService"]

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from longrag.dual.pipeline import parse_judgement
+from longrag.dual.prompts import parse_judgement
 from longrag.eval.datasets import LoadResult
 from longrag.lrg import prompts as P
 from longrag.lrg.calls import Executor, Journal, run_pass

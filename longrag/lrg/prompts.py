@@ -7,7 +7,7 @@ Question Answering", Zhao et al., 2024, Appendix C, Tables 16-18):
   information from the supporting paragraphs; the guiding CoT from them and the answer), [STEP-2]
   is the self-evaluator that judges it (True/False as JSON);
 - instruction prompts, what the student sees at training time: the very prompts the
-  dual-perspective pipeline sends at inference (:mod:`longrag.dual.pipeline`), so a model tuned on
+  dual-perspective pipeline sends at inference (:mod:`longrag.dual.prompts`), so a model tuned on
   this data is tuned on its own inputs.
 
 :data:`PROMPTS_SHA` fingerprints all of them; it is part of every record's provenance and of the
@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from longrag.dual.pipeline import (
+from longrag.dual.prompts import (
     COT_PROMPT,
     EXTRACTOR_PROMPT,
     GENERATOR_PROMPT,

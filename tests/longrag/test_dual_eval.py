@@ -10,7 +10,8 @@ import asyncio
 import pytest
 
 from longrag.config import DualConfig
-from longrag.dual.pipeline import DualPipeline, index_paragraphs
+from longrag.dual.paragraphs import index_paragraphs
+from longrag.dual.pipeline import DualPipeline
 from longrag.dual import bench as db
 from longrag.dual import bench_report as dr
 from longrag.eval.datasets import Paragraph, QAExample

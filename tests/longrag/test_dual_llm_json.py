@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from longrag.dual.pipeline import JUDGEMENT_SCHEMA, parse_judgement
+from longrag.dual.prompts import JUDGEMENT_SCHEMA, parse_judgement
 from tests.fakes import ScriptedLLM
 from tests.longrag.test_llm import MESSAGES, CannedServer, chat_body, client
 

@@ -9,14 +9,9 @@ import pytest
 
 from longrag.config import DualConfig
 from longrag.dual.chunking import DualChunk, SourceParagraph
-from longrag.dual.pipeline import (
-    JUDGEMENT_SCHEMA,
-    STRATEGIES,
-    DualPipeline,
-    index_paragraphs,
-    map_to_paragraphs,
-    parse_judgement,
-)
+from longrag.dual.paragraphs import index_paragraphs, map_to_paragraphs
+from longrag.dual.pipeline import STRATEGIES, DualPipeline
+from longrag.dual.prompts import JUDGEMENT_SCHEMA, parse_judgement
 from longrag.dual.rerank import Retrieval, RetrievalTrace, RetrievedChunk
 from tests.fakes import ScriptedLLM
 from tests.longrag.test_dual_retrieval import _BagEncoder

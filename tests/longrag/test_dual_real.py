@@ -9,7 +9,8 @@ import asyncio
 import pytest
 
 from longrag.config import DualConfig, EmbeddingConfig, LLMConfig
-from longrag.dual.pipeline import STRATEGIES, DualPipeline, index_document
+from longrag.dual.paragraphs import index_document
+from longrag.dual.pipeline import STRATEGIES, DualPipeline
 from tests.dual_expected import EXPECTED_STAGES
 
 pytestmark = pytest.mark.slow  # a real model: left out of `make test-fast`

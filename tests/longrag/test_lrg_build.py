@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from longrag.dual.pipeline import COT_PROMPT, EXTRACTOR_PROMPT, GENERATOR_PROMPT, JUDGE_PROMPT, SYSTEM, parse_judgement
+from longrag.dual.prompts import COT_PROMPT, EXTRACTOR_PROMPT, GENERATOR_PROMPT, JUDGE_PROMPT, SYSTEM, parse_judgement
 from longrag.eval.datasets import LoadResult, Paragraph, QAExample
 from longrag.llm.base import LLMError
 from longrag.lrg import prompts as P

@@ -179,7 +179,8 @@ def test_dual_strategies_in_process_over_vllm(served, hf_model):
     """All five strategies with the openai backend pointed at the vLLM endpoint, run at once (vLLM
     batches their calls); the filter's judgements are JSON-constrained by vLLM's structured outputs."""
     from longrag.config import DualConfig, EmbeddingConfig, LLMConfig
-    from longrag.dual.pipeline import STRATEGIES, DualPipeline, index_document
+    from longrag.dual.paragraphs import index_document
+    from longrag.dual.pipeline import STRATEGIES, DualPipeline
     from longrag.index.embedding import Embedder
     from longrag.llm import build_llm
     from tests.longrag.test_dual_real import DOCUMENT, QUESTION
