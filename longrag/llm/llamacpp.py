@@ -114,6 +114,7 @@ class LlamaCppLLM(LLM):
             kwargs["n_ctx"] = trained
             kwargs["n_batch"] = min(n_batch, trained)
             llama = Llama(**kwargs)
+        _one_row_of_logits(llama)
         if prompt_cache_mb > 0:
             # Saved KV states keyed by token prefix: a conversation's next turn finds its own prefix
             # again even when another request ran in between (llama.cpp keeps only the last one).
@@ -372,6 +373,20 @@ class _Done:
     """End of a streamed generation: ``(tokens in context, prompt tokens evaluated)`` or the error."""
 
     value: Any
+
+
+def _one_row_of_logits(llama: Any) -> None:
+    """Shrink llama-cpp-python's logits buffer (``Llama.scores``, n_batch x vocabulary floats: 311 MB
+    for Qwen2.5's 152K-token vocabulary) to one row.
+
+    Without ``logits_all`` nothing writes it (sampling runs in llama.cpp; only logprobs, which need
+    ``logits_all``, read it), but ``load_state`` broadcasts a saved state's row over its first
+    n_tokens rows on every prompt-cache hit: the whole buffer became resident at the first hit (the
+    demo's LLMServer grew by ~0.6 GB over seven questions). With one row, slices of it stay one row."""
+    import numpy as np
+
+    if not getattr(llama, "_logits_all", False):
+        llama.scores = np.zeros((1, llama.n_vocab()), dtype=np.single)
 
 
 def _make_ram_cache(capacity_bytes: int) -> Any:

@@ -155,6 +155,33 @@ def test_next_turn_reuses_its_prefix_after_another_request(cache_mb):
         asyncio.run(model.aclose())
 
 
+def test_prompt_cache_hits_keep_the_logits_buffer_small():
+    """A prompt-cache hit restores a saved state without making llama-cpp-python's n_batch x
+    vocabulary logits buffer resident (311 MB for the demo's Qwen2.5; 200 MB here, SmolLM2's 49K-token
+    vocabulary at n_batch 1024, for ~1,100-token prompts): the process grows by the saved KV states
+    only, which the 64 MB cache bounds."""
+    import psutil
+
+    model = LlamaCppLLM("smollm2-135m-instruct", n_ctx=2048, n_threads=1, n_batch=1024, prompt_cache_mb=64)
+    try:
+        a = [{"role": "user", "content": "Describe the river Nile and the cities along it. " * 100}]
+        b = [{"role": "user", "content": "List some animals that live in the Arctic tundra. " * 100}]
+        a1 = model.chat_sync(a, max_tokens=4)
+        model.chat_sync(b, max_tokens=4)
+        before = psutil.Process().memory_info().rss
+        hits = []
+        for turn in range(2):  # each turn restores the conversation's saved prefix from the cache
+            model.chat_sync(b, max_tokens=4)
+            msgs = a + [{"role": "assistant", "content": a1.text}, {"role": "user", "content": f"Shorter, {turn}."}]
+            hits.append(model.chat_sync(msgs, max_tokens=4).cached_prompt_tokens)
+        grown = psutil.Process().memory_info().rss - before
+        vocab_buffer = 1024 * model._llama.n_vocab() * 4
+        assert min(hits) >= a1.prompt_tokens - 2, hits
+        assert grown < vocab_buffer // 2, (grown, vocab_buffer)
+    finally:
+        asyncio.run(model.aclose())
+
+
 def test_cold_reads_evaluate_every_prompt_whole():
     """forget_prefixes / cold_reads (the benchmarks' fairness between prompts): the same prompt
     again reuses the KV cache by default, and is evaluated whole after forget_prefixes or with
