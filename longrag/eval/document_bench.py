@@ -99,9 +99,8 @@ def question_document(ex: QAExample, distractors: int, seed: int = 0) -> str:
 
 async def _read_plain(llm: LLM, question: str, document: str, budget: int) -> dict[str, Any]:
     from longrag.eval.reader_bench import PLAIN_MAX_TOKENS, plain_answer, plain_messages
-    from longrag.reading.reader import trim_to_tokens
 
-    context = trim_to_tokens(document, budget, llm.count_tokens)
+    context = llm.truncate_tokens(document, budget)
     out = await llm.chat(plain_messages(question, context), max_tokens=PLAIN_MAX_TOKENS)
     return {"answer": plain_answer(out.text), "raw_short_answer": out.text, "prompt_tokens": out.prompt_tokens,
             "completion_tokens": out.completion_tokens, "context_tokens": llm.count_tokens(context),

@@ -14,6 +14,8 @@ import abc
 from dataclasses import asdict, dataclass
 from typing import Any, AsyncIterator
 
+from longrag.text.tokens import trim_to_tokens
+
 _ROLES = frozenset({"system", "user", "assistant"})
 
 
@@ -147,6 +149,13 @@ class LLM(abc.ABC):
     @abc.abstractmethod
     def count_tokens(self, text: str) -> int:
         """Tokens ``text`` takes in this model (exact where the backend has the tokenizer)."""
+
+    def truncate_tokens(self, text: str, n: int) -> str:
+        """The longest prefix of ``text`` that takes at most ``n`` tokens in this model (``""`` for
+        ``n <= 0``). Default: a binary search over word ends with :meth:`count_tokens`
+        (:func:`longrag.text.tokens.trim_to_tokens`), for backends whose tokenizer gives no character
+        offsets (llama.cpp, a remote deployment); a backend with a local counter cuts in one pass."""
+        return trim_to_tokens(text, n, self.count_tokens)
 
     def count_message_tokens(self, messages: list[dict]) -> int:
         """Approximate prompt size of a conversation: content tokens plus a few per message for

@@ -32,7 +32,7 @@ from longrag.llm.base import (
     check_prompt,
     resolve_temperature,
 )
-from longrag.text.tokens import WhitespaceCounter
+from longrag.text.tokens import HFTokenCounter, WhitespaceCounter
 
 _NO_KEY = "no-key"  # the client wants a key; without one the Authorization header is left out
 
@@ -93,14 +93,12 @@ class OpenAIHTTPLLM(LLM):
         self._extra_headers: dict[str, Any] = {} if self._key else {"Authorization": openai.Omit()}
         self._client: openai.AsyncOpenAI | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
-        self._tokenizer = None
+        self._counter: HFTokenCounter | WhitespaceCounter = WhitespaceCounter(1.3)  # = estimate_tokens
         if tokenizer_file:
-            from tokenizers import Tokenizer
-
             path = Path(tokenizer_file)
             if not path.is_file():
                 raise ValueError(f"tokenizer_file not found: {path}")
-            self._tokenizer = Tokenizer.from_file(str(path))
+            self._counter = HFTokenCounter(path)  # the file's truncation and padding switched off
 
     # -- tokens -------------------------------------------------------------------------------
 
@@ -108,9 +106,12 @@ class OpenAIHTTPLLM(LLM):
         """Exact with ``tokenizer_file``, else the words x 1.3 estimate (see module doc)."""
         if not text:
             return 0
-        if self._tokenizer is not None:
-            return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
-        return estimate_tokens(text)
+        return self._counter.count(text)
+
+    def truncate_tokens(self, text: str, n: int) -> str:
+        """In one pass with the local counter: at the tokenizer's offsets with ``tokenizer_file``
+        (:meth:`HFTokenCounter.truncate`), else at the word ends of the words x 1.3 estimate."""
+        return self._counter.truncate(text, n) if n > 0 else ""
 
     # -- HTTP ---------------------------------------------------------------------------------
 

@@ -26,8 +26,6 @@ if it alone is too large. ``truncated`` is true when any given unit is missing o
 from __future__ import annotations
 
 import asyncio
-
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, AsyncIterator, Callable
@@ -54,9 +52,9 @@ from longrag.reading.answers import (  # noqa: F401
     short_answer_problem,
     yes_no_answer,
 )
+from longrag.text.tokens import trim_to_tokens
 from longrag.types import Unit
 
-_WORD_END = re.compile(r"\S+")
 _TURN1_STOP = ["\nQuestion:"]
 _TURN2_STOP = ["\nQuestion:", "\nLong answer:", "Long answer:"]
 
@@ -105,36 +103,25 @@ class ReaderResult:
         return asdict(self)
 
 
-def trim_to_tokens(text: str, max_tokens: int, count_tokens: Callable[[str], int]) -> str:
-    """The longest whitespace-word prefix of ``text`` with at most ``max_tokens`` tokens
-    (binary search over word ends, so it costs O(log words) tokenizer calls)."""
-    if max_tokens <= 0:
-        return ""
-    if count_tokens(text) <= max_tokens:
-        return text
-    ends = [m.end() for m in _WORD_END.finditer(text)]
-    lo, hi = 0, len(ends)  # invariant: prefix of `lo` words fits; of `hi`+1 words... search largest fitting
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if count_tokens(text[: ends[mid - 1]]) <= max_tokens:
-            lo = mid
-        else:
-            hi = mid - 1
-    return text[: ends[lo - 1]] if lo else ""
-
-
 def fit_units(
     units: list[Unit],
     budget_tokens: int,
     count_tokens: Callable[[str], int],
     *,
     min_partial_tokens: int = 128,
+    truncate: Callable[[str, int], str] | None = None,
 ) -> FittedContext:
     """Choose and format the units that fit ``budget_tokens`` (see module doc for the policy).
 
     Costs are the formatted blocks' tokens (title line included) plus the separator between
-    blocks, counted with the reader model's tokenizer.
+    blocks, counted with the reader model's tokenizer. ``truncate(text, n)`` cuts a trimmed unit
+    to ``n`` tokens (the reader passes its LLM's ``truncate_tokens``); None searches with
+    ``count_tokens`` (:func:`longrag.text.tokens.trim_to_tokens`).
     """
+    if truncate is None:
+        def truncate(text: str, n: int) -> str:
+            return trim_to_tokens(text, n, count_tokens)
+
     if budget_tokens <= 0:
         raise ContextOverflowError(
             f"no room for context: the token budget is {budget_tokens} after the prompt, answers and reserve"
@@ -152,14 +139,14 @@ def fit_units(
             room -= extra
         elif i == 0:
             # The top unit always gets in: alone too large, it is trimmed to the whole budget.
-            trimmed[0] = trim_to_tokens(block, room, count_tokens)
+            trimmed[0] = truncate(block, room)
             kept.append(0)
             room -= count_tokens(trimmed[0])
         else:
             skipped.append(i)
     if skipped and not trimmed and room - sep >= min_partial_tokens:
         i = skipped[0]  # nothing else fits whole: the best-ranked skipped unit fills the rest, trimmed
-        text = trim_to_tokens(blocks[i], room - sep, count_tokens)
+        text = truncate(blocks[i], room - sep)
         if text:
             trimmed[i] = text
             kept.append(i)
@@ -217,7 +204,8 @@ class LongReader:
             return FittedContext(blocks=[], unit_ids=[], tokens=0, truncated=False)
         budget = self.context_budget(question)
         fitted = fit_units(
-            units, budget, self.llm.count_tokens, min_partial_tokens=self.config.min_partial_unit_tokens
+            units, budget, self.llm.count_tokens, min_partial_tokens=self.config.min_partial_unit_tokens,
+            truncate=self.llm.truncate_tokens,
         )
         mode = compression or self.config.compression
         if mode not in ("truncate", "mixpr"):
@@ -227,7 +215,7 @@ class LongReader:
         text = self.compressor(question, [format_unit(u) for u in units], budget, self.llm.count_tokens)
         tokens = self.llm.count_tokens(text)
         if tokens > budget:  # never hand the model more than its window
-            text = trim_to_tokens(text, budget, self.llm.count_tokens)
+            text = self.llm.truncate_tokens(text, budget)
             tokens = self.llm.count_tokens(text)
         return FittedContext(blocks=[text], unit_ids=[u.unit_id for u in units], tokens=tokens,
                              truncated=False, compressed=True)

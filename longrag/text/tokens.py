@@ -5,7 +5,9 @@ counts exactly with a Hugging Face ``tokenizers`` ``tokenizer.json`` (the embedd
 tokenizer, read from a local folder, never from the network); ``WhitespaceCounter`` is a cheap
 estimate (words x factor) for places that only need an order of magnitude. Counts never include
 special tokens ([CLS]/[SEP], BOS/EOS) and are never truncated. ``chars_estimate`` (characters / 4)
-sizes synthetic documents, where a length must mean the same in every generator.
+sizes synthetic documents, where a length must mean the same in every generator. Cutting text to
+``n`` tokens: a counter's ``truncate`` (one pass, at token offsets or word ends), or
+``trim_to_tokens`` for a bare count function.
 
 These are the only token estimators of the code base: use them rather than an inline formula.
 """
@@ -13,9 +15,10 @@ These are the only token estimators of the code base: use them rather than an in
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 __all__ = [
     "HFTokenCounter",
@@ -25,6 +28,7 @@ __all__ = [
     "chars_estimate",
     "counter_for_model_dir",
     "find_tokenizer_file",
+    "trim_to_tokens",
 ]
 
 
@@ -157,6 +161,33 @@ class WhitespaceCounter:
 
     def __repr__(self) -> str:
         return f"WhitespaceCounter(factor={self.factor})"
+
+
+_WORD_END = re.compile(r"\S+")
+
+
+def trim_to_tokens(text: str, max_tokens: int, count_tokens: Callable[[str], int]) -> str:
+    """The longest whitespace-word prefix of ``text`` with at most ``max_tokens`` tokens by
+    ``count_tokens`` (binary search over word ends, so it costs O(log words) count calls).
+
+    For a bare count function only: an LLM backend whose tokenizer gives no character offsets
+    (llama.cpp's ``tokenize`` returns ids, a remote server's tokenizer is not local) has no token
+    ends to cut at, so the prefix is searched. A counter with offsets cuts in one pass instead
+    (:meth:`HFTokenCounter.truncate`, the default :meth:`longrag.llm.base.LLM.truncate_tokens` of a
+    backend that has one)."""
+    if max_tokens <= 0:
+        return ""
+    if count_tokens(text) <= max_tokens:
+        return text
+    ends = [m.end() for m in _WORD_END.finditer(text)]
+    lo, hi = 0, len(ends)  # invariant: prefix of `lo` words fits; of `hi`+1 words... search largest fitting
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if count_tokens(text[: ends[mid - 1]]) <= max_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[: ends[lo - 1]] if lo else ""
 
 
 def _is_additive(tok) -> bool:

@@ -10,7 +10,7 @@ import pytest
 from longrag.config import ReaderConfig
 from longrag.llm.base import ContextOverflowError
 from longrag.reading.prompts import format_unit
-from longrag.reading.reader import LongReader, fit_units, trim_to_tokens
+from longrag.reading.reader import LongReader, fit_units
 from longrag.types import Unit
 from tests.fakes import ScriptedLLM
 from tests.longrag.test_reader import make_unit, run, words
@@ -104,16 +104,6 @@ def test_reader_window_too_small_raises():
     llm = ScriptedLLM(context_window=300)
     with pytest.raises(ContextOverflowError):
         run(LongReader(llm).read("q?", [make_unit("a", 10)]))
-
-
-def test_trim_to_tokens_is_longest_fitting_prefix():
-    text = "alpha  beta\ngamma delta epsilon"
-    assert trim_to_tokens(text, 10, words) == text
-    assert trim_to_tokens(text, 3, words) == "alpha  beta\ngamma"
-    assert trim_to_tokens(text, 0, words) == ""
-    # a counter where tokens are characters: the prefix is the longest word prefix within budget
-    out = trim_to_tokens(text, 12, len)
-    assert out == "alpha  beta" and len(out) <= 12 and len("alpha  beta\ngamma") > 12
 
 
 # --- compression: MixPR-style selection instead of truncation ---------------------------------

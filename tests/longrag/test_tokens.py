@@ -15,6 +15,7 @@ from longrag.text.tokens import (
     WhitespaceCounter,
     counter_for_model_dir,
     find_tokenizer_file,
+    trim_to_tokens,
 )
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -135,3 +136,51 @@ def test_chars_estimate_is_the_synthetic_generators_estimate():
 
     assert chars_estimate("") == 0 and chars_estimate("abcd") == 1 and chars_estimate("abcde") == 2
     assert estimate_tokens is chars_estimate and CHARS_PER_TOKEN == 4
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def test_trim_to_tokens_is_longest_fitting_prefix():
+    text = "alpha  beta\ngamma delta epsilon"
+    assert trim_to_tokens(text, 10, _words) == text
+    assert trim_to_tokens(text, 3, _words) == "alpha  beta\ngamma"
+    assert trim_to_tokens(text, 0, _words) == ""
+    # a counter where tokens are characters: the prefix is the longest word prefix within budget
+    out = trim_to_tokens(text, 12, len)
+    assert out == "alpha  beta" and len(out) <= 12 and len("alpha  beta\ngamma") > 12
+
+
+def test_trim_to_tokens_equals_a_linear_scan_of_word_prefixes(counter, passages):
+    """The binary search against the definition: every word-end prefix counted, the longest within budget."""
+    import re
+
+    for text in passages[:6]:
+        ends = [m.end() for m in re.finditer(r"\S+", text)]
+        for n in (0, 1, 3, 17, 60):
+            fitting = [e for e in ends if counter.count(text[:e]) <= n]
+            want = text if counter.count(text) <= n else text[: fitting[-1]] if fitting and n > 0 else ""
+            assert trim_to_tokens(text, n, counter.count) == want
+
+
+def test_llm_truncate_tokens_keeps_the_tokenizers_own_first_n_tokens(model_dir, passages):
+    """A backend with a local tokenizer.json cuts at token offsets: the cut encodes to exactly the first
+    n token ids of the whole text, by the tokenizer's own encode (truncation and padding off)."""
+    from tokenizers import Tokenizer
+
+    from longrag.llm.openai_http import OpenAIHTTPLLM
+
+    path = find_tokenizer_file(model_dir)
+    llm = OpenAIHTTPLLM("http://127.0.0.1:9/v1", "m", tokenizer_file=str(path))
+    tok = Tokenizer.from_file(str(path))
+    tok.no_truncation()
+    tok.no_padding()
+    for text in passages[:8]:
+        ids = tok.encode(text, add_special_tokens=False).ids
+        for n in (1, 5, 17, len(ids) - 1):
+            cut = llm.truncate_tokens(text, n)
+            assert text.startswith(cut)
+            assert tok.encode(cut, add_special_tokens=False).ids == ids[:n]
+        assert llm.truncate_tokens(text, len(ids)) == text
+        assert llm.truncate_tokens(text, 0) == ""
