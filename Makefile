@@ -99,14 +99,14 @@ index: setup
 # Like `serve run serve/configs/cpu.yaml`, but exits 1 naming the missing resources (or the failed
 # deployment) instead of waiting forever when the app cannot start.
 serve: setup
-	$(BIN)/python -m serve.run serve/configs/cpu.yaml
+	$(BIN)/python -m serve.run --direct-ingress serve/configs/cpu.yaml
 
 bench-mixpr: setup
 	$(BIN)/python -m jobs.bench_mixpr
 
 # The Serve app over HTTP beside the same work in process (/v1/retrieve at 1, 8, 32; chat at 1, 8).
 bench-serve: setup
-	$(BIN)/python -m jobs.bench_serve
+	$(BIN)/python -m jobs.bench_serve --direct-ingress
 
 bench-reader: setup
 	$(BIN)/python -m jobs.bench_reader --dataset hotpotqa

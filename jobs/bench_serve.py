@@ -1,34 +1,32 @@
 """Serving benchmark: the Serve app over HTTP beside the same work called in process.
 
-    python -m jobs.bench_serve                                # retrieve at 1, 8, 32; chat at 1, 8
-    python -m jobs.bench_serve --skip-chat --requests 100     # retrieval only
-    python -m jobs.bench_serve --index artifacts/sample --port 8000 --out reports/bench-serve
+    python -m jobs.bench_serve --direct-ingress               # as make serve: retrieve at 1, 8, 32; chat at 1, 8
+    python -m jobs.bench_serve --skip-chat --requests 100     # retrieval only, through Serve's proxy
 
 Deploys ``--config`` (default ``serve/configs/cpu.yaml``, what ``make serve`` runs) on a local Ray
 (2 logical CPUs) over ``--index`` (default: the bundled sample, indexed first into
 ``artifacts/bench-serve``), on 127.0.0.1 only. Then, level by level:
 
-* ``POST /v1/retrieve`` at each ``--levels`` concurrency, beside the same work in this process:
-  the query encoder (one torch thread) and ``InProcessIndex`` (the shards' own search code, MaxP
-  merge, unit fetch); with separate deployments (not ``serve.colocate``) also the
-  Ingress' two deployment calls made from here through Serve handles (no HTTP, proxy or Ingress),
-  which splits the overhead into the deployments' hops and the HTTP front;
-* ``POST /v1/chat/completions`` (retrieve + the bundled reader) at each ``--chat-levels``
-  concurrency, beside the reader alone in process (``LongReader`` over an in-process llama.cpp, on
-  the units the in-process search found); each level asks its own questions (no KV cache reuse).
-  ``--skip-chat`` leaves it out (minutes: ~10 s per answer on 2 cores); then ``--stream-requests``
-  streamed completions one at a time: time to the first token over HTTP vs ``read_stream`` in process.
+* ``POST /v1/retrieve`` at each ``--levels`` concurrency, beside the same work in this process
+  (the query encoder with one torch thread, ``InProcessIndex``: the shards' search code, MaxP merge,
+  unit fetch) and beside Serve's floor (``serve/floor.py``); with separate deployments also the
+  Ingress' two deployment calls made from here through Serve handles (no HTTP, proxy or Ingress);
+* ``POST /v1/chat/completions`` (retrieve + the bundled reader) at each ``--chat-levels``, beside
+  ``LongReader`` over an in-process llama.cpp on the units the in-process search found, each level
+  its own questions; ``--skip-chat`` leaves it out (~10 s per answer on 2 cores); then
+  ``--stream-requests`` streamed completions: time to the first token over HTTP vs in process.
 
 Per level: throughput, p50/p99 latency, errors, the overhead of serving (served minus in process,
 in ms, and served / in process), and for ``/v1/retrieve`` the medians of the app's own trace and of
-what lies outside the Ingress (HTTP, proxy, parsing, encoding). The measuring is :mod:`longrag.bench`.
-Ray's and Serve's output goes to ``--log``; the terminal gets progress lines and, last, one JSON line.
+what lies outside the Ingress. The measuring is :mod:`longrag.bench`. Ray's and Serve's output goes
+to ``--log``; the terminal gets progress lines and, last, one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import sys
@@ -97,7 +95,8 @@ class InProcessRetrieval:
 
 
 async def bench_retrieve(client: httpx.AsyncClient, local: InProcessRetrieval, levels: list[int], requests: int,
-                         k: int, say) -> list[dict[str, Any]]:
+                         k: int, say, floor: str = "/floor") -> list[dict[str, Any]]:
+    """``floor``: the floor app's URL prefix (its own port under direct ingress)."""
     async def call(i: int, prefix: str = "") -> tuple[httpx.Response, float]:
         t0 = time.perf_counter()
         r = await client.post(f"{prefix}/v1/retrieve", json={"question": QUESTIONS[i % len(QUESTIONS)], "k": k})
@@ -124,7 +123,7 @@ async def bench_retrieve(client: httpx.AsyncClient, local: InProcessRetrieval, l
 
     for i in range(len(QUESTIONS)):  # warm every path (model, tokenizer caches, connections, replicas)
         await call(i)
-        await call(i, "/floor")
+        await call(i, floor)
         if split:
             await handles_call(i)
         local_call(i)
@@ -135,7 +134,7 @@ async def bench_retrieve(client: httpx.AsyncClient, local: InProcessRetrieval, l
         served = await run_level("retrieve.http", call, requests=n, concurrency=c, check=retrieve_check(k, traces))
         local_res = await asyncio.to_thread(run_level_threads, "retrieve.in_process", local_call, requests=n,
                                             concurrency=c, check=local_check)
-        floor_res = await run_level("retrieve.serve_floor", lambda i: call(i, "/floor"), requests=n, concurrency=c,
+        floor_res = await run_level("retrieve.serve_floor", lambda i: call(i, floor), requests=n, concurrency=c,
                                     check=floor_check)
         row = {"concurrency": c, "http": served.to_dict(), "in_process": local_res.to_dict(),
                "serve_floor": floor_res.to_dict(), "overhead": overhead(served, local_res).to_dict(),
@@ -213,7 +212,8 @@ async def _bench(args: argparse.Namespace, index: str, config: dict[str, Any], s
     limits = httpx.Limits(max_connections=max(args.levels + args.chat_levels) + 4)
     result: dict[str, Any] = {}
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{args.port}", timeout=600, limits=limits) as client:
-        result["retrieve"] = await bench_retrieve(client, local, args.levels, args.requests, args.k, say)
+        floor = f"http://127.0.0.1:{args.port + 1}/floor" if args.direct_ingress else "/floor"
+        result["retrieve"] = await bench_retrieve(client, local, args.levels, args.requests, args.k, say, floor)
         if not args.skip_chat:
             result["chat"], result["stream"] = await bench_chat(
                 client, local, cfg, args.chat_levels, args.chat_requests, args.chat_k, args.stream_requests, say)
@@ -228,31 +228,34 @@ def run(args: argparse.Namespace, terminal: TextIO) -> dict[str, Any]:
 
     from cluster.local import start_or_join
     from actors.distbuild import ensure_sample_build
-    from serve.run import deploy, wait_healthy, wait_running
+    from serve.run import deploy, direct_ingress, wait_healthy, wait_running
 
     t0 = time.perf_counter()
     before = machine()
-    handle = start_or_join(None, num_cpus=args.num_cpus)
-    try:
-        index = args.index or ensure_sample_build(str(ROOT / "artifacts" / "bench-serve"), say)
-        config = serve_config(index, args.port, args.one_replica, Path(args.config))
-        # Serve's own cost beside the app (serve/floor.py): the same request to an ingress doing nothing
-        config["applications"].append({"name": "floor", "route_prefix": "/floor", "import_path": "serve.floor:app"})
-        deploy(config)
-        reason = wait_running([APP, "floor"], schedule_timeout_s=180, ready_timeout_s=600)  # a loaded machine starts workers slowly
-        if reason:
-            raise RuntimeError(f"the app did not start: {reason}")
-        with httpx.Client(base_url=f"http://127.0.0.1:{args.port}", timeout=60) as c:
-            wait_healthy(c)
-        say(f"app RUNNING on 127.0.0.1:{args.port} over {index} (load average {before['loadavg']})")
-        result = asyncio.run(_bench(args, index, config, say))
-    finally:
+    # direct ingress: the app's Ingress replica serves --port, the floor's (deployed after it) the next
+    with direct_ingress(args.port, 2) if args.direct_ingress else contextlib.nullcontext():
+        handle = start_or_join(None, num_cpus=args.num_cpus)
         try:
-            serve.shutdown()
+            index = args.index or ensure_sample_build(str(ROOT / "artifacts" / "bench-serve"), say)
+            config = serve_config(index, args.port, args.one_replica, Path(args.config))
+            deploy(config)
+            reason = wait_running([APP], schedule_timeout_s=180, ready_timeout_s=600)  # a loaded machine starts workers slowly
+            # Serve's own cost beside the app (serve/floor.py): the same request to an ingress doing nothing
+            config["applications"].append({"name": "floor", "route_prefix": "/floor", "import_path": "serve.floor:app"})
+            deploy(config)
+            if reason := reason or wait_running([APP, "floor"], schedule_timeout_s=180, ready_timeout_s=600):
+                raise RuntimeError(f"the app did not start: {reason}")
+            with httpx.Client(base_url=f"http://127.0.0.1:{args.port}", timeout=60) as c:
+                wait_healthy(c)
+            say(f"app RUNNING on 127.0.0.1:{args.port} over {index} (load average {before['loadavg']})")
+            result = asyncio.run(_bench(args, index, config, say))
         finally:
-            handle.shutdown()
-    return {"bench": "serve", "config": args.config, "machine": {**before, "loadavg_after": machine()["loadavg"]},
-            "index": index, "k": args.k, "chat_k": args.chat_k, **result, "summary": summary(result),
+            try:
+                serve.shutdown()
+            finally:
+                handle.shutdown()
+    return {"bench": "serve", "config": args.config, "direct_ingress": args.direct_ingress,
+            "machine": {**before, "loadavg_after": machine()["loadavg"]}, "index": index, "k": args.k, "chat_k": args.chat_k, **result, "summary": summary(result),
             "wall_s": round(time.perf_counter() - t0, 1)}
 
 
@@ -263,22 +266,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default=str(CPU_YAML), help="Serve config YAML (default: serve/configs/cpu.yaml)")
     p.add_argument("--port", type=number(int, min_value=1, max_value=65535), default=8000)
     p.add_argument("--levels", type=int_list(), default=[1, 8, 32], help="retrieve concurrency levels")
-    p.add_argument("--requests", type=number(int, min_value=1), default=200,
-                   help="retrieve requests per level (at least the level's concurrency)")
+    p.add_argument("--requests", type=number(int, min_value=1), default=200, help="retrieve requests per level (at least its concurrency)")
     p.add_argument("--k", type=number(int, min_value=1), default=4)
     p.add_argument("--chat-levels", type=int_list(), default=[1, 8])
-    p.add_argument("--chat-requests", type=number(int, min_value=1), default=4,
-                   help="chat requests per level (at least the level's concurrency)")
+    p.add_argument("--chat-requests", type=number(int, min_value=1), default=4, help="chat requests per level (at least its concurrency)")
     p.add_argument("--chat-k", type=number(int, min_value=1), default=2)
     p.add_argument("--stream-requests", type=number(int, min_value=0), default=3, help="streamed chat requests (first token)")
     p.add_argument("--skip-chat", action="store_true", help="leave out /v1/chat/completions (minutes)")
+    p.add_argument("--direct-ingress", action="store_true", help="as `serve.run --direct-ingress` (make serve): the "
+                   "Ingress replica serves --port itself, Serve's floor app the next port")
     p.add_argument("--one-replica", action="store_true", help="no replica autoscaling: one replica of each "
                    "deployment (requests per replica against latency, for the autoscaling targets)")
     p.add_argument("--num-cpus", type=number(float, min_value=0, min_exclusive=True), default=2,
                    help="logical CPUs of the local Ray (cpu.yaml fits 2)")
     p.add_argument("--out", default=str(ROOT / "reports" / "bench-serve"), help="folder for bench_serve.json")
-    p.add_argument("--log", default=str(ROOT / "artifacts" / "bench-serve.log"),
-                   help="file for Ray's, Serve's and the libraries' output")
+    p.add_argument("--log", default=str(ROOT / "artifacts" / "bench-serve.log"), help="file for Ray's and Serve's output")
     args = p.parse_args(argv)
     with transcript(args.log) as terminal:
         try:

@@ -21,14 +21,14 @@ def test_tiny_bench_ends_with_one_json_line_of_levels_and_overheads(config, samp
     split = config == "cpu-cluster.yaml"
     chat = [] if split else ["--chat-levels", "1", "--chat-requests", "1", "--chat-k", "1", "--stream-requests", "1"]
     rc = main(["--index", sample_index["uri"], "--port", str(PORT), "--levels", "1,2", "--requests", "4",
-               "--config", str(ROOT / "serve" / "configs" / config), *chat, *(["--skip-chat"] if split else []),
+               "--config", str(ROOT / "serve" / "configs" / config), *chat, *(["--skip-chat"] if split else ["--direct-ingress"]),
                "--out", str(tmp_path / "out"), "--log", str(tmp_path / "bench.log")])
     out = capfd.readouterr().out.strip().splitlines()
     assert rc == 0, out[-3:]
     report = json.loads(out[-1])
     assert report == json.loads((tmp_path / "out" / "bench_serve.json").read_text())
     assert report["bench"] == "serve" and report["machine"]["cpus"] >= 1 and len(report["machine"]["loadavg"]) == 3
-    assert report["config"].endswith(config)
+    assert report["config"].endswith(config) and report["direct_ingress"] is not split  # make serve's way for cpu.yaml
     assert [row["concurrency"] for row in report["retrieve"]] == [1, 2]
     for row in report["retrieve"]:
         c = row["concurrency"]

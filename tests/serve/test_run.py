@@ -127,3 +127,44 @@ def test_a_shortage_the_cluster_could_meet_gets_a_grace_period():
     # within the total (other replicas hold it while they start): at least the grace period
     assert shortage_grace_s({"CPU": 1.0}, total, 0.0) == TRANSIENT_GRACE_S
     assert shortage_grace_s({"CPU": 1.0}, total, 300.0) == 300.0
+
+
+def test_direct_ingress_env_is_set_for_the_block_and_restored(monkeypatch):
+    """Ray Serve's direct ingress: the ingress replicas' port range starts at the public port, the
+    proxy goes after it, and the process environment is as before once the block ends."""
+    from serve.run import direct_ingress, direct_ingress_env, direct_ingress_proxy_port
+
+    monkeypatch.delenv("RAY_SERVE_ENABLE_DIRECT_INGRESS", raising=False)
+    monkeypatch.setenv("RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT", "31000")
+    assert direct_ingress_env(8000, 2) == {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+                                           "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": "8000",
+                                           "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": "8002"}
+    assert direct_ingress_proxy_port() is None
+    with direct_ingress(8000):
+        assert direct_ingress_proxy_port() == 8001
+    assert direct_ingress_proxy_port() is None
+    import os
+
+    assert "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT" not in os.environ
+    assert os.environ["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"] == "31000"
+
+
+def test_direct_ingress_is_refused_where_it_cannot_hold(tmp_path, monkeypatch, capsys):
+    """``serve.run --direct-ingress`` needs a new local Ray (the flag is read when Ray's processes
+    start) and one application (its Ingress serves the port): a clear usage error otherwise."""
+    import pytest
+    import yaml
+
+    from serve.run import main
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    one = tmp_path / "one.yaml"
+    one.write_text(yaml.safe_dump({"http_options": {"port": 8000}, "applications": [{"name": "a", "import_path": "x:y"}]}))
+    two = tmp_path / "two.yaml"
+    two.write_text(yaml.safe_dump({"applications": [{"name": "a", "import_path": "x:y"}, {"name": "b", "import_path": "x:z"}]}))
+    with pytest.raises(SystemExit) as exc:
+        main(["--direct-ingress", "--address", "10.0.0.1:6379", str(one)])
+    assert exc.value.code == 2 and "ray start" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["--direct-ingress", str(two)])
+    assert exc.value.code == 2 and "one application" in capsys.readouterr().err
