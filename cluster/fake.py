@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import psutil
 import yaml
@@ -186,22 +187,15 @@ def start_fake_cluster(*, aws_yaml: str | Path = AWS_YAML, max_workers: dict[str
     root = str(Path(__file__).resolve().parent.parent)
     env = {"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": str(update_interval_s),
            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     t0 = time.monotonic()
     try:
-        head = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 0, "num_gpus": 0, "gcs_server_port": port, "autoscaling_config": path,
-            "include_dashboard": False, "object_store_memory": head_object_store_bytes})
+        with mock.patch.dict(os.environ, env):  # restored after
+            head = Cluster(initialize_head=True, head_node_args={
+                "num_cpus": 0, "num_gpus": 0, "gcs_server_port": port, "autoscaling_config": path,
+                "include_dashboard": False, "object_store_memory": head_object_store_bytes})
     except BaseException:
         Path(path).unlink(missing_ok=True)
         raise
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     fake = FakeCluster(address=head.address, config=config, session_dir=head.head_node.get_session_dir_path(),
                        head=head, config_path=path)
     log.info("fake multinode cluster at %s in %.1f s; node types %s", fake.address, time.monotonic() - t0,

@@ -29,9 +29,10 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
+from unittest import mock
 
 import httpx
 import yaml
@@ -196,21 +197,10 @@ def direct_ingress_env(port: int, ingress_apps: int = 1) -> dict[str, str]:
             "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + ingress_apps)}
 
 
-@contextlib.contextmanager
-def direct_ingress(port: int, ingress_apps: int = 1) -> Iterator[None]:
-    """:func:`direct_ingress_env` in this process's environment for the block (a local Ray started
-    in it keeps it), restored after."""
-    env = direct_ingress_env(port, ingress_apps)
-    before = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+def direct_ingress(port: int, ingress_apps: int = 1) -> Any:
+    """:func:`direct_ingress_env` in this process's environment for a ``with`` block (a local Ray
+    started in it keeps it), restored after."""
+    return mock.patch.dict(os.environ, direct_ingress_env(port, ingress_apps))
 
 
 def direct_ingress_proxy_port() -> int | None:

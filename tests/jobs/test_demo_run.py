@@ -1,0 +1,31 @@
+"""``make demo`` as a newcomer runs it, end to end: a fresh build of the bundled sample on a 2-CPU
+local Ray (the README's first command; a build stage that waits forever there once went unseen),
+served, seven questions answered over HTTP, within the 4 GiB the single-machine default promises."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from jobs.demo import QUESTIONS, ROOT
+
+
+@pytest.mark.slow
+@pytest.mark.scenario
+def test_demo_builds_serves_and_answers_within_4_gib(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "jobs.demo", "--out", str(tmp_path / "build"), "--log", str(tmp_path / "demo.log"),
+         "--port", "8437", "--max-rss-gib", "4"],
+        cwd=ROOT, capture_output=True, text=True, timeout=1200,
+    )
+    text = out.stdout
+    assert "== summary" in text, (out.returncode, text[-2000:], out.stderr[-2000:])
+    summary = json.loads(text.split("== summary", 1)[1].split("\n== logs", 1)[0])
+    assert out.returncode == 0 and summary["failures"] == [], (summary, text[-2000:])
+    assert summary["counts"] == {"documents": 105, "units": 82, "chunks": 174, "shards": 2}
+    assert summary["peak_rss_gib"] <= 4
+    right, asked = map(int, summary["answers_right"].split("/"))
+    assert asked == len(QUESTIONS) and right >= 4, summary  # 5 of 7 with the bundled 0.5B reader
