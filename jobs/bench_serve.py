@@ -255,8 +255,8 @@ def run(args: argparse.Namespace, terminal: TextIO) -> dict[str, Any]:
             finally:
                 handle.shutdown()
     return {"bench": "serve", "config": args.config, "direct_ingress": args.direct_ingress,
-            "machine": {**before, "loadavg_after": machine()["loadavg"]}, "index": index, "k": args.k, "chat_k": args.chat_k, **result, "summary": summary(result),
-            "wall_s": round(time.perf_counter() - t0, 1)}
+            "machine": {**before, "loadavg_after": machine()["loadavg"]}, "index": index, "k": args.k,
+            "chat_k": args.chat_k, **result, "summary": summary(result), "wall_s": round(time.perf_counter() - t0, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,6 +26,7 @@ if it alone is too large. ``truncated`` is true when any given unit is missing o
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, AsyncIterator, Callable
@@ -118,10 +119,7 @@ def fit_units(
     to ``n`` tokens (the reader passes its LLM's ``truncate_tokens``); None searches with
     ``count_tokens`` (:func:`longrag.text.tokens.trim_to_tokens`).
     """
-    if truncate is None:
-        def truncate(text: str, n: int) -> str:
-            return trim_to_tokens(text, n, count_tokens)
-
+    truncate = truncate or functools.partial(trim_to_tokens, count_tokens=count_tokens)
     if budget_tokens <= 0:
         raise ContextOverflowError(
             f"no room for context: the token budget is {budget_tokens} after the prompt, answers and reserve"

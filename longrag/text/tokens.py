@@ -126,6 +126,9 @@ class HFTokenCounter:
         return f"HFTokenCounter({self.source!r})"
 
 
+_WORD_END = re.compile(r"\S+")
+
+
 class WhitespaceCounter:
     """Estimate: ``ceil(words * factor)``. Words are whitespace-separated; about 1.3 subword tokens
     per English word for BERT-like vocabularies."""
@@ -148,11 +151,9 @@ class WhitespaceCounter:
         """The longest prefix of whole words whose estimate is at most ``n``."""
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
-        import re
-
         words = 0
         end = 0
-        for m in re.finditer(r"\S+", text):
+        for m in _WORD_END.finditer(text):
             if math.ceil((words + 1) * self.factor) > n:
                 return text[:end]
             words += 1
@@ -163,8 +164,6 @@ class WhitespaceCounter:
         return f"WhitespaceCounter(factor={self.factor})"
 
 
-_WORD_END = re.compile(r"\S+")
-
 
 def trim_to_tokens(text: str, max_tokens: int, count_tokens: Callable[[str], int]) -> str:
     """The longest whitespace-word prefix of ``text`` with at most ``max_tokens`` tokens by
@@ -172,9 +171,9 @@ def trim_to_tokens(text: str, max_tokens: int, count_tokens: Callable[[str], int
 
     For a bare count function only: an LLM backend whose tokenizer gives no character offsets
     (llama.cpp's ``tokenize`` returns ids, a remote server's tokenizer is not local) has no token
-    ends to cut at, so the prefix is searched. A counter with offsets cuts in one pass instead
-    (:meth:`HFTokenCounter.truncate`, the default :meth:`longrag.llm.base.LLM.truncate_tokens` of a
-    backend that has one)."""
+    ends to cut at, so the prefix is searched (the default :meth:`longrag.llm.base.LLM.truncate_tokens`).
+    A counter cuts in one pass instead (:meth:`HFTokenCounter.truncate` at token offsets,
+    :meth:`WhitespaceCounter.truncate` at word ends), as a backend with a local counter does."""
     if max_tokens <= 0:
         return ""
     if count_tokens(text) <= max_tokens:
