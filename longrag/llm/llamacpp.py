@@ -12,14 +12,20 @@ Consecutive calls that share a prompt prefix (the reader's second turn repeats t
 conversation) reuse llama.cpp's KV cache for that prefix: only the new tokens are evaluated. With
 ``prompt_cache_mb`` the KV states of recent calls are kept in RAM, so that holds when other requests
 ran in between, as they do behind a Serve deployment.
+
+Models still open when the interpreter exits are closed by an ``atexit`` hook, while llama.cpp's
+module is whole: left to ``Llama.__del__`` during finalization they free half their state (the
+binding's globals are already gone) or none.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -39,6 +45,14 @@ from longrag.llm.bundled import BUNDLED_MODELS, DEFAULT_READER_MODEL, BundledMod
 __all__ = ["BUNDLED_MODELS", "BundledModel", "LlamaCppLLM", "resolve_model_path"]
 
 log = logging.getLogger(__name__)
+
+_OPEN: weakref.WeakSet[LlamaCppLLM] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_models() -> None:
+    for model in list(_OPEN):
+        model.close()
 
 
 class LlamaCppLLM(LLM):
@@ -120,6 +134,7 @@ class LlamaCppLLM(LLM):
             # again even when another request ran in between (llama.cpp keeps only the last one).
             llama.set_cache(_make_ram_cache(prompt_cache_mb << 20))
         self._llama = llama
+        _OPEN.add(self)
         self.context_window = int(llama.n_ctx())
         if bundled is None:  # a user's file: a chat model iff it has a chat template or format
             self.is_chat_model = bool(chat_format or (llama.metadata or {}).get("tokenizer.chat_template"))
@@ -359,13 +374,18 @@ class LlamaCppLLM(LLM):
         if cache is not None and hasattr(cache, "cache_state"):
             cache.cache_state.clear()
 
-    async def aclose(self) -> None:
+    def close(self) -> None:
+        """Free the model and its context now (idempotent; later calls raise :class:`LLMError`)."""
         with self._lock:
             llama, self._llama = self._llama, None
+        _OPEN.discard(self)
         if llama is not None:
             close = getattr(llama, "close", None)
             if close:
                 close()
+
+    async def aclose(self) -> None:
+        self.close()
 
 
 @dataclass

@@ -6,6 +6,9 @@ Runs in the normal suite (one model load, short generations; well under a minute
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +46,31 @@ def test_gguf_path_loads_with_its_own_window():
         assert model.is_chat_model  # the GGUF carries a chat template
     finally:
         asyncio.run(model.aclose())
+    with pytest.raises(LLMError, match="closed"):
+        model.chat_sync([{"role": "user", "content": "hi"}], max_tokens=2)
+
+
+def test_a_model_left_open_is_closed_at_exit_without_errors():
+    """A process that exits holding a model: the atexit hook frees it while llama.cpp's module is
+    whole (left to Llama.__del__ in finalization it prints "Exception ignored" tracebacks)."""
+    script = (  # atexit runs last-in first-out: the check registered before the import runs after the hook
+        "import atexit\n"
+        "atexit.register(lambda: print('closed at exit:', m._llama is None, flush=True))\n"
+        "from longrag.llm.llamacpp import LlamaCppLLM\n"
+        "m = LlamaCppLLM('smollm2-135m-instruct', n_ctx=256, n_threads=1)\n"
+    )
+    proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "closed at exit: True" in proc.stdout, proc.stdout
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_close_is_idempotent():
+    model = LlamaCppLLM("smollm2-135m-instruct", n_ctx=256, n_threads=1)
+    model.close()
+    model.close()
+    asyncio.run(model.aclose())
     with pytest.raises(LLMError, match="closed"):
         model.chat_sync([{"role": "user", "content": "hi"}], max_tokens=2)
 
