@@ -38,6 +38,7 @@ from longrag.cli import job_setup, number
 from longrag.config import load_config
 from longrag.data import HOTPOTQA_SAMPLE, MUSIQUE_SAMPLE, data_path
 from longrag.eval import reader_bench as rb
+from longrag.eval import reader_report as report
 from longrag.eval.datasets import load_qa
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,13 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"llm": config.llm.model_dump(), "data": data, "malformed": loaded.n_malformed,
             "settings_spec": rb.setting_dicts(args.settings), "wall_s": round(time.perf_counter() - t0, 1),
             "command": ["python", "-m", "jobs.bench_reader", *(argv if argv is not None else sys.argv[1:])]}
-    table, summary = rb.write_reports(out, args.dataset, rows, {"dataset": args.dataset, "retrieval": cands.stats,
+    table, summary = report.write_reports(out, args.dataset, rows, {"dataset": args.dataset, "retrieval": cands.stats,
                                                                 **meta})
     summaries = {p.stem: json.loads(p.read_text())["settings"] for p in sorted(out.glob("*.json"))}
-    rb.plot_summary(summaries, out / "reader_bench.png")
+    report.plot_summary(summaries, out / "reader_bench.png")
     print(table)
     print(json.dumps({"dataset": args.dataset, "model": config.llm.model, "settings": summary,
-                      "vs_plain": rb.versus_plain(summary), "wall_s": meta["wall_s"]}))
+                      "vs_plain": report.versus_plain(summary), "wall_s": meta["wall_s"]}))
     return 0
 
 
@@ -124,13 +125,13 @@ def _document(args: argparse.Namespace, config, argv: list[str] | None) -> int:
     rows = asyncio.run(run_document_settings(llm, examples, args.settings, mixpr=config.mixpr,
                                              distractors=args.distractors, checkpoint=out / f"{name}.rows.jsonl"))
     wall_s = round(time.perf_counter() - t0, 1)
-    table, summary = rb.write_reports(out, name, rows, {
+    table, summary = report.write_reports(out, name, rows, {
         "dataset": args.dataset, "document": {"distractors": args.distractors}, "llm": config.llm.model_dump(),
         "data": data, "malformed": loaded.n_malformed, "wall_s": wall_s,
         "command": ["python", "-m", "jobs.bench_reader", *(argv if argv is not None else sys.argv[1:])]})
     print(table)
     print(json.dumps({"dataset": args.dataset, "document": True, "model": config.llm.model, "settings": summary,
-                      "vs_plain": rb.versus_plain(summary), "wall_s": wall_s}))
+                      "vs_plain": report.versus_plain(summary), "wall_s": wall_s}))
     return 0
 
 

@@ -15,7 +15,7 @@ Every LLM call is evaluated cold (:attr:`~longrag.llm.base.LLM.cold_reads`): whe
 the same prompt, or the pipeline's reader prompt follows its router prompt, llama.cpp would otherwise
 evaluate it from its cache, whose logits can differ in the last bits and so, now and then, the greedy
 answer (1.5B, MuSiQue: the reader's prompt equal to the bare prompt's, read after the router's, gave
-another answer on 6 of 50 questions, F1 40.7 against 42.1). Rows share the reader benchmark's shape, so :func:`longrag.eval.reader_bench.summarize`,
+another answer on 6 of 50 questions, F1 40.7 against 42.1). Rows share the reader benchmark's shape, so :func:`longrag.eval.reader_report.summarize`,
 ``versus_plain``, ``attribution`` and ``markdown_table`` report them; they are appended to a journal as
 they come, so a rerun resumes.
 """

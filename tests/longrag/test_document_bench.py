@@ -14,7 +14,8 @@ from longrag.eval.document_bench import (
     question_document,
     run_document_settings,
 )
-from longrag.eval.reader_bench import PLAIN_USER, summarize, versus_plain
+from longrag.eval.reader_bench import PLAIN_USER
+from longrag.eval.reader_report import summarize, versus_plain
 from longrag.mixpr.config import MixPRConfig
 from tests.fakes import ScriptedLLM
 
