@@ -5,8 +5,8 @@ with ``os._exit(status)`` instead of a full interpreter finalization. Twice a gr
 passed; 8 scenarios passed) ended in "Segmentation fault" after its summary, exit 139 for the
 run: torch, llama.cpp, FAISS, tokenizers and Ray's core worker torn down in one process, with their
 thread pools alive, in an order no test controls. What the session opened is closed first, while
-every module is whole (Ray shut down; llama.cpp models by their own atexit hook, see
-``longrag.llm.llamacpp``). ``LONGRAG_TEST_FINALIZE=1`` keeps the full finalization (to chase it).
+every module is whole, by the exit hooks Python would run (Ray's shutdown; llama.cpp models' close,
+see ``longrag.llm.llamacpp``). ``LONGRAG_TEST_FINALIZE=1`` keeps the full finalization (to chase it).
 """
 
 from __future__ import annotations
@@ -48,29 +48,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-_EXIT_STATUS: list[int] = []
+_EXIT_STATUS = pytest.StashKey[int]()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if "ray" in sys.modules:
-        import ray
-
-        if ray.is_initialized():
-            ray.shutdown()
-    gc.collect()
-    _EXIT_STATUS.append(int(exitstatus))
+    session.config.stash[_EXIT_STATUS] = int(exitstatus)
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if not _EXIT_STATUS or os.environ.get("LONGRAG_TEST_FINALIZE") == "1":
+    status = config.stash.get(_EXIT_STATUS, None)
+    if status is None or os.environ.get("LONGRAG_TEST_FINALIZE") == "1":
         return
     import atexit
 
-    atexit._run_exitfuncs()  # Python's own exit hooks (llama.cpp models close there), then no finalization
+    gc.collect()
+    atexit._run_exitfuncs()  # Python's own exit hooks (Ray's shutdown, llama.cpp models' close), then no finalization
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(_EXIT_STATUS[-1])
+    os._exit(status)
 
 
 @pytest.fixture(scope="session")

@@ -16,21 +16,30 @@ import numpy as np
 from longrag.eval.metrics import exact_match, f1, refined_exact_match
 
 
-def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per setting: questions, EM, F1, refined EM (x100: the gold inside the answer, LongRAG's lenient
-    match), mean seconds, prompt tokens, context tokens, fallbacks."""
+def _by_setting(rows: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     by: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by.setdefault(r["setting"], []).append(r)
+    return by
+
+
+def _pct(scores: Iterable[float]) -> float:
+    """Mean of 0..1 scores as a percentage, one decimal."""
+    return round(100 * float(np.mean(list(scores))), 1)
+
+
+def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per setting: questions, EM, F1, refined EM (x100: the gold inside the answer, LongRAG's lenient
+    match), mean seconds, prompt tokens, context tokens, fallbacks."""
     out = []
-    for label, rs in by.items():
+    for label, rs in _by_setting(rows).items():
         out.append({
             "setting": label, "mode": rs[0]["mode"], "budget": rs[0]["budget"], "few_shot": rs[0]["few_shot"],
             "answer_mode": rs[0].get("answer_mode", "two_turn"),
             "questions": len(rs),
-            "em": round(100 * float(np.mean([r["em"] for r in rs])), 1),
-            "f1": round(100 * float(np.mean([r["f1"] for r in rs])), 1),
-            "refined_em": round(100 * float(np.mean([refined_exact_match(r["answer"], r["golds"]) for r in rs])), 1),
+            "em": _pct(r["em"] for r in rs),
+            "f1": _pct(r["f1"] for r in rs),
+            "refined_em": _pct(refined_exact_match(r["answer"], r["golds"]) for r in rs),
             "s_per_q": round(float(np.mean([r["seconds"] for r in rs])), 2),
             "turn1_s_median": round(float(np.median([r["long_s"] for r in rs])), 2),
             "turn2_s_median": round(float(np.median([r["short_s"] for r in rs])), 2),
@@ -74,11 +83,8 @@ def attribution(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     def first_line(text: str) -> str:
         return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
 
-    by: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        by.setdefault(r["setting"], []).append(r)
     out = []
-    for label, rs in by.items():
+    for label, rs in _by_setting(rows).items():
         variants: dict[str, list[str]] = {"raw": [], "cleaned": [], "span": [], "final": []}
         long_ans: list[str] = []
         gained = lost = 0
@@ -95,12 +101,11 @@ def attribution(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 gained += delta > 0
                 lost += delta < 0
         row: dict[str, Any] = {"setting": label, "questions": len(rs)}
-        for name, answers in variants.items():
-            row[f"{name}_em"] = round(100 * float(np.mean([exact_match(a, r["golds"]) for a, r in zip(answers, rs)])), 1)
-            row[f"{name}_f1"] = round(100 * float(np.mean([f1(a, r["golds"]) for a, r in zip(answers, rs)])), 1)
         if len(long_ans) == len(rs) and rs[0].get("answer_mode") == "two_turn":
-            row["long_em"] = round(100 * float(np.mean([exact_match(a, r["golds"]) for a, r in zip(long_ans, rs)])), 1)
-            row["long_f1"] = round(100 * float(np.mean([f1(a, r["golds"]) for a, r in zip(long_ans, rs)])), 1)
+            variants["long"] = long_ans
+        for name, answers in variants.items():
+            row[f"{name}_em"] = _pct(exact_match(a, r["golds"]) for a, r in zip(answers, rs))
+            row[f"{name}_f1"] = _pct(f1(a, r["golds"]) for a, r in zip(answers, rs))
         row["replaced"] = sum(1 for r in rs if r.get("fallback"))
         row["replaced_gained"], row["replaced_lost"] = int(gained), int(lost)
         out.append(row)
