@@ -3,7 +3,7 @@ raises or whose replica process dies while an answer is in flight (one retry, th
 stream that already started ends with an error event). The backends misbehave on markers in the
 question (``tests/fakes.py``:
 ``SleepyEncoder``, ``SleepyIndex``, ``FaultyReader``); the deployments, ingress, ``ShardedIndex``
-and Serve itself are the real ones. Killing real replicas of the real app: ``tests/serve/test_app.py``
+and Serve itself are the real ones. Killing real replicas of the real app: ``tests/serve/test_app_lifecycle.py``
 and ``python -m jobs.chaos``. The OpenAPI schema is fuzzed in ``tests/serve/test_fuzz.py``, over
 the production deadlines: this app's are seconds, so that its slow fakes trip them quickly."""
 
