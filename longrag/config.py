@@ -103,8 +103,8 @@ class IndexConfig(_Section):
         "memory free. 0: no memory ask.",
     )
     device: Literal["cpu", "cuda"] = Field(
-        "cpu", description="Where shard actors search: cuda moves each shard's FAISS index to a GPU (faiss-gpu, the "
-        "gpu extra) and asks Ray for index.shard_num_gpus per actor.",
+        "cpu", description="Where shard actors search: cuda moves each shard's index to a GPU (exact Flat shards through "
+        "torch, the gpu extra; IVF/PQ shards need a FAISS GPU build) and asks Ray for index.shard_num_gpus per actor.",
     )
     shard_num_gpus: float = Field(1.0, gt=0, le=1, description="GPUs per shard actor with index.device=cuda.")
     refresh_s: float = Field(

@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from longrag.index import torch_search
 from longrag.types import UnitHit
 
 Metric = Literal["ip", "l2"]
@@ -52,13 +53,17 @@ class IndexDeviceError(ValueError):
     """``index.device=cuda`` where FAISS cannot search on a GPU (a configuration error, not a crash)."""
 
 
-def check_gpu(gpu: int = 0) -> None:
-    """Raise :class:`IndexDeviceError` unless this FAISS build has GPU support and sees GPU ``gpu``."""
+def check_gpu(gpu: int = 0, exact: bool = True) -> None:
+    """Raise :class:`IndexDeviceError` unless GPU ``gpu`` can search: FAISS with GPU support that sees it,
+    or, for ``exact`` (Flat) shards, torch that sees it (:mod:`longrag.index.torch_search`)."""
     if not hasattr(faiss, "StandardGpuResources"):
+        if exact and torch_search.cuda_devices() > gpu:
+            return
         raise IndexDeviceError(
-            f"index.device=cuda needs FAISS with GPU support, but this FAISS {faiss.__version__} is a CPU-only "
-            "build: install the gpu extra (pip install 'longrag[gpu]', faiss-gpu-cu12) on the index nodes, or set "
-            "index.device=cpu"
+            f"index.device=cuda needs a GPU that torch sees (exact Flat shards: the gpu extra, pip install "
+            f"'longrag[gpu]') or FAISS with GPU support (IVF/PQ shards), but this FAISS {faiss.__version__} is a "
+            f"CPU-only build and torch sees {torch_search.cuda_devices()} GPU(s); run the shards on a GPU node "
+            "or set index.device=cpu"
         )
     n = faiss.get_num_gpus()
     if gpu >= n:
@@ -221,10 +226,15 @@ class MaxPIndex:
         """Move the FAISS index to GPU ``gpu`` (faiss-gpu: ``StandardGpuResources`` +
         ``index_cpu_to_gpu``); searches then run there. A search that needs more than
         :data:`GPU_MAX_K` chunks (FAISS GPU's top-k limit) runs on the CPU copy, so results stay
-        exact. Raises :class:`IndexDeviceError` when this FAISS has no GPU support or sees no GPU."""
-        check_gpu(gpu)
+        exact. Without FAISS GPU support, a Flat index moves to torch (:class:`~longrag.index.torch_search.TorchFlatIndex`,
+        no top-k limit). Raises :class:`IndexDeviceError` when no GPU can search this index."""
         if self._cpu_index is not None:
             return
+        if not hasattr(faiss, "StandardGpuResources"):  # exact shards search through torch instead
+            check_gpu(gpu, exact=torch_search.can_search(self.index))
+            self._cpu_index, self.index = self.index, torch_search.TorchFlatIndex.from_faiss(self.index, f"cuda:{gpu}")
+            return
+        check_gpu(gpu)
         self._gpu_resources = faiss.StandardGpuResources()
         self._cpu_index = self.index
         self.index = faiss.index_cpu_to_gpu(self._gpu_resources, gpu, self.index)
@@ -240,7 +250,7 @@ class MaxPIndex:
             raise ValueError(f"search params must be a string like 'nprobe=32', got {type(params).__name__}")
         try:
             for index in (self.index, self._cpu_index):
-                if index is not None:
+                if isinstance(index, faiss.Index):  # not a TorchFlatIndex (which has no parameters)
                     space = faiss.GpuParameterSpace() if index is self.index and self.device == "cuda" \
                         else faiss.ParameterSpace()
                     space.set_index_parameters(index, params)
@@ -268,7 +278,8 @@ class MaxPIndex:
         k_chunks = min(self.ntotal, max(2 * k, k * per_unit))
         pending = np.arange(nq)
         while len(pending):
-            index = self.index if self._cpu_index is None or k_chunks <= GPU_MAX_K else self._cpu_index
+            on_gpu = self._cpu_index is None or k_chunks <= GPU_MAX_K or not isinstance(self.index, faiss.Index)
+            index = self.index if on_gpu else self._cpu_index
             dist, ids = index.search(queries[pending], k_chunks)
             still: list[int] = []
             for row, q in enumerate(pending):
