@@ -11,7 +11,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup chromium setup-reader-1.5b setup-vllm demo test test-scenarios test-fast test-vllm regress index serve bench-mixpr bench-reader bench-llm bench-serve clean
+.PHONY: setup check-gpu-set chromium setup-reader-1.5b setup-vllm demo test test-scenarios test-fast test-vllm regress index serve bench-mixpr bench-reader bench-llm bench-serve clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -91,6 +91,12 @@ regress: setup
 # the LongRAG app and the dual-perspective strategies reading through it (tests/vllm, marker vllm).
 test-vllm: setup-vllm
 	$(VBIN)/python -m pytest tests/vllm -m vllm
+
+# The GPU set (dependencies + the gpu extra) resolved for Linux x86_64 on Python 3.11 and 3.12 with pip's
+# --dry-run, no GPU: vLLM must be ray[llm]'s pin and every CUDA library of one major (~70 s; network).
+# `make test` runs it too (tests/jobs/test_gpu_resolve.py).
+check-gpu-set: setup
+	$(BIN)/python -m jobs.gpu_resolve
 
 index: setup
 	$(BIN)/python -m jobs.index --source data/sample/enwiki-sample-106-articles.xml.bz2 --format wikixml \
