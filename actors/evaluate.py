@@ -135,7 +135,11 @@ def retrieve_local(
             if res.coverage.degraded:
                 degraded += 1
                 log.warning("search batch at %d was degraded: %s", start, res.coverage.to_dict())
-            rows = index.fetch_units_sync([h for hs in res.hits for h in hs])
+            batch = [h for hs in res.hits for h in hs]
+            queries = None
+            if config.retrieval.document_order == "evidence":  # each hit's own question vector
+                queries = np.repeat(vecs[start : start + SEARCH_BATCH], [len(hs) for hs in res.hits], axis=0)
+            rows = index.fetch_units_sync(batch, queries)
             out.extend(P.retrieved_from_hits(hs, rows) for hs in res.hits)
             bar.update(len(res.hits))
         bar.close()

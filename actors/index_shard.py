@@ -18,7 +18,8 @@ import numpy as np
 import ray
 
 from longrag.index.artifacts import ArtifactStore, load_shard, load_shard_chunks
-from longrag.types import UnitHit
+from longrag.index.evidence import order_by_evidence
+from longrag.types import Unit, UnitHit
 
 
 class IndexShardImpl:
@@ -64,16 +65,33 @@ class IndexShardImpl:
                 h.shard = self.shard_id
         return hits
 
-    def get_units(self, unit_ids: list[str], best_chunk_ids: list[str] | None = None) -> list[dict[str, Any]]:
+    def get_units(self, unit_ids: list[str], best_chunk_ids: list[str] | None = None,
+                  queries: np.ndarray | None = None) -> list[dict[str, Any]]:
         """Unit rows (``Unit.to_row()``: text, titles, doc ids) for ids this shard owns, each with the
         text of its best chunk (``best_chunk_text``) when ``best_chunk_ids`` is given; unknown ids
-        raise KeyError. :meth:`actors.sharded_index.ShardedIndex.retrieve_units` joins them with
-        their hits into :class:`longrag.types.RetrievedUnit` records."""
-        rows = [self.units[u].to_row() for u in unit_ids]
+        raise KeyError. With ``queries`` (one vector per unit id) each unit's documents come best
+        first by their own best chunk, with their scores (``doc_scores``,
+        :func:`longrag.index.evidence.order_by_evidence`). :meth:`actors.sharded_index.ShardedIndex.retrieve_units`
+        joins them with their hits into :class:`longrag.types.RetrievedUnit` records."""
+        units = [self.units[u] for u in unit_ids]
+        if queries is not None:
+            if len(queries) != len(unit_ids):
+                raise ValueError(f"{len(queries)} query vectors for {len(unit_ids)} units")
+            scored = [self._by_evidence(u, q) for u, q in zip(units, queries)]
+            units = [u for u, _ in scored]
+        rows = [u.to_row() for u in units]
+        if queries is not None:
+            for row, (_, doc_scores) in zip(rows, scored):
+                row["doc_scores"] = doc_scores
         if best_chunk_ids is not None:
             for row, chunk_id in zip(rows, best_chunk_ids):
                 row["best_chunk_text"] = self.chunks[chunk_id].text
         return rows
+
+    def _by_evidence(self, unit: Unit, query: np.ndarray) -> tuple[Unit, list[float | None]]:
+        chunk_ids, scores = self.index.unit_chunk_scores(query, unit.unit_id)
+        texts = [c.text for c in self.chunks.get_many(chunk_ids)]
+        return order_by_evidence(unit, texts, scores)
 
     def info(self) -> dict[str, Any]:
         return {

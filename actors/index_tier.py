@@ -247,8 +247,8 @@ class TieredIndex:
     async def search(self, queries: Any, k: int) -> Any:
         return await self.index.search(queries, k)
 
-    async def retrieve_units(self, hits: list[Any]) -> list[Any]:
-        return await self.index.retrieve_units(hits)
+    async def retrieve_units(self, hits: list[Any], query: Any = None) -> list[Any]:
+        return await self.index.retrieve_units(hits, query)
 
     async def liveness(self) -> list[list[bool]]:
         return await self.index.liveness()

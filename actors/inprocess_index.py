@@ -53,12 +53,13 @@ class InProcessIndex:
         coverage = Coverage(shards=n, answered=n, replicas=self.redundancy())
         return ShardedSearchResult(hits=hits, coverage=coverage, shard_ms=shard_ms)
 
-    def retrieve_units_sync(self, hits: list[UnitHit]) -> list[RetrievedUnit]:
+    def retrieve_units_sync(self, hits: list[UnitHit], query: np.ndarray | None = None) -> list[RetrievedUnit]:
         rows: dict[str, dict[str, Any]] = {}
         for shard in self.shards:
             mine = [h for h in hits if h.shard == shard.shard_id]
             if mine:
-                for row in shard.get_units([h.unit_id for h in mine], [h.best_chunk_id for h in mine]):
+                queries = None if query is None else np.repeat(np.asarray(query, np.float32)[None, :], len(mine), 0)
+                for row in shard.get_units([h.unit_id for h in mine], [h.best_chunk_id for h in mine], queries):
                     rows[row["unit_id"]] = row
         return [RetrievedUnit.from_hit(h, rows.get(h.unit_id)) for h in hits]
 
@@ -68,8 +69,8 @@ class InProcessIndex:
     async def search(self, queries: np.ndarray, k: int) -> ShardedSearchResult:
         return await asyncio.to_thread(self.search_sync, queries, k)
 
-    async def retrieve_units(self, hits: list[UnitHit]) -> list[RetrievedUnit]:
-        return await asyncio.to_thread(self.retrieve_units_sync, hits)
+    async def retrieve_units(self, hits: list[UnitHit], query: np.ndarray | None = None) -> list[RetrievedUnit]:
+        return await asyncio.to_thread(self.retrieve_units_sync, hits, query)
 
     async def liveness(self) -> list[list[bool]]:
         return [[True] for _ in self.shards]  # in this process: alive while it is

@@ -298,20 +298,24 @@ class ShardedIndex:
         ]
         return ShardedSearchResult(hits=hits, coverage=coverage, shard_ms=shard_ms)
 
-    async def fetch_units(self, hits: list[UnitHit]) -> dict[str, dict[str, Any]]:
+    async def fetch_units(self, hits: list[UnitHit], queries: np.ndarray | None = None) -> dict[str, dict[str, Any]]:
         """Unit rows for hits (``unit_id`` -> ``Unit.to_row()`` plus ``best_chunk_text``), asking
-        each owning shard once (with failover); units of a shard that could not be asked are missing."""
-        by_shard: dict[int, tuple[list[str], list[str]]] = {}
-        for h in hits:
-            ids, chunk_ids = by_shard.setdefault(h.shard, ([], []))
+        each owning shard once (with failover); units of a shard that could not be asked are missing.
+        With ``queries`` (one vector per hit) each unit's documents come best first
+        (:meth:`actors.index_shard.IndexShardImpl.get_units`)."""
+        by_shard: dict[int, tuple[list[str], list[str], list[int]]] = {}
+        for i, h in enumerate(hits):
+            ids, chunk_ids, rows = by_shard.setdefault(h.shard, ([], [], []))
             ids.append(h.unit_id)
             chunk_ids.append(h.best_chunk_id)
+            rows.append(i)
         results = await asyncio.gather(
-            *(self._call(s, "get_units", ids, chunk_ids) for s, (ids, chunk_ids) in by_shard.items()),
+            *(self._call(s, "get_units", ids, chunk_ids, None if queries is None else queries[rows])
+              for s, (ids, chunk_ids, rows) in by_shard.items()),
             return_exceptions=True,
         )
         out: dict[str, dict[str, Any]] = {}
-        for (shard, (ids, _)), res in zip(by_shard.items(), results):
+        for (shard, (ids, _, _)), res in zip(by_shard.items(), results):
             if isinstance(res, BaseException):
                 log.warning("could not fetch %d units from shard %d: %s", len(ids), shard, res)
                 continue
@@ -319,15 +323,16 @@ class ShardedIndex:
                 out[row["unit_id"]] = row
         return out
 
-    async def retrieve_units(self, hits: list[UnitHit]) -> list[RetrievedUnit]:
+    async def retrieve_units(self, hits: list[UnitHit], query: np.ndarray | None = None) -> list[RetrievedUnit]:
         """The hits joined with their unit records, in rank order (a unit whose shard could not
-        be asked has no text: see :class:`longrag.types.RetrievedUnit`)."""
-        rows = await self.fetch_units(hits)
+        be asked has no text: see :class:`longrag.types.RetrievedUnit`); with the ``query`` vector,
+        each unit's documents best first."""
+        rows = await self.fetch_units(hits, None if query is None else np.repeat(query[None, :], len(hits), 0))
         return [RetrievedUnit.from_hit(h, rows.get(h.unit_id)) for h in hits]
 
     # Sync wrappers for drivers and jobs (not for use inside a running event loop).
     def search_sync(self, queries: np.ndarray, k: int) -> ShardedSearchResult:
         return asyncio.run(self.search(queries, k))
 
-    def fetch_units_sync(self, hits: list[UnitHit]) -> dict[str, dict[str, Any]]:
-        return asyncio.run(self.fetch_units(hits))
+    def fetch_units_sync(self, hits: list[UnitHit], queries: np.ndarray | None = None) -> dict[str, dict[str, Any]]:
+        return asyncio.run(self.fetch_units(hits, queries))

@@ -113,6 +113,17 @@ class IndexConfig(_Section):
     )
 
 
+class RetrievalConfig(_Section):
+    """What a request's retrieval does beyond the MaxP search (docs/evaluation.md: multi-hop evidence)."""
+
+    document_order: Literal["evidence", "stored"] = Field(
+        "evidence", description="The documents inside each retrieved unit: evidence = best first by their own best "
+        "chunk (the MaxP rule per document; the reader reads from the top and stops at its budget), stored = in "
+        "the order grouping put them. On the MuSiQue sample evidence puts 58% of the gold paragraphs into the "
+        "first 1K tokens of the top 2 units, stored 38%.",
+    )
+
+
 class LLMConfig(_Section):
     backend: Literal["llamacpp", "openai"] = "llamacpp"
     model: str = Field(
@@ -289,6 +300,7 @@ class LongRAGConfig(_Section):
     units: UnitConfig = Field(default_factory=UnitConfig)
     chunking: ChunkConfig = Field(default_factory=ChunkConfig)
     index: IndexConfig = Field(default_factory=IndexConfig)
+    retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
     llm: LLMConfig = Field(default_factory=LLMConfig)
     reader: ReaderConfig = Field(default_factory=ReaderConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)

@@ -179,6 +179,9 @@ class RetrievedUnit(BaseModel):
     best_chunk_id: str
     best_chunk: str | None = Field(None, description="Text of the unit's best-scoring chunk.")
     n_tokens: int = 0
+    doc_scores: list[float | None] | None = Field(
+        None, description="Each document's best chunk score, in ``doc_ids`` order, when the documents were put "
+        "best first (retrieval.document_order=evidence); None: the stored order.")
     text: SkipJsonSchema[str | None] = Field(None, exclude=True, repr=False)
 
     @classmethod
@@ -190,7 +193,7 @@ class RetrievedUnit(BaseModel):
         return cls(
             unit_id=hit.unit_id, score=hit.score, shard=hit.shard, best_chunk_id=hit.best_chunk_id,
             titles=list(row["titles"]), doc_ids=list(row["doc_ids"]), n_tokens=int(row["n_tokens"]),
-            best_chunk=row.get("best_chunk_text"), text=str(row["text"]),
+            best_chunk=row.get("best_chunk_text"), text=str(row["text"]), doc_scores=row.get("doc_scores"),
         )
 
     def to_unit(self) -> Unit:

@@ -97,7 +97,7 @@ def build_app(cfg: LongRAGConfig, index: str, *, encoder_cls: Any = None, index_
         return Ingress.bind(cfg, llm, {}, index=index, encoder_cls=encoder_cls, index_cls=index_cls)
     return Ingress.bind(cfg, llm, {
         "encoder": QueryEncoder.bind(cfg.embedding, encoder_cls),
-        "retriever": Retriever.bind(index, cfg.index, index_cls),
+        "retriever": Retriever.bind(index, cfg.index, index_cls, cfg.retrieval),
         "reader": Reader.bind(llm, cfg.llm, cfg.reader, cfg.mixpr),
         "longcontext": LongContextReader.bind(llm, cfg.llm, cfg.mixpr, longcontext_embedding(cfg.embedding)),
         "dual": bind_dual(cfg, llm, encoder_cls),
@@ -116,7 +116,7 @@ def colocated_stages(cfg: LongRAGConfig, llm: DeploymentHandle, index: str | Non
     chunks = longcontext_embedding(cfg.embedding)
     return {
         "encoder": InProcess(QueryEncoder.func_or_class(cfg.embedding, encoder_cls)),
-        "retriever": InProcess(Retriever.func_or_class(index, cfg.index, index_cls)),
+        "retriever": InProcess(Retriever.func_or_class(index, cfg.index, index_cls, cfg.retrieval)),
         "reader": InProcess(Reader.func_or_class(llm, cfg.llm, cfg.reader, cfg.mixpr)),
         "longcontext": InProcess(LongContextReader.func_or_class(llm, cfg.llm, cfg.mixpr, chunks)),
         "dual": InProcess(DualReader.func_or_class(

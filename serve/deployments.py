@@ -31,7 +31,7 @@ import numpy as np
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from longrag.config import EmbeddingConfig, IndexConfig, LLMConfig, ReaderConfig
+from longrag.config import EmbeddingConfig, IndexConfig, LLMConfig, ReaderConfig, RetrievalConfig
 from longrag.llm.base import LLM, ChatResult
 from longrag.types import InvalidRequest
 from longrag.mixpr.config import MixPRConfig
@@ -141,7 +141,8 @@ class Retriever:
     running on the old build finish, then releases the old backend. A request runs on one build
     from start to end and its trace names it (``build_id``)."""
 
-    def __init__(self, index_uri: str, index: IndexConfig, index_cls: Callable[..., Any] | None = None) -> None:
+    def __init__(self, index_uri: str, index: IndexConfig, index_cls: Callable[..., Any] | None = None,
+                 retrieval: RetrievalConfig | None = None) -> None:
         from longrag.index.alias import resolve_build
 
         if index_cls is None:
@@ -149,6 +150,7 @@ class Retriever:
 
             index_cls = TieredIndex
         self.source, self.config, self.index_cls = index_uri, index, index_cls
+        self.retrieval = retrieval or RetrievalConfig()
         self.build_uri, _ = resolve_build(index_uri)
         self.index = self._open(self.build_uri)
         self.manifest = self.index.manifest
@@ -168,9 +170,11 @@ class Retriever:
         self.inflight[id(backend)] = self.inflight.get(id(backend), 0) + 1
         try:
             t0 = time.perf_counter()
-            res = await backend.search(np.asarray(vector, dtype=np.float32)[None, :], k)
+            query = np.asarray(vector, dtype=np.float32)
+            res = await backend.search(query[None, :], k)
             t1 = time.perf_counter()
-            units = await backend.retrieve_units(res.hits[0])
+            evidence_first = self.retrieval.document_order == "evidence"
+            units = await backend.retrieve_units(res.hits[0], query if evidence_first else None)
             t2 = time.perf_counter()
         finally:
             self.inflight[id(backend)] -= 1

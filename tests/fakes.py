@@ -228,8 +228,8 @@ class FakeActorsIndex:
     async def search(self, queries, k: int):
         return await self.index.search(queries, k)
 
-    async def retrieve_units(self, hits):
-        return await self.index.retrieve_units(hits)
+    async def retrieve_units(self, hits, query=None):
+        return await self.index.retrieve_units(hits, query)
 
     async def liveness(self) -> list[list[bool]]:
         return await self.index.liveness()  # the real pings: a dead fake replica does not answer

@@ -189,6 +189,56 @@ def gold_recall_at_k(
     return {k: float(covered_at is not None and covered_at < k) for k in ks}
 
 
+def _squash(text: str) -> str:
+    return " ".join(text.split())
+
+
+def paragraphs_found(text: str, paragraphs: Sequence[str]) -> list[bool]:
+    """For each gold paragraph: is all of it (whitespace aside) inside ``text``?"""
+    hay = _squash(text)
+    return [_squash(p) in hay for p in paragraphs]
+
+
+def paragraph_recall_at_k(
+    retrieved_texts: Sequence[str], paragraphs: Sequence[str], ks: Iterable[int]
+) -> dict[int, float]:
+    """For each k: the share of the question's gold (supporting) paragraphs lying whole inside one
+    of the first k retrieved texts, HippoRAG's passage recall@k on long units. A paragraph cut
+    across two passage units counts when both are retrieved and meet end to start in the text
+    (the top-k texts are also searched joined in rank order)."""
+    ks = _check_ks(ks)
+    if not paragraphs:
+        raise ValueError("no gold paragraphs: paragraph recall is undefined for this question")
+    out: dict[int, float] = {}
+    for k in ks:
+        top = list(retrieved_texts[:k])
+        found = [any(f) for f in zip(*(paragraphs_found(t, paragraphs) for t in [*top, " ".join(top)]))]
+        out[k] = sum(found) / len(paragraphs)
+    return out
+
+
+def paragraph_recall_within(
+    retrieved_texts: Sequence[str], n_tokens: Sequence[int], paragraphs: Sequence[str], budgets: Iterable[int],
+    truncate: Callable[[str, int], str],
+) -> dict[int, float]:
+    """For each token budget B: the share of gold paragraphs lying whole inside the first B tokens
+    of the retrieved texts read in rank order (``n_tokens[i]`` the i-th text's tokens,
+    ``truncate(text, n)`` its first n tokens): recall at equal context, whatever the unit size."""
+    budgets = _check_ks(budgets)
+    if not paragraphs:
+        raise ValueError("no gold paragraphs: paragraph recall is undefined for this question")
+    out: dict[int, float] = {}
+    for b in budgets:
+        parts, room = [], b
+        for text, n in zip(retrieved_texts, n_tokens):
+            if room <= 0:
+                break
+            parts.append(text if n <= room else truncate(text, room))
+            room -= n
+        out[b] = sum(paragraphs_found("\n\n".join(parts), paragraphs)) / len(paragraphs)
+    return out
+
+
 def context_tokens_at_k(
     retrieved_texts: Sequence[str], counter: Callable[[str], int], ks: Iterable[int]
 ) -> dict[int, int]:

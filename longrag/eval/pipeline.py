@@ -53,6 +53,7 @@ def base_result(ex: QAExample, unit_kind: str, reader_k: int | None = None) -> d
         "answers": list(ex.answers),
         "type": ex.type,
         "gold_titles": list(ex.gold_titles),
+        "gold_paragraphs": [p.text for p in ex.paragraphs if p.is_supporting],
         "unit_kind": unit_kind,
     }
     if reader_k is not None:
@@ -125,6 +126,8 @@ def attach_reader(result: dict[str, Any], reader: Mapping[str, Any]) -> dict[str
     ):
         if reader.get(src) is not None:
             result[dst] = int(reader[src])
+    if reader.get("context"):
+        result["reader_context"] = str(reader["context"])
     if reader.get("units_used") is not None:
         result["units_used"] = list(reader["units_used"])
         result["reader_units_used"] = len(reader["units_used"])
@@ -175,7 +178,8 @@ def flat_metrics(
         raise ValueError(f"flat_metrics takes one unit kind; got {sorted(retr_all)}")
     retr = next(iter(retr_all.values()), {})
     retrieval: dict[str, Any] = {}
-    names = {"gold_recall": "recall", "answer_recall": "answer_recall", "context_tokens": "context_tokens"}
+    names = {"gold_recall": "recall", "answer_recall": "answer_recall", "context_tokens": "context_tokens",
+             "paragraph_recall": "paragraph_recall", "paragraph_recall_tokens": "paragraph_recall_tokens"}
     for key, name in names.items():
         for k, v in sorted(retr.get(key, {}).items()):
             retrieval[f"{name}@{int(k)}"] = v
@@ -204,6 +208,7 @@ def flat_metrics(
         "prompt_tokens": _mean(r.get("prompt_tokens") for r in results),
         "completion_tokens": _mean(r.get("completion_tokens") for r in results),
         "reader_s": _mean(r.get("reader_s") for r in results),
+        "reader_paragraph_recall": _mean(r.get("reader_paragraph_recall") for r in results),
         "retrieval_s": _mean(r.get("retrieval_s") for r in results),
     }
 

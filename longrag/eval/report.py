@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from longrag.eval import metrics as M
 
 QA_KEYS = ("em", "refined_em", "f1")
-CURVE_KEYS = ("answer_recall", "gold_recall", "context_tokens")
+CURVE_KEYS = ("answer_recall", "gold_recall", "context_tokens", "paragraph_recall", "paragraph_recall_tokens")
 DEFAULT_KS = (1, 2, 4, 8, 16, 32, 64, 100)
 
 
@@ -59,6 +59,8 @@ def score_results(
     hotpot_special: bool = True,
     answer_recall_types: Iterable[str] | None = None,
     f1_metric: Callable[[str, Sequence[str]], float] | None = None,
+    budgets: Iterable[int] = (),
+    truncate: Callable[[str, int], str] | None = None,
 ) -> list[dict[str, Any]]:
     """Copies of the results with missing metric fields computed.
 
@@ -72,6 +74,11 @@ def score_results(
     the retrieved list are kept (recall there is that of the whole list). ``answer_recall_types``
     restricts answer recall to those question types (LongRAG, Jiang et al., 2024, Section 4.2, uses only
     HotpotQA ``bridge``).
+
+    With ``gold_paragraphs``: ``paragraph_recall`` ({k: share of gold paragraphs inside the top k}),
+    ``paragraph_recall_tokens`` ({B: the same inside the first B tokens of the ranked texts}, with
+    ``budgets`` and ``truncate(text, n)``) and, when the reader's context is kept
+    (``reader_context``), ``reader_paragraph_recall`` (the share the reader was given).
     """
     _check_results(results)
     ks = sorted(set(int(k) for k in ks))
@@ -101,11 +108,23 @@ def score_results(
             gold = r.get("gold_titles") or []
             if "gold_recall" not in r and gold and all("titles" in u for u in retrieved):
                 r["gold_recall"] = M.gold_recall_at_k([list(u["titles"]) for u in retrieved], gold, ks)
+            paragraphs = r.get("gold_paragraphs") or []
+            if paragraphs and all(isinstance(t, str) for t in texts):
+                if "paragraph_recall" not in r:
+                    r["paragraph_recall"] = M.paragraph_recall_at_k(texts, paragraphs, ks)
+                if budgets and truncate is not None and "paragraph_recall_tokens" not in r \
+                        and all("n_tokens" in u for u in retrieved):
+                    r["paragraph_recall_tokens"] = M.paragraph_recall_within(
+                        texts, [int(u["n_tokens"]) for u in retrieved], paragraphs, budgets, truncate)
             if "context_tokens" not in r:
                 if all("n_tokens" in u for u in retrieved):
                     r["context_tokens"] = M.cumulative_at_k([int(u["n_tokens"]) for u in retrieved], ks)
                 elif counter is not None and all(isinstance(t, str) for t in texts):
                     r["context_tokens"] = M.context_tokens_at_k(texts, counter, ks)
+        paragraphs = r.get("gold_paragraphs") or []
+        if paragraphs and isinstance(r.get("reader_context"), str) and "reader_paragraph_recall" not in r:
+            found = M.paragraphs_found(r["reader_context"], paragraphs)
+            r["reader_paragraph_recall"] = sum(found) / len(paragraphs)
         out.append(r)
     return out
 

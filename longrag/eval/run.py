@@ -275,15 +275,29 @@ def run_setting(
         else:
             info["reader"] = run_reader_local(results, run.config, ev.reader_k, ev.reader_concurrency, ev.progress,
                                               checkpoint_path=ckpt)
-    return _finish(ev, setting, results, info, len(docs), t0)
+    return _finish(ev, setting, results, info, len(docs), t0, truncate=_embedding_truncate(run.config))
+
+
+def _embedding_truncate(config: LongRAGConfig) -> Any:
+    """``truncate(text, n)`` with the embedding model's tokenizer (the units' ``n_tokens``)."""
+    from longrag.index.embedding import tokenizer_dir
+    from longrag.text.tokens import counter_for_model_dir
+
+    try:
+        return counter_for_model_dir(tokenizer_dir(config.embedding.model)).truncate
+    except (OSError, ValueError) as exc:  # a hub model not in the local cache: no recall at equal tokens
+        log.warning("no tokenizer for %s (%s): paragraph recall within token budgets left out",
+                    config.embedding.model, exc)
+        return None
 
 
 def _finish(ev: EvalConfig, setting: EvalSetting, results: list[dict[str, Any]], info: dict[str, Any],
-            n_docs: int, t0: float) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+            n_docs: int, t0: float, truncate: Any = None) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
     ar_types = None if ev.answer_recall_all_types else P.DEFAULT_ANSWER_RECALL_TYPES.get(ev.dataset)
     reader_k = ev.reader_k if ev.reads else None
     # each dataset's own F1 rule (LongBench: plain token F1, not HotpotQA's yes/no rule)
-    scored = score_results(results, ks=ev.ks, answer_recall_types=ar_types, f1_metric=P.qa_f1_metric(ev.dataset))
+    scored = score_results(results, ks=ev.ks, answer_recall_types=ar_types, f1_metric=P.qa_f1_metric(ev.dataset),
+                           budgets=ev.token_budgets, truncate=truncate)
     flat = P.flat_metrics(scored, summarize(scored), dataset=ev.dataset, unit=setting.unit, reader_k=reader_k)
     flat["label"] = setting.label
     flat["links"] = setting.links if setting.unit == "grouped" else None

@@ -153,6 +153,7 @@ class MaxPIndex:
         self.chunk_ids = np.asarray(chunk_ids, dtype=object)
         self.metric: Metric = metric
         self.factory = factory
+        self._unit_pos: tuple[dict[str, int], np.ndarray, np.ndarray] | None = None  # unit_chunk_scores' map
         self._cpu_index: faiss.Index | None = None  # set by to_gpu: the CPU copy for searches beyond GPU_MAX_K
 
     # ------------------------------------------------------------------ build
@@ -238,6 +239,33 @@ class MaxPIndex:
         self._gpu_resources = faiss.StandardGpuResources()
         self._cpu_index = self.index
         self.index = faiss.index_cpu_to_gpu(self._gpu_resources, gpu, self.index)
+
+    # ------------------------------------------------------------------ chunks of a unit
+    def unit_chunk_scores(self, query: np.ndarray, unit_id: str) -> tuple[list[str], np.ndarray]:
+        """Every chunk of ``unit_id`` (ids in position order) with its score for one query (``(dim,)``):
+        the inner product (``ip``) or the negated squared distance (``l2``) with the stored vector, as
+        the index reconstructs it (exact for Flat, the codes' decoding for PQ/SQ). Raises KeyError for
+        a unit this index does not hold, ValueError for an index that cannot reconstruct (IVF
+        without a direct map)."""
+        if self._unit_pos is None:
+            order = np.argsort(self.chunk_units, kind="stable")
+            indptr = np.zeros(len(self.unit_ids) + 1, dtype=np.int64)
+            np.cumsum(np.bincount(self.chunk_units, minlength=len(self.unit_ids)), out=indptr[1:])
+            self._unit_pos = ({str(u): i for i, u in enumerate(self.unit_ids.tolist())}, order, indptr)
+        pos, order, indptr = self._unit_pos
+        u = pos[unit_id]  # KeyError: not this shard's unit
+        ids = order[indptr[u]:indptr[u + 1]]
+        chunk_ids = [str(c) for c in self.chunk_ids[ids].tolist()]
+        rank = sorted(range(len(ids)), key=lambda i: chunk_ids[i])  # "unit:0003": position order
+        ids, chunk_ids = ids[rank], [chunk_ids[i] for i in rank]
+        index = self._cpu_index if self._cpu_index is not None else self.index
+        try:
+            vecs = np.vstack([index.reconstruct(int(i)) for i in ids]) if len(ids) else np.zeros((0, self.dim))
+        except RuntimeError as exc:
+            raise ValueError(f"a {self.factory!r} index cannot reconstruct its vectors: {exc}") from exc
+        q = _check_matrix(np.asarray(query, dtype=np.float32).reshape(1, -1), "query", self.dim)[0]
+        scores = vecs @ q if self.metric == "ip" else -((vecs - q) ** 2).sum(axis=1)
+        return chunk_ids, scores.astype(np.float64)
 
     # ------------------------------------------------------------------ search
     def set_search_params(self, params: str | None) -> None:

@@ -99,6 +99,9 @@ class ReaderResult:
     model: str = ""
     #: How the short answer was made: "direct" or "two_turn" (``reader.answer``).
     answer_mode: str = "direct"
+    #: The unit text the reader was given, as fitted to its budget (evaluation scores which gold
+    #: paragraphs it held: ``reader_paragraph_recall``).
+    context: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -334,4 +337,5 @@ class LongReader:
             cached_prompt_tokens=sum(c.cached_prompt_tokens for c in calls),
             model=second.model,
             answer_mode=self.config.answer,
+            context=context,
         )

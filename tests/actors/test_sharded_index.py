@@ -238,3 +238,53 @@ def test_corrupted_shard_is_reported_in_coverage(cluster, tmp_path):
     assert res.coverage.degraded and res.coverage.errors.keys() == {0} and res.coverage.failed_shards == [0]
     assert "ChecksumError" in res.coverage.errors[0] or "sha256" in res.coverage.errors[0]
     client.kill()
+
+
+def test_fetched_units_put_their_best_documents_first(cluster, tmp_path):
+    """With the query, each shard returns its units' documents best first; the reference scores
+    each document's chunks directly (q . v per chunk, max per document)."""
+    rng = np.random.default_rng(3)
+    units, chunks, vecs, doc_of_chunk = [], [], [], {}
+    for u in range(12):
+        uid = f"g{u:03d}"
+        docs = [(f"T{u}-{d}", f"doc {d} of {uid}. " * int(rng.integers(1, 4))) for d in range(int(rng.integers(1, 5)))]
+        text = "\n\n".join(f"{t}\n{x}" for t, x in docs)
+        units.append(Unit(unit_id=uid, doc_ids=[t for t, _ in docs], titles=[t for t, _ in docs], text=text, n_tokens=9))
+        pos = 0
+        for d, (t, x) in enumerate(docs):
+            for part in (f"{t}\n{x}",):  # one chunk per document, plus a second for some
+                pieces = [part] if rng.random() < 0.5 else [part[: len(part) // 2], part[len(part) // 2:]]
+                for piece in pieces:
+                    cid = f"{uid}:{pos:04d}"
+                    chunks.append(Chunk(chunk_id=cid, unit_id=uid, position=pos, text=piece, n_tokens=3))
+                    doc_of_chunk[cid] = t
+                    vecs.append(rng.standard_normal(DIM))
+                    pos += 1
+    vectors = np.asarray(vecs, dtype=np.float32)
+    store = ArtifactStore.open(str(tmp_path))
+    manifest = Manifest.create(LongRAGConfig(), dim=DIM, documents=40)
+    for s in range(2):
+        mine = [i for i, c in enumerate(chunks) if int(c.unit_id[1:]) % 2 == s]
+        index = MaxPIndex.build(vectors[mine], [chunks[i].chunk_id for i in mine], [chunks[i].unit_id for i in mine])
+        manifest.add_shard(write_shard(store, s, [u for u in units if int(u.unit_id[1:]) % 2 == s],
+                                       [chunks[i] for i in mine], index))
+    manifest.mark_complete()
+    store.write_manifest(manifest)
+    client = ShardedIndex.launch(str(tmp_path), replicas=1, num_cpus=0.1)
+    client.wait_ready()
+    q = _queries(1, seed=5)
+    hits = client.search_sync(q, 12).hits[0]
+    rows = client.fetch_units_sync(hits, np.repeat(q, len(hits), 0))
+    plain = client.fetch_units_sync(hits)
+    scores = vectors @ q[0]
+    for h in hits:
+        best: dict[str, float] = {}
+        for j, c in enumerate(chunks):
+            if c.unit_id == h.unit_id:
+                best[doc_of_chunk[c.chunk_id]] = max(best.get(doc_of_chunk[c.chunk_id], -np.inf), float(scores[j]))
+        want = sorted(best, key=lambda t: -best[t])
+        assert rows[h.unit_id]["doc_ids"] == want
+        np.testing.assert_allclose(rows[h.unit_id]["doc_scores"], [best[t] for t in want], rtol=1e-5)
+        assert sorted(rows[h.unit_id]["text"].split("\n\n")) == sorted(plain[h.unit_id]["text"].split("\n\n"))
+        assert "doc_scores" not in plain[h.unit_id]
+    client.kill()

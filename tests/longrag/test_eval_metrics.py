@@ -167,3 +167,29 @@ def test_aggregate_and_curves():
     assert M.mean_curve([{1: 0.0, 2: 1.0}, {"1": 1, "2": 1}, None]) == {1: 0.5, 2: 1.0}
     with pytest.raises(ValueError):
         M.mean_curve([{1: 0.0}, {2: 1.0}])
+
+
+def test_paragraph_recall_at_k_by_hand():
+    from longrag.eval.metrics import paragraph_recall_at_k
+
+    gold = ["Paris is the capital of France.", "The Seine  flows through\nParis."]
+    texts = ["A\nOther text.\n\nB\nParis is the capital of France. More.", "C\nThe Seine flows through Paris.", "D\nx"]
+    assert paragraph_recall_at_k(texts, gold, [1, 2, 3]) == {1: 0.5, 2: 1.0, 3: 1.0}
+    assert paragraph_recall_at_k(texts[2:], gold, [1]) == {1: 0.0}
+    # A paragraph cut across two passages counts once both are retrieved, in document order.
+    passages = ["The Seine flows", "through Paris.", "Paris is the capital"]
+    assert paragraph_recall_at_k(passages, gold[1:], [1, 2]) == {1: 0.0, 2: 1.0}
+    with pytest.raises(ValueError):
+        paragraph_recall_at_k(texts, [], [1])
+
+
+def test_paragraph_recall_within_token_budgets():
+    from longrag.eval.metrics import paragraph_recall_within
+
+    words = lambda t: len(t.split())  # noqa: E731
+    cut = lambda t, n: " ".join(t.split()[:n])  # noqa: E731
+    texts = ["a b c GOLD ONE here", "GOLD TWO d e f"]
+    gold = ["GOLD ONE", "GOLD TWO"]
+    got = paragraph_recall_within(texts, [words(t) for t in texts], gold, [3, 5, 7, 8, 12], cut)
+    # 3 words: "a b c"; 5: + "GOLD ONE"; 7: the first text + "GOLD"; 8: + "GOLD TWO"
+    assert got == {3: 0.0, 5: 0.5, 7: 0.5, 8: 1.0, 12: 1.0}

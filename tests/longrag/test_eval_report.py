@@ -100,3 +100,25 @@ def test_report_without_retrieval_or_reader_k(tmp_path):
     assert "## Retrieval" not in open(paths["report"]).read()
     with pytest.raises(ValueError):
         R.write_report(tmp_path, rows, [], {})  # type: ignore[arg-type]
+
+
+def test_paragraph_recall_fields_are_scored_and_summarized():
+    rows = [
+        {"qid": "1", "question": "q", "answers": ["x"], "gold_titles": ["A"], "unit_kind": "grouped",
+         "gold_paragraphs": ["alpha beta", "gamma delta"],
+         "retrieved": [{"titles": ["A"], "text": "A\nalpha beta", "n_tokens": 3},
+                       {"titles": ["B"], "text": "B\ngamma delta", "n_tokens": 3}],
+         "reader_context": "A\nalpha beta"},
+        {"qid": "2", "question": "q", "answers": ["x"], "gold_titles": ["C"], "unit_kind": "grouped",
+         "gold_paragraphs": ["eps"], "retrieved": [{"titles": ["C"], "text": "C\nzeta", "n_tokens": 2},
+                                                   {"titles": ["D"], "text": "D\neps", "n_tokens": 2}]},
+    ]
+    cut = lambda t, n: " ".join(t.split()[:n])  # noqa: E731
+    scored = R.score_results(rows, ks=[1, 2], budgets=[3, 6], truncate=cut)
+    assert scored[0]["paragraph_recall"] == {1: 0.5, 2: 1.0}
+    assert scored[0]["paragraph_recall_tokens"] == {3: 0.5, 6: 1.0}
+    assert scored[0]["reader_paragraph_recall"] == 0.5
+    assert scored[1]["paragraph_recall"] == {1: 0.0, 2: 1.0} and "reader_paragraph_recall" not in scored[1]
+    retr = R.summarize(scored)["retrieval"]["grouped"]
+    assert retr["paragraph_recall"] == {1: 0.25, 2: 1.0}
+    assert retr["paragraph_recall_tokens"] == {3: 0.25, 6: 1.0}
