@@ -159,12 +159,75 @@ def retrieve_local(
     return out, stats
 
 
+def iterate_local(
+    index_uri: str, questions: list[str], k: int, config: LongRAGConfig, progress: bool
+) -> tuple[list[list[dict[str, Any]]], dict[str, Any]]:
+    """``retrieval.mode=iterative``: every question through :func:`longrag.retrieval.hops.iterate` over
+    the ShardedIndex actors, the query encoder and the LLM in this driver."""
+    import asyncio
+
+    from actors.sharded_index import ShardedIndex, launch_settings
+    from longrag.index.embedding import Embedder
+    from longrag.llm.factory import build_llm
+    from longrag.retrieval.hops import iterate
+
+    r = config.retrieval
+    t0 = time.perf_counter()
+    embedder, llm = Embedder(config.embedding), build_llm(config.llm)
+    index = ShardedIndex.launch(index_uri, timeout_s=max(config.index.search_timeout_s, 30.0),
+                                **launch_settings(config.index))
+    degraded = 0
+
+    async def search(query: str, n: int) -> list[Any]:
+        nonlocal degraded
+        vec = embedder.encode_queries([query])
+        res = await index.search(vec, n)
+        degraded += bool(res.coverage.degraded)
+        return await index.retrieve_units(res.hits[0], vec[0] if r.document_order == "evidence" else None)
+
+    async def run_all() -> list[Any]:
+        bar = progress_bar(len(questions), "retrieve (iterative)", bar=progress, logger=log)
+        out = []
+        for q in questions:
+            out.append(await iterate(q, k, search, llm, max_hops=r.max_hops, evidence_units=r.evidence_units,
+                                     bridge_max_tokens=r.bridge_max_tokens))
+            bar.update(1)
+        bar.close()
+        return out
+
+    try:
+        infos = index.wait_ready()
+        load_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        results = asyncio.run(run_all())
+        search_s = time.perf_counter() - t1
+    finally:
+        index.kill()
+        getattr(llm, "close", lambda: None)()
+    hops = [len(res.hops) for res in results]
+    stats = {
+        "mode": "iterative", "max_hops": r.max_hops, "shard_load_s": round(load_s, 3),
+        "search_fetch_s": round(search_s, 3), "degraded_searches": degraded,
+        "llm_s": round(sum(h.llm_ms for res in results for h in res.hops) / 1e3, 3),
+        "hops_per_question": {n: hops.count(n) for n in sorted(set(hops))},
+        "stopped": {w: sum(1 for res in results if res.hops[-1].stopped == w)
+                    for w in sorted({res.hops[-1].stopped or "" for res in results})},
+        "bridges": [[h.bridge for h in res.hops[1:]] for res in results],
+        "shards": len(infos),
+        "corpus_units": int(sum(i["n_units"] for i in infos)) // max(1, config.index.replicas),
+    }
+    return [P.retrieved_from_units(res.units) for res in results], stats
+
+
 class LocalRetrieval:
     """:class:`longrag.eval.run.Retrieval` over a local (or ``s3://``) index built on the connected Ray cluster."""
 
     def retrieve(self, run: EvalRun, setting: EvalSetting, docs: list[Document], corpus_files: list[str],
                  questions: list[str], k: int) -> tuple[list[list[dict[str, Any]]], dict[str, Any]]:
         index = ensure_index(run, setting, docs, corpus_files)
-        retrieved, stats = retrieve_local(index["uri"], questions, k, run.config_for(setting.unit), run.eval.encode,
-                                          run.eval.progress)
+        config = run.config_for(setting.unit)
+        if config.retrieval.mode == "iterative":
+            retrieved, stats = iterate_local(index["uri"], questions, k, config, run.eval.progress)
+        else:
+            retrieved, stats = retrieve_local(index["uri"], questions, k, config, run.eval.encode, run.eval.progress)
         return retrieved, {"index": index, "retrieval": stats}

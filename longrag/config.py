@@ -122,6 +122,15 @@ class RetrievalConfig(_Section):
         "the order grouping put them. On the MuSiQue sample evidence puts 58% of the gold paragraphs into the "
         "first 1K tokens of the top 2 units, stored 38%.",
     )
+    mode: Literal["dense", "iterative"] = Field(
+        "dense", description="dense: one MaxP search. iterative: after it, up to max_hops - 1 more, each made by one "
+        "short LLM call naming the bridge entity from the best evidence so far (longrag.retrieval.hops).",
+    )
+    max_hops: int = Field(2, ge=1, le=4, description="iterative: searches per question, the first included.")
+    bridge_max_tokens: int = Field(16, ge=1, le=64, description="iterative: tokens the bridge reply may use.")
+    evidence_units: int = Field(
+        2, ge=1, le=8, description="iterative: the best chunk of this many top units is what the bridge call reads.",
+    )
 
 
 class LLMConfig(_Section):

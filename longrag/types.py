@@ -182,6 +182,9 @@ class RetrievedUnit(BaseModel):
     doc_scores: list[float | None] | None = Field(
         None, description="Each document's best chunk score, in ``doc_ids`` order, when the documents were put "
         "best first (retrieval.document_order=evidence); None: the stored order.")
+    found_by: str | None = Field(
+        None, description="Which search found the unit: 'hop 1' (the question), 'hop 2: <bridge>' ... "
+        "(retrieval.mode=iterative); None: the one dense search.")
     text: SkipJsonSchema[str | None] = Field(None, exclude=True, repr=False)
 
     @classmethod

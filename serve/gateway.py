@@ -17,6 +17,7 @@ from fastapi import Request
 
 from longrag.config import LongRAGConfig
 from longrag.reading.reader import ReaderResult
+from longrag.retrieval.hops import iterate
 from longrag.types import InvalidRequest, Retrieval
 from serve import stages
 from serve.errors import ApiError
@@ -72,7 +73,35 @@ class Gateway:
             raise ApiError(422, f"k must be between 1 and {s.max_k}, got {k}", [f"k: must be 1..{s.max_k}"])
         return question, k
 
-    async def retrieve(self, question: str, k: int) -> tuple[Retrieval, dict[str, Any]]:
+    async def retrieve(self, question: str, k: int, mode: str | None = None) -> tuple[Retrieval, dict[str, Any]]:
+        """Encode + retrieve; ``mode`` (None: ``retrieval.mode``) iterative runs the hop loop
+        (:func:`longrag.retrieval.hops.iterate`) over the same two stages and the LLM."""
+        if (mode or self.config.retrieval.mode) == "iterative":
+            return await self._iterate(question, k)
+        return await self._search(question, k)
+
+    async def _iterate(self, question: str, k: int) -> tuple[Retrieval, dict[str, Any]]:
+        r, t = self.config.retrieval, self.config.serve.timeouts
+        founds: list[Retrieval] = []
+        traces: list[dict[str, Any]] = []
+
+        async def search(query: str, n: int) -> list[Any]:
+            found, trace = await self._search(query, n)
+            founds.append(found)
+            traces.append(trace)
+            return found.units
+
+        t0 = time.perf_counter()
+        res = await iterate(question, k, search, _StageLLM(self.llm, t.read_s), max_hops=r.max_hops,
+                            evidence_units=r.evidence_units, bridge_max_tokens=r.bridge_max_tokens)
+        worst = min(founds, key=lambda f: (f.coverage.answered, not f.coverage.degraded))
+        trace = {**traces[0], "encode_ms": round(sum(tr["encode_ms"] for tr in traces), 2),
+                 "retrieve_ms": round(sum(tr["retrieve_ms"] for tr in traces), 2),
+                 "bridge_ms": round(sum(h.llm_ms for h in res.hops), 2), "iterate_ms": ms(t0),
+                 "hops": [h.to_dict() for h in res.hops]}
+        return Retrieval(units=res.units, coverage=worst.coverage, trace=worst.trace), trace
+
+    async def _search(self, question: str, k: int) -> tuple[Retrieval, dict[str, Any]]:
         trace: dict[str, Any] = {}
         t0 = time.perf_counter()
         t = self.config.serve.timeouts
@@ -93,7 +122,7 @@ class Gateway:
     async def evidence(self, req: RetrieveRequest) -> tuple[str, int, Retrieval, list[Any], dict[str, Any]]:
         """Validate, retrieve, and the units a reader can read (503 when there are none)."""
         question, k = self.validate(req)
-        found, trace = await self.retrieve(question, k)
+        found, trace = await self.retrieve(question, k, req.mode)
         units = found.readable()
         if not units:
             raise ApiError(503, "no evidence could be retrieved", {"coverage": found.coverage.to_dict()})
@@ -156,6 +185,18 @@ class Gateway:
         self.done(trace, t0)
         return AnswerResponse(question=question, answer=res["answer"], long_answer="", evidence=evidence,
                               coverage=found.coverage, trace=trace, strategy=res["strategy"])
+
+
+class _StageLLM:
+    """The LLMServer handle as the hop loop's LLM: one ``chat`` through the ``bridge`` stage
+    (its deadline, one retry on a failure)."""
+
+    def __init__(self, handle: Any, timeout_s: float) -> None:
+        self.handle, self.timeout_s = handle, timeout_s
+
+    async def chat(self, messages: list[dict[str, str]], *, max_tokens: int, temperature: float | None = None) -> Any:
+        return await stages.run_stage("bridge", self.timeout_s,
+                                      lambda: self.handle.chat.remote(messages, max_tokens, temperature))
 
 
 class InProcess:

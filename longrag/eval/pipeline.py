@@ -84,6 +84,17 @@ def retrieved_from_hits(hits: Sequence[Any], units: Mapping[str, Mapping[str, An
     return out
 
 
+def retrieved_from_units(units: Sequence[Any]) -> list[dict[str, Any]]:
+    """Ranked ``retrieved`` list from :class:`longrag.types.RetrievedUnit` records (a unit that could
+    not be fetched raises, as in :func:`retrieved_from_hits`)."""
+    rows = {}
+    for u in units:
+        if u.text is None:
+            raise ValueError(f"retrieved unit {u.unit_id!r} was not fetched (its shard did not answer)")
+        rows[u.unit_id] = {"titles": u.titles, "doc_ids": u.doc_ids, "n_tokens": u.n_tokens, "text": u.text}
+    return retrieved_from_hits(units, rows)
+
+
 def retrieved_from_endpoint(
     units: Sequence[Mapping[str, Any]], doc_texts: Mapping[str, str] | None = None
 ) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ router = APIRouter()
 async def retrieve(req: RetrieveRequest, gw: Gateway = Depends(gateway)) -> RetrieveResponse:
     t0 = time.perf_counter()
     question, k = gw.validate(req)
-    found, trace = await gw.retrieve(question, k)
+    found, trace = await gw.retrieve(question, k, req.mode)
     gw.done(trace, t0)
     return RetrieveResponse(question=question, k=k, units=found.units, coverage=found.coverage, trace=trace)
 

@@ -93,7 +93,8 @@ function renderUnits(list, units, question) {
         el("span", { class: "score", title: "MaxP score: the unit's best chunk" }, Number(u.score).toFixed(3)),
         el("span", { class: "titles" }, (u.titles || []).join(" · ") || u.unit_id),
         el("span", { class: "badge used", hidden: "" }, "used"),
-        el("span", { class: "muted small" }, u.shard !== undefined ? `shard ${u.shard}` : "")));
+        el("span", { class: "muted small" }, u.shard !== undefined ? `shard ${u.shard}` : ""),
+        el("span", { class: "muted small found-by", title: "which search found it" }, u.found_by || "")));
     if (u.best_chunk) item.append(el("blockquote", { class: "best-chunk", title: "best chunk" }, highlighted(u.best_chunk, question)));
     list.append(item);
   });
@@ -168,6 +169,7 @@ async function ask(event) {
   const question = $("question").value.trim();
   const k = parseInt($("k").value, 10);
   const strategy = $("strategy").value;
+  const mode = $("mode").value || undefined;
   const button = $("ask"), status = $("status");
   if (!question) return;
   $("answer").textContent = "";
@@ -178,8 +180,8 @@ async function ask(event) {
   $("coverage").textContent = "";
   const t0 = performance.now();
   try {
-    if (strategy) await askDual(question, k, strategy, button, status);
-    else await askStreamed(question, k, button, status);
+    if (strategy) await askDual(question, k, strategy, mode, button, status);
+    else await askStreamed(question, k, mode, button, status);
     busy(button, status, "");
     status.textContent = `done in ${fmtMs(performance.now() - t0)}`;
     document.body.dataset.answered = "yes";
@@ -193,9 +195,9 @@ function showCoverage(coverage) {
   $("coverage").textContent = `${c.answered} of ${c.shards} shards` + (c.degraded ? ` (degraded: shards ${c.failed_shards.join(", ")} did not answer)` : "");
 }
 
-async function askStreamed(question, k, button, status) {
+async function askStreamed(question, k, mode, button, status) {
   busy(button, status, "retrieving…");
-  const response = await post("/v1/answer", { question, k, stream: true });
+  const response = await post("/v1/answer", { question, k, mode, stream: true });
   for await (const { event, data } of events(response)) {
     if (event === "retrieval") {
       renderUnits($("evidence"), data.units, question);
@@ -215,14 +217,14 @@ async function askStreamed(question, k, button, status) {
   }
 }
 
-async function askDual(question, k, strategy, button, status) {
+async function askDual(question, k, strategy, mode, button, status) {
   // The evidence first (a retrieval is fast), then the strategy's answer (not streamed).
   busy(button, status, "retrieving…");
-  const found = await (await post("/v1/retrieve", { question, k })).json();
+  const found = await (await post("/v1/retrieve", { question, k, mode })).json();
   renderUnits($("evidence"), found.units, question);
   showCoverage(found.coverage);
   status.textContent = `answering with ${strategy}…`;
-  const body = await (await post("/v1/answer", { question, k, strategy })).json();
+  const body = await (await post("/v1/answer", { question, k, strategy, mode })).json();
   $("answer").textContent = body.answer;
   markUsed($("evidence"), body.evidence);
   renderTrace($("trace"), body.trace);

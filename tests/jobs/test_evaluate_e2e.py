@@ -124,6 +124,29 @@ def test_reader_run_reuses_the_index(cluster, workdir, caplog):
         assert 0 < p["reader_context_tokens"] <= 2048 and p["prompt_tokens"] > p["reader_context_tokens"]
     assert metrics["avg_context_tokens"] == pytest.approx(sum(p["reader_context_tokens"] for p in preds) / 2)
     assert "Answer quality" in (out / "report.md").read_text()
+    # the gold paragraphs the reader was given: recomputed from the context it kept
+    for p in preds:
+        squash = " ".join(p["reader_context"].split())
+        share = sum(" ".join(g.split()) in squash for g in p["gold_paragraphs"]) / len(p["gold_paragraphs"])
+        assert p["reader_paragraph_recall"] == share
+    assert metrics["reader_paragraph_recall"] == pytest.approx(sum(p["reader_paragraph_recall"] for p in preds) / 2)
+
+
+def test_iterative_retrieval_runs_a_second_hop_with_the_bundled_llm(cluster, workdir):
+    """retrieval.mode=iterative over the local shards: one bridge call per question (the bundled 0.5B),
+    the hop statistics in the run's info, every list k long and scored like a dense run."""
+    from jobs.evaluate import main
+
+    out = workdir / "iterative"
+    argv = _common(workdir, 2) + ["--unit", "grouped", "--links", "titles", "--pipeline", "retrieve",
+                                  "--out", str(out), "--set", "retrieval.mode=iterative"]
+    assert main(argv) == 0
+    metrics, preds = _read(out)
+    _check_retrieval(metrics, preds, 2)
+    stats = metrics["run"]["retrieval"]
+    assert stats["mode"] == "iterative" and stats["max_hops"] == 2 and stats["llm_s"] > 0
+    assert sum(stats["hops_per_question"].values()) == 2 and len(stats["bridges"]) == 2
+    assert all(0.0 <= p["paragraph_recall"]["2"] <= 1.0 for p in preds)
 
 
 def test_reader_answers_checkpointed_by_a_dead_run_are_reused(cluster, workdir, caplog):

@@ -101,12 +101,30 @@ def test_retrieve_returns_the_core_records(client):
     body = r.json()
     assert [u["titles"] for u in body["units"]][0] == ["Animal Farm"]
     top = body["units"][0]
-    assert set(top) == {"unit_id", "titles", "doc_ids", "score", "shard", "best_chunk_id", "best_chunk", "n_tokens"}
+    assert set(top) == {"unit_id", "titles", "doc_ids", "score", "shard", "best_chunk_id", "best_chunk", "n_tokens",
+                        "doc_scores", "found_by"}
+    assert len(top["doc_scores"]) == len(top["doc_ids"]) and top["found_by"] is None
     assert top["best_chunk"] == "Animal Farm is a novel by George Orwell." and top["doc_ids"] == ["0"]
     cov = body["coverage"]
     assert cov == {"shards": 2, "answered": 2, "errors": {}, "failovers": cov["failovers"], "degraded": False,
                    "failed_shards": [], "replicas": cov["replicas"], "redundancy": cov["redundancy"],
                    "redundancy_degraded": cov["redundancy_degraded"]}
+
+
+def test_iterative_retrieval_searches_again_with_the_bridge(client):
+    """mode=iterative: the fake reader names the first title of the evidence as the bridge; the second
+    search asks with it and its units follow the first hop's top unit, each labelled by its hop."""
+    q = "Who wrote the novel Animal Farm?"
+    body = client.post("/v1/retrieve", json={"question": q, "k": 3, "mode": "iterative"}).json()
+    hops = body["trace"]["hops"]
+    assert [h["query"] for h in hops] == [q, f"{q} {hops[1]['bridge']}"] and hops[1]["bridge"]
+    assert hops[-1]["stopped"] == "max hops" and body["trace"]["bridge_ms"] > 0
+    assert body["units"][0]["found_by"] == "hop 1"
+    assert all(u["found_by"] in ("hop 1", f"hop 2: {hops[1]['bridge']}") for u in body["units"])
+    assert [u["unit_id"] for u in body["units"]][1:] == [u for u in hops[1]["unit_ids"] if u != hops[0]["unit_ids"][0]][:2]
+    _error(client.post("/v1/retrieve", json={"question": q, "mode": "graph"}), 422, "invalid_request")
+    answer = client.post("/v1/answer", json={"question": q, "k": 2, "mode": "iterative"})
+    assert answer.status_code == 200 and len(answer.json()["trace"]["hops"]) == 2
 
 
 def test_a_dead_replica_fails_over_and_shows_in_healthz(client):
