@@ -135,12 +135,15 @@ def retrieve_local(
             if res.coverage.degraded:
                 degraded += 1
                 log.warning("search batch at %d was degraded: %s", start, res.coverage.to_dict())
-            batch = [h for hs in res.hits for h in hs]
-            queries = None
-            if config.retrieval.document_order == "evidence":  # each hit's own question vector
-                queries = np.repeat(vecs[start : start + SEARCH_BATCH], [len(hs) for hs in res.hits], axis=0)
-            rows = index.fetch_units_sync(batch, queries)
-            out.extend(P.retrieved_from_hits(hs, rows) for hs in res.hits)
+            if config.retrieval.document_order == "evidence":
+                # A unit's document order is its question's: fetched per question (two questions of a
+                # batch may retrieve the same unit, and the rows are keyed by unit).
+                for q, hs in enumerate(res.hits):
+                    vec = vecs[start + q][None, :]
+                    out.append(P.retrieved_from_hits(hs, index.fetch_units_sync(hs, np.repeat(vec, len(hs), 0))))
+            else:
+                rows = index.fetch_units_sync([h for hs in res.hits for h in hs])
+                out.extend(P.retrieved_from_hits(hs, rows) for hs in res.hits)
             bar.update(len(res.hits))
         bar.close()
         search_s = time.perf_counter() - t2

@@ -302,7 +302,11 @@ class ShardedIndex:
         """Unit rows for hits (``unit_id`` -> ``Unit.to_row()`` plus ``best_chunk_text``), asking
         each owning shard once (with failover); units of a shard that could not be asked are missing.
         With ``queries`` (one vector per hit) each unit's documents come best first
-        (:meth:`actors.index_shard.IndexShardImpl.get_units`)."""
+        (:meth:`actors.index_shard.IndexShardImpl.get_units`): the rows are keyed by unit, so the hits
+        must name each unit once (one question's hits)."""
+        if queries is not None and len({h.unit_id for h in hits}) < len(hits):
+            raise ValueError("a unit appears twice among the hits: fetch one question's hits at a time when "
+                             "ordering documents by evidence")
         by_shard: dict[int, tuple[list[str], list[str], list[int]]] = {}
         for i, h in enumerate(hits):
             ids, chunk_ids, rows = by_shard.setdefault(h.shard, ([], [], []))

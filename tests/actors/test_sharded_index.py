@@ -287,4 +287,6 @@ def test_fetched_units_put_their_best_documents_first(cluster, tmp_path):
         np.testing.assert_allclose(rows[h.unit_id]["doc_scores"], [best[t] for t in want], rtol=1e-5)
         assert sorted(rows[h.unit_id]["text"].split("\n\n")) == sorted(plain[h.unit_id]["text"].split("\n\n"))
         assert "doc_scores" not in plain[h.unit_id]
+    with pytest.raises(ValueError, match="one question's hits"):  # rows are keyed by unit: one order per unit
+        client.fetch_units_sync(hits[:1] * 2, np.repeat(q, 2, 0))
     client.kill()

@@ -1,0 +1,222 @@
+"""Which signal finds the other hops? Retrieval signals over one pooled multi-hop sample, one at a
+time, in one process (no Ray, no LLM): the product's grouped units and MaxP (exact, numpy), BM25
+over the same chunks (``bm25s``) alone and fused by reciprocal rank, Personalized PageRank over
+the unit link graph seeded by the dense scores (the project's own kernel), a second search with
+the gold first-hop answer added to the question (the ceiling of an iterative second hop: a perfect
+bridge), and the documents of each unit in evidence order. Prints a table (R@k, AR@k, PR@k,
+paragraph recall within token budgets) and writes it with a JSON line to ``--out``.
+
+    python -m jobs.bench_multihop                                   # MuSiQue sample, MiniLM
+    python -m jobs.bench_multihop --data data/hotpotqa/hotpotqa_train100.json.gz --dataset hotpotqa
+    python -m jobs.bench_multihop --model /path/to/sentence-transformers/folder
+
+The LLM-made bridge (``retrieval.mode=iterative``) runs through ``jobs.evaluate``; see
+docs/evaluation.md, "Multi-hop evidence".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from longrag.cli import choice_list, int_list, job_setup, number
+from longrag.config import EmbeddingConfig
+from longrag.eval import metrics as M
+from longrag.eval.corpus import pool_examples
+from longrag.eval.datasets import load_qa
+from longrag.eval.links import build_links
+from longrag.eval.plan import DATASET_FORMATS, LINK_METHODS
+from longrag.index.chunking import chunk_units
+from longrag.index.embedding import Embedder, tokenizer_dir
+from longrag.index.evidence import order_by_evidence
+from longrag.index.grouping import link_edges
+from longrag.index.units import make_units
+from longrag.mixpr.pagerank import personalized_pagerank
+from longrag.text.tokens import counter_for_model_dir
+
+SIGNALS = ("dense", "evidence", "bm25", "rrf", "ppr", "oracle")
+BUDGETS = (260, 650, 1024)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def maxp(chunk_scores: np.ndarray, chunk_unit: np.ndarray, n_units: int) -> np.ndarray:
+    """(questions, chunks) -> (questions, units): a unit's score is its best chunk's."""
+    out = np.full((chunk_scores.shape[0], n_units), -np.inf, dtype=np.float64)
+    for q in range(chunk_scores.shape[0]):
+        np.maximum.at(out[q], chunk_unit, chunk_scores[q])
+    return out
+
+
+def ranks(scores: np.ndarray) -> np.ndarray:
+    return np.argsort(-scores, axis=1, kind="stable")
+
+
+def rrf(rankings: list[np.ndarray], weights: list[float], c: int = 60) -> np.ndarray:
+    """Reciprocal-rank fusion of full rankings: sum of weight / (c + rank)."""
+    out = np.zeros(rankings[0].shape, dtype=np.float64)
+    inv = 1.0 / (c + np.arange(1, rankings[0].shape[1] + 1))
+    for r, w in zip(rankings, weights):
+        for q in range(r.shape[0]):
+            out[q, r[q]] += w * inv
+    return out
+
+
+def unit_graph(docs: list[Any], units: list[Any]) -> sp.csr_matrix:
+    """Units linked where one's document links another's (symmetric, no self loops)."""
+    unit_of = np.empty(len(docs), dtype=np.int64)
+    pos = {d.doc_id: i for i, d in enumerate(docs)}
+    for u, unit in enumerate(units):
+        for d in unit.doc_ids:
+            unit_of[pos[d]] = u
+    src, dst = link_edges(docs)
+    a, b = unit_of[src], unit_of[dst]
+    keep = a != b
+    rows, cols = np.concatenate([a[keep], b[keep]]), np.concatenate([b[keep], a[keep]])
+    g = sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(units), len(units)))
+    g.data[:] = 1.0
+    return g
+
+
+def ppr_scores(dense: np.ndarray, order: np.ndarray, graph: sp.csr_matrix, seeds: int, alpha: float,
+               blend: float) -> np.ndarray:
+    """Dense scores (min-max scaled) blended with PPR from the top ``seeds`` units (softmax of their scores)."""
+    out = np.zeros_like(dense)
+    for q in range(dense.shape[0]):
+        top = order[q, :seeds]
+        p = np.zeros(dense.shape[1])
+        s = dense[q, top]
+        p[top] = np.exp((s - s.max()) * 20)
+        x = personalized_pagerank(graph, p / p.sum(), alpha).scores
+        d = dense[q]
+        out[q] = (1 - blend) * (d - d.min()) / (d.max() - d.min() + 1e-12) + blend * x / (x.max() + 1e-12)
+    return out
+
+
+def score(name: str, lists: list[list[int]], units: list[Any], texts: list[list[str]] | None, examples: list[Any],
+          ks: list[int], truncate: Any) -> dict[str, Any]:
+    """Mean R@k, AR@k, PR@k and PR within the token budgets of ranked unit lists."""
+    rows: dict[str, list[float]] = {}
+    for q, (ex, order) in enumerate(zip(examples, lists)):
+        top = [units[u] for u in order[: max(ks)]]
+        unit_texts = texts[q] if texts is not None else [u.text for u in top]
+        gold = [p.text for p in ex.paragraphs if p.is_supporting]
+        for k, v in M.gold_recall_at_k([u.titles for u in top], ex.gold_titles, ks).items():
+            rows.setdefault(f"R@{k}", []).append(v)
+        for k, v in M.answer_recall_at_k(unit_texts, ex.answers, ks).items():
+            rows.setdefault(f"AR@{k}", []).append(v)
+        for k, v in M.paragraph_recall_at_k(unit_texts, gold, ks).items():
+            rows.setdefault(f"PR@{k}", []).append(v)
+        for b, v in M.paragraph_recall_within(unit_texts, [u.n_tokens for u in top], gold, BUDGETS, truncate).items():
+            rows.setdefault(f"PR<{b}", []).append(v)
+    return {"signal": name, **{key: round(100 * float(np.mean(v)), 1) for key, v in rows.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", default="musique", choices=sorted(DATASET_FORMATS))
+    p.add_argument("--data", default="data/musique/musique_train100.json.gz")
+    p.add_argument("--model", default=EmbeddingConfig().model, help="embedding model (bundled name or folder)")
+    p.add_argument("--signals", type=choice_list(SIGNALS), default=list(SIGNALS))
+    p.add_argument("--k", type=int_list(), default=[1, 2, 4, 8])
+    p.add_argument("--limit", type=number(int, min_value=1), default=None, metavar="N",
+                   help="the first N questions (their paragraphs pooled); default all")
+    p.add_argument("--out", default="reports/bench-multihop")
+    args = p.parse_args(argv)
+    job_setup()
+    examples = load_qa(args.data, DATASET_FORMATS[args.dataset]).examples
+    examples = examples[: args.limit] if args.limit else examples
+    docs = build_links(pool_examples(examples).documents, LINK_METHODS["titles"])
+    embedder = Embedder(EmbeddingConfig(model=args.model))
+    counter = counter_for_model_dir(tokenizer_dir(embedder.spec))
+    t0 = time.perf_counter()
+    units = make_units(docs, kind="grouped", counter=counter, budget=4096)
+    chunks = chunk_units(units, embedder.max_seq_length - 2, counter)
+    chunk_unit = np.array([{u.unit_id: i for i, u in enumerate(units)}[c.unit_id] for c in chunks])
+    log(f"{len(docs)} documents -> {len(units)} units, {len(chunks)} chunks; embedding ...")
+    vectors = embedder.encode_passages([c.text for c in chunks])
+    build_s = time.perf_counter() - t0
+    questions = [ex.question for ex in examples]
+    t1 = time.perf_counter()
+    chunk_scores = embedder.encode_queries(questions) @ vectors.T
+    dense = maxp(chunk_scores, chunk_unit, len(units))
+    order = ranks(dense)
+    query_ms = (time.perf_counter() - t1) * 1e3 / len(questions)
+    kmax = max(args.k)
+    results = []
+    done = {"dense": [list(o) for o in order]}
+    if "dense" in args.signals:
+        results.append(score("dense (MaxP)", done["dense"], units, None, examples, args.k, counter.truncate))
+    if "evidence" in args.signals:
+        texts = []
+        for q, o in enumerate(order):
+            row = []
+            for u in o[:kmax]:
+                idx = np.flatnonzero(chunk_unit == u)
+                row.append(order_by_evidence(units[u], [chunks[i].text for i in idx], chunk_scores[q, idx])[0].text)
+            texts.append(row)
+        results.append(score("dense, documents in evidence order", done["dense"], units, texts, examples, args.k,
+                             counter.truncate))
+    if {"bm25", "rrf"} & set(args.signals):
+        import bm25s
+
+        tokens = bm25s.tokenize([c.text for c in chunks], stopwords="en", show_progress=False)
+        bm = bm25s.BM25()
+        bm.index(tokens, show_progress=False)
+        ids, vals = bm.retrieve(bm25s.tokenize(questions, stopwords="en", show_progress=False), k=len(chunks),
+                                show_progress=False)
+        lex_chunks = np.zeros(chunk_scores.shape)
+        for q in range(len(questions)):
+            lex_chunks[q, ids[q]] = vals[q]
+        lex = ranks(maxp(lex_chunks, chunk_unit, len(units)))
+        if "bm25" in args.signals:
+            results.append(score("BM25 (bm25s) alone", [list(o) for o in lex], units, None, examples, args.k,
+                                 counter.truncate))
+        if "rrf" in args.signals:
+            fused = ranks(rrf([order, lex], [1.0, 0.5]))
+            results.append(score("dense + 0.5 BM25, reciprocal rank", [list(o) for o in fused], units, None,
+                                 examples, args.k, counter.truncate))
+    if "ppr" in args.signals:
+        graph = unit_graph(docs, units)
+        log(f"unit graph: {graph.nnz // 2} edges, {(np.diff(graph.indptr) > 0).sum()} of {len(units)} units linked")
+        fused = ranks(ppr_scores(dense, order, graph, seeds=4, alpha=0.5, blend=0.5))
+        results.append(score(f"dense + PPR over the unit graph ({graph.nnz // 2} edges)", [list(o) for o in fused],
+                             units, None, examples, args.k, counter.truncate))
+    if "oracle" in args.signals:
+        bridges = [(ex.meta.get("question_decomposition") or [{}])[0].get("answer", "") for ex in examples]
+        if any(bridges):
+            second = ranks(maxp(embedder.encode_queries([f"{q} {b}" for q, b in zip(questions, bridges)]) @ vectors.T,
+                                chunk_unit, len(units)))
+            merged = []
+            for a, b in zip(order, second):
+                seen: dict[int, None] = dict.fromkeys([int(a[0]), *map(int, b[:kmax]), *map(int, a[1:kmax])])
+                merged.append(list(seen)[:kmax])
+            results.append(score("second hop with the gold first-hop answer (ceiling)", merged, units, None,
+                                 examples, args.k, counter.truncate))
+    keys = [f"{m}@{k}" for k in args.k for m in ("R", "AR", "PR")] + [f"PR<{b}" for b in BUDGETS]
+    lines = ["| signal | " + " | ".join(keys) + " |", "| --- " * (len(keys) + 1) + "|"]
+    lines += ["| " + r["signal"] + " | " + " | ".join(str(r.get(k, "-")) for k in keys) + " |" for r in results]
+    table = "\n".join(lines)
+    print(table)
+    summary = {"dataset": args.dataset, "questions": len(examples), "documents": len(docs), "units": len(units),
+               "chunks": len(chunks), "model": args.model, "build_s": round(build_s, 1),
+               "query_ms": round(query_ms, 2), "results": results}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.md").write_text(table + "\n")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
