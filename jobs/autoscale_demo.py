@@ -6,7 +6,7 @@ of ``cluster/aws.yaml`` scaled down, a head with 0 CPUs), one second at a time o
 1. ``jobs.index`` on the bundled sample (embedding on the ``gpu_l4`` type, ``embedding.num_gpus=1``):
    the autoscaler launches nodes for the pending work; the build completes; the nodes go once idle;
 2. the Serve app of ``serve/configs/cpu-cluster.yaml`` (shards on ``index_cpu`` nodes: ``index.node_resource
-   =index``; replica autoscaling with delays of seconds) until ``/healthz`` is ok;
+   =index``; replica autoscaling with delays of seconds) until ``/readyz`` is ok;
 3. a bounded burst of ``/v1/retrieve`` and ``/v1/answer`` on 127.0.0.1; a quarter in, the node
    holding the most shard replicas is killed (its raylet, as a lost machine);
 4. after the burst: replicas back to their minimum and the nodes the burst added gone.
@@ -77,7 +77,7 @@ def shard_nodes() -> list[str]:
 
 def health(client: httpx.Client) -> str:
     try:
-        r = client.get("/healthz", timeout=15)
+        r = client.get("/readyz", timeout=15)
         body = r.json()
         return body.get("status") or body.get("error", {}).get("detail", {}).get("status") or str(r.status_code)
     except (httpx.HTTPError, ValueError, AttributeError):
@@ -85,7 +85,7 @@ def health(client: httpx.Client) -> str:
 
 
 class Sampler(threading.Thread):
-    """Every second: worker nodes by type, running replicas (once deployed), /healthz, in flight."""
+    """Every second: worker nodes by type, running replicas (once deployed), /readyz, in flight."""
 
     def __init__(self, address: str, base: str, timeline: Timeline) -> None:
         super().__init__(daemon=True)
@@ -94,8 +94,8 @@ class Sampler(threading.Thread):
         self.types: dict[str, str] = {}
 
     def last_health(self) -> str:
-        """/healthz's status at the last sample (the sampler is its only caller: Ray 2.60's
-        serve.status(), which /healthz calls, is not safe in two threads at once)."""
+        """/readyz's status at the last sample (the sampler is its only caller: Ray 2.60's
+        serve.status(), which /readyz calls, is not safe in two threads at once)."""
         return self.health[-1][1] if self.health else "not sampled"
 
     def run(self) -> None:
@@ -169,7 +169,7 @@ def run(args: argparse.Namespace, out: Any) -> AutoscaleFigures:
         if reason:
             raise RuntimeError(reason)
         if not wait_for(lambda: sampler.last_health() == "ok", args.settle_timeout_s):
-            raise RuntimeError(f"/healthz not ok in {args.settle_timeout_s:g} s: {sampler.last_health()}")
+            raise RuntimeError(f"/readyz not ok in {args.settle_timeout_s:g} s: {sampler.last_health()}")
         fig.time_to_healthy_s = round(tl.mark("healthy") - t_deploy, 1)
         first = tl.first(t_deploy, lambda s: sum(s.nodes.values()) > 0)
         fig.serve_first_node_s = round(first - t_deploy, 1) if first is not None else None
@@ -263,7 +263,7 @@ def judge(fig: AutoscaleFigures, args: argparse.Namespace) -> None:
     if args.kill and fig.kill_to_full_coverage_s is None:
         p.append("full coverage not back after the node was killed")
     if not fig.healthy_at_end:
-        p.append("/healthz not ok at the end")
+        p.append("/readyz not ok at the end")
     fig.passed = not p
 
 

@@ -158,7 +158,7 @@ def wait_ok(base: str, timeout_s: float) -> None:
     with httpx.Client(base_url=base, timeout=30) as c:
         while time.monotonic() < deadline:
             try:
-                r = c.get("/healthz")
+                r = c.get("/readyz")
                 if r.status_code == 200 and r.json()["status"] == "ok":
                     return
                 last = r.text[:300]

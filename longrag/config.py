@@ -250,6 +250,10 @@ class ServeConfig(_Section):
     cors_origins: list[str] = Field(
         default_factory=list, description="Origins allowed by CORS (e.g. https://app.example.com); empty: CORS off.",
     )
+    readyz_cache_s: float = Field(
+        5.0, ge=0, description="GET /readyz (and /healthz) builds its report (serve.status(), every shard "
+        "replica pinged) at most once this often per ingress replica; probes in between get the last one.",
+    )
     colocate: bool = Field(
         False, description="The single-machine profile: every stage but the LLM runs inside each Ingress "
         "replica (query encoder, the index's shards, reader, long-context reader, dual stages: no hops "

@@ -16,6 +16,7 @@ from serve.gateway import Gateway
 from serve.guard import Guard
 from serve.middleware import BodyLimit, Guarded, cors
 from serve.routes import ROUTERS
+from serve.routes.health import PROBE_PATHS
 from serve.schemas import state_limits
 
 TITLE = "LongRAG on Ray"
@@ -23,8 +24,7 @@ DESCRIPTION = ("Long retrieval units, MaxP retrieval over sharded FAISS indexes,
                'Every error response is {"error": {"code", "message", "detail"}}.')
 
 #: Paths the API key check and the rate limit leave open.
-OPEN_PATHS = frozenset({"/healthz", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc",
-                        *playground.OPEN_PATHS})
+OPEN_PATHS = frozenset({"/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc", *playground.OPEN_PATHS})
 
 
 def create_api(gw: Gateway, guard: Guard | None = None) -> FastAPI:
@@ -38,7 +38,8 @@ def create_api(gw: Gateway, guard: Guard | None = None) -> FastAPI:
         api.include_router(router)
     playground.install(api, guard)
     # add_middleware wraps what is there: the last added is the outermost.
-    api.add_middleware(Guarded, guard=guard, metrics=gw.metrics, open_paths=OPEN_PATHS)
+    api.add_middleware(Guarded, guard=guard, metrics=gw.metrics, open_paths=OPEN_PATHS,
+                       keyless_paths=PROBE_PATHS)
     api.add_middleware(BodyLimit, guard=guard, metrics=gw.metrics)  # before the key check: never held
     api.add_middleware(UnhandledErrors)
     cors(api, guard)  # outermost: a 413 or a 500 carries the CORS headers too

@@ -6,7 +6,7 @@
 
 Endpoints: ``POST /v1/retrieve``, ``POST /v1/answer`` (``"stream": true``: server-sent events),
 ``POST /v1/longcontext``, the OpenAI-compatible ``POST /v1/chat/completions`` and ``GET /v1/models``,
-``GET /healthz`` (the routers of :mod:`serve.routes`), the web playground at ``GET /``
+``GET /livez``, ``GET /readyz`` (the routers of :mod:`serve.routes`), the web playground at ``GET /``
 (:mod:`serve.playground`); OpenAPI at ``/docs`` (with the limits of the running config). Each ingress
 replica builds its FastAPI app (:func:`serve.api.create_api`) over a :class:`serve.gateway.Gateway`
 holding the handles of the deployments below. API keys, rate limit, body size and CORS:

@@ -229,7 +229,7 @@ class Retriever:
         """Renew the lease, ping every replica of every shard, and have the tier re-create the
         replicas that are gone for good. A shard without a live replica does not make this replica
         unhealthy (a new Retriever would find the same shards): requests keep being answered, with
-        the shard named in their coverage, and /healthz reports it. Unhealthy (Serve replaces the
+        the shard named in their coverage, and /readyz reports it. Unhealthy (Serve replaces the
         replica) when the lease or the repair fails."""
         self._watch()
         await self.index.renew()

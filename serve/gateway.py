@@ -60,7 +60,7 @@ class Gateway:
     longcontext: Any = None
     dual: Any = None  # serve.dual.DualReader: strategy requests and the model longrag-dual; None: not deployed
     metrics: Any = field(default_factory=NoMetrics)
-    app_name: str | None = None  # the Serve application, for /healthz
+    app_name: str | None = None  # the Serve application, for /readyz
 
     def validate(self, req: RetrieveRequest) -> tuple[str, int]:
         s = self.config.serve

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 LATENCY_BOUNDARIES_MS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000]
-ROUTES = ("/v1/retrieve", "/v1/answer", "/v1/longcontext", "/v1/chat/completions", "/v1/models", "/healthz")
+ROUTES = ("/v1/retrieve", "/v1/answer", "/v1/longcontext", "/v1/chat/completions", "/v1/models", "/livez", "/readyz",
+          "/healthz")
 
 
 class AppMetrics:

@@ -27,11 +27,15 @@ def route_path(scope: Any) -> str:
 
 
 class Guarded:
-    """API key and rate limit (:mod:`serve.guard`) for every route but ``open_paths``; every HTTP
-    request's route and status counted (:class:`serve.metrics.AppMetrics`, or the gateway's no-op)."""
+    """API key and rate limit (:mod:`serve.guard`) for every route but ``open_paths``; the rate
+    limit alone, per client address, for ``keyless_paths`` (the health probes: a load balancer has
+    no key, and no one may flood them); every HTTP request's route and status counted
+    (:class:`serve.metrics.AppMetrics`, or the gateway's no-op)."""
 
-    def __init__(self, app: Any, guard: Guard, metrics: AppMetrics, open_paths: frozenset[str]) -> None:
-        self.app, self.guard, self.metrics, self.open_paths = app, guard, metrics, open_paths
+    def __init__(self, app: Any, guard: Guard, metrics: AppMetrics, open_paths: frozenset[str],
+                 keyless_paths: frozenset[str] = frozenset()) -> None:
+        self.app, self.guard, self.metrics = app, guard, metrics
+        self.open_paths, self.keyless_paths = open_paths, keyless_paths
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -58,10 +62,12 @@ class Guarded:
         guard = self.guard
         if scope["method"] == "OPTIONS" or route_path(scope) in self.open_paths or not (guard.keys or guard.rate):
             return None
-        headers = Headers(scope=scope)
-        client, problem = guard.authenticate(headers.get("authorization"), headers.get("x-api-key"))
-        if problem:
-            return error_response(401, problem, headers={"WWW-Authenticate": "Bearer"})
+        client = None
+        if route_path(scope) not in self.keyless_paths:
+            headers = Headers(scope=scope)
+            client, problem = guard.authenticate(headers.get("authorization"), headers.get("x-api-key"))
+            if problem:
+                return error_response(401, problem, headers={"WWW-Authenticate": "Bearer"})
         address = scope.get("client")
         wait = guard.throttle(client or (address[0] if address else "unknown"))
         if wait:

@@ -237,13 +237,13 @@ def deploy(config: dict[str, Any], address: str | None = None) -> Any:
 
 
 def wait_healthy(client: httpx.Client, timeout_s: float = 300) -> dict[str, Any]:
-    """Poll ``GET /healthz`` through ``client`` until it answers 200; returns its body. Raises
+    """Poll ``GET /readyz`` through ``client`` until it answers 200; returns its body. Raises
     TimeoutError with the last answer (or connection error) after ``timeout_s``."""
     deadline = time.time() + timeout_s
     last = ""
     while time.time() < deadline:
         try:
-            r = client.get("/healthz")
+            r = client.get("/readyz")
             if r.status_code == 200:
                 return r.json()
             last = f"{r.status_code} {r.text[:200]}"

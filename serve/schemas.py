@@ -179,6 +179,12 @@ class Health(BaseModel):
     )
     problems: list[str] = Field(default_factory=list, description="One line per problem found.")
     limits: dict[str, int] = Field(default_factory=dict, description="max_question_chars, max_k, default_k.")
+    age_s: float = Field(0.0, description="Seconds since this report was built (at most serve.readyz_cache_s).")
+
+
+class Liveness(BaseModel):
+    status: Literal["ok"] = Field(description="The ingress replica answers; nothing behind it was asked.")
+    app: str | None = Field(None, description="The Serve application.")
 
 
 def state_limits(schema: dict[str, Any], *, max_question_chars: int, max_k: int, max_document_bytes: int) -> dict[str, Any]:

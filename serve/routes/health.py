@@ -1,32 +1,96 @@
-"""``GET /healthz``: the build served, live replicas per shard, and every deployment that is not
-HEALTHY with Serve's reason (e.g. the resources a replica waits for)."""
+"""Health of the ingress and what stands behind it, for probes and load balancers:
+
+* ``GET /livez``: this ingress replica answers (no call to any deployment, no ``serve.status()``);
+* ``GET /readyz``: the build served, live replicas per shard, and every deployment that is not
+  HEALTHY with Serve's reason (e.g. the resources a replica waits for); 503 when requests cannot
+  be answered. Built at most once per ``serve.readyz_cache_s`` per ingress replica (concurrent
+  probes wait for the one report being built), so probes cannot fan out to every shard replica;
+* ``GET /healthz``: ``/readyz`` under its old name, kept for one release.
+
+All three need no API key and are rate-limited per client address like the API (``serve.guard``).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
 
 from longrag.types import describe_redundancy
 from serve import stages
 from serve.errors import error_response
 from serve.gateway import Gateway, gateway
 from serve.run import Placement, missing_resources, placement, serve_status, waiting_replicas
-from serve.schemas import DeploymentHealth, ErrorResponse, Health
+from serve.schemas import DeploymentHealth, ErrorResponse, Health, Liveness
 
 router = APIRouter()
+
+#: The probe paths: no API key, rate-limited by address (serve.api.create_api).
+PROBE_PATHS = frozenset({"/livez", "/readyz", "/healthz"})
+_UNAVAILABLE = {503: {"model": ErrorResponse, "description":
+                      "Unavailable: error.detail is the Health report (deployments not running, shards without a "
+                      "live replica)."}}
 
 
 def _value(x: Any) -> str:
     return str(getattr(x, "value", x))
 
 
-@router.get("/healthz", response_model=Health, responses={503: {"model": ErrorResponse, "description":
-            "Unavailable: error.detail is the Health report (deployments not running, shards without a live replica)."}})
-async def healthz(gw: Gateway = Depends(gateway)) -> Any:
+@router.get("/livez", response_model=Liveness)
+async def livez(gw: Gateway = Depends(gateway)) -> Liveness:
+    """This ingress replica is up and its event loop answers; nothing behind it is asked."""
+    return Liveness(status="ok", app=gw.app_name)
+
+
+@router.get("/readyz", response_model=Health, responses=_UNAVAILABLE)
+async def readyz(request: Request, gw: Gateway = Depends(gateway)) -> Any:
     """The build served, live replicas per shard, and every deployment that is not HEALTHY with
-    Serve's reason (e.g. the resources a replica waits for)."""
+    Serve's reason (e.g. the resources a replica waits for); 503 when requests cannot be answered.
+    At most ``serve.readyz_cache_s`` old (``age_s``)."""
+    return await _cache(request, gw).get()
+
+
+@router.get("/healthz", response_model=Health, responses=_UNAVAILABLE, deprecated=True)
+async def healthz(request: Request, gw: Gateway = Depends(gateway)) -> Any:
+    """``/readyz`` under its old name (kept for one release)."""
+    return await _cache(request, gw).get()
+
+
+class ReadyCache:
+    """The last readiness report of this ingress replica, rebuilt when older than ``ttl_s``; one
+    build at a time, and the probes that arrive meanwhile get its result."""
+
+    def __init__(self, gw: Gateway, ttl_s: float) -> None:
+        self.gw, self.ttl_s = gw, ttl_s
+        self._lock = asyncio.Lock()
+        self._report: tuple[float, Health, bool] | None = None  # (built at, report, unavailable)
+
+    async def get(self) -> Any:
+        async with self._lock:
+            now = time.monotonic()
+            if self._report is None or now - self._report[0] >= self.ttl_s:
+                health, unavailable = await report(self.gw)
+                self._report = (time.monotonic(), health, unavailable)
+            built, health, unavailable = self._report
+        health = health.model_copy(update={"age_s": round(time.monotonic() - built, 3)})
+        if unavailable:
+            return error_response(503, "unavailable: " + ("; ".join(health.problems) or "no index information"),
+                                  health.model_dump())
+        return JSONResponse(health.model_dump(mode="json"))
+
+
+def _cache(request: Request, gw: Gateway) -> ReadyCache:
+    state = request.app.state
+    if getattr(state, "ready_cache", None) is None:
+        state.ready_cache = ReadyCache(gw, gw.config.serve.readyz_cache_s)
+    return state.ready_cache
+
+
+async def report(gw: Gateway) -> tuple[Health, bool]:
+    """The readiness report now, and whether requests cannot be answered (503)."""
     problems: list[str] = []
     deployments: dict[str, DeploymentHealth] = {}
     running: dict[str, int] = {}
@@ -82,7 +146,4 @@ async def healthz(gw: Gateway = Depends(gateway)) -> Any:
         problems=problems,
         limits={"max_question_chars": s.max_question_chars, "max_k": s.max_k, "default_k": s.default_k},
     )
-    if unavailable:
-        return error_response(503, "unavailable: " + ("; ".join(problems) or "no index information"),
-                              health.model_dump())
-    return health
+    return health, unavailable

@@ -286,7 +286,7 @@ async function start() {
     $("key-field").hidden = !state.apiKeys;
   } catch (_) { /* an older app: no key field */ }
   try {
-    const r = await fetch("/healthz");
+    const r = await fetch("/readyz");
     const h = r.ok ? await r.json() : (await r.json()).error.detail;
     $("health").textContent = `${h.status} · ${h.units ?? "?"} units in ${h.shards ?? "?"} shards · ${h.llm ?? "no LLM"}`;
     if (h.limits && h.limits.max_k) {

@@ -299,3 +299,18 @@ def test_index_node_groups_offer_the_resource_the_serve_configs_ask_for():
     service = yaml.safe_load(_manifest("rayservice.yaml")["spec"]["serveConfigV2"])
     app = next(a for a in service["applications"] if a["name"] == "longrag")
     assert _overrides_node_resource(app["args"]["overrides"]) == "index"
+
+
+def test_rayservice_workers_are_ready_by_the_apps_readiness_route():
+    """Every worker group of the RayService is taken into the Service by ``/readyz`` on the Serve
+    port: a path the ingress serves as a probe (no key), on the port the serve config listens on."""
+    from serve.routes.health import PROBE_PATHS
+
+    doc = _manifest("rayservice.yaml")
+    service = yaml.safe_load(doc["spec"]["serveConfigV2"])
+    port = service.get("http_options", {}).get("port", 8000)
+    for group in _cluster_specs(doc)[0]["workerGroupSpecs"]:
+        (container,) = group["template"]["spec"]["containers"]
+        probe = container["readinessProbe"]["httpGet"]
+        assert probe == {"path": "/readyz", "port": port} and probe["path"] in PROBE_PATHS, group["groupName"]
+        assert "livenessProbe" not in container, "liveness stays KubeRay's raylet check"

@@ -34,7 +34,8 @@ def app_config(index_uri: str, port: int, reader_cpus: float | None = None) -> d
     config["http_options"]["port"] = port
     (app,) = config["applications"]
     app["args"]["index"] = index_uri
-    app["args"]["overrides"] = [*app["args"].get("overrides", []), "mixpr.max_document_bytes=200000"]
+    app["args"]["overrides"] = [*app["args"].get("overrides", []), "mixpr.max_document_bytes=200000",
+                                 "serve.readyz_cache_s=0"]  # the tests read each change at once
     for dep in app["deployments"]:
         if dep["name"] == "Retriever":
             dep.pop("autoscaling_config", None)

@@ -27,7 +27,7 @@ def client(sample_index):
 
 
 def test_healthz_describes_the_build_and_its_redundancy(client, sample_index):
-    body = client.get("/healthz").json()
+    body = client.get("/readyz").json()
     assert body["status"] == "ok", body
     assert body["build_id"] == sample_index["report"]["build_id"]
     assert body["shards"] == 2 and body["units"] == sample_index["report"]["counts"]["units"]
@@ -210,7 +210,7 @@ def test_openapi_states_the_limits_and_the_error_shape(client):
         for status in ("422", "500", "503"):
             ref = responses[status]["content"]["application/json"]["schema"]["$ref"]
             assert ref.endswith("/ErrorResponse"), (path, status, ref)
-    assert "503" in schema["paths"]["/healthz"]["get"]["responses"]
+    assert "503" in schema["paths"]["/readyz"]["get"]["responses"]
 
 
 def test_malformed_json_wrong_method_and_unknown_path_share_the_shape(client):
@@ -282,6 +282,6 @@ def test_retriever_replicas_share_one_index_tier(client):
     assert len(shards) == 4, [(a.name, a.ray_namespace) for a in shards]
     assert {a.ray_namespace for a in shards} == {f"longrag-index-{APP}"}
     names = sorted(a.name for a in shards)
-    build_id = client.get("/healthz").json()["build_id"]
+    build_id = client.get("/readyz").json()["build_id"]
     assert all(n.startswith(build_id) for n in names), names
     assert [n.rsplit("-", 2)[-2:] for n in names] == [["s0", "r0"], ["s0", "r1"], ["s1", "r0"], ["s1", "r1"]]

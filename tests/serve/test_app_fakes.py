@@ -41,7 +41,7 @@ ORIGIN = "http://playground.example"
 def _deploy(build: str, name: str, route_prefix: str, *, index_cls: Any, overrides: tuple[str, ...] = ()) -> None:
     cfg = LongRAGConfig().with_overrides([
         "index.replicas=2", f"serve.api_keys=[{KEY}, {OTHER_KEY}]", "serve.rate_limit_rps=2",
-        "serve.rate_limit_burst=30", f"serve.cors_origins=[{ORIGIN}]", *overrides,
+        "serve.rate_limit_burst=30", "serve.readyz_cache_s=0", f"serve.cors_origins=[{ORIGIN}]", *overrides,
     ])
     app = build_app(cfg, build, encoder_cls=HashEncoder, index_cls=index_cls, engine_cls=TitleReader)
     serve.run(app, name=name, route_prefix=route_prefix, blocking=False)
@@ -130,10 +130,10 @@ def test_iterative_retrieval_asks_the_llm_for_a_bridge(client):
 
 def test_a_dead_replica_fails_over_and_shows_in_healthz(client):
     """Replica 0 of shard 1 is dead: a call that starts there fails over to replica 1 (counted) and
-    the dead one is tried last from then on; the results stay complete, and /healthz and every
+    the dead one is tried last from then on; the results stay complete, and /readyz and every
     response's coverage name the lost redundancy ("1 of 2 replicas")."""
     failovers = []
-    client.get("/healthz")  # the health check's pings find the dead replica (as Serve's health checks do)
+    client.get("/readyz")  # the health check's pings find the dead replica (as Serve's health checks do)
     for _ in range(4):
         r = client.post("/v1/retrieve", json={"question": "Who composed An American in Paris?", "k": 5})
         assert r.status_code == 200, r.text
@@ -144,7 +144,7 @@ def test_a_dead_replica_fails_over_and_shows_in_healthz(client):
         assert cov["replicas"][1] == {"shard": 1, "live": 1, "replicas": 2}
         failovers.append(cov["failovers"])
     assert set(failovers) <= {0, 1} and sum(failovers) <= 1, failovers  # the dead one is tried last
-    body = client.get("/healthz").json()
+    body = client.get("/readyz").json()
     assert body["status"] == "degraded" and body["llm"] == "title-reader" and body["shards"] == 2
     assert body["redundancy"] == "shard 0: 2 of 2 replicas; shard 1: 1 of 2 replicas"
     assert "shard 1: 1 of 2 replicas live" in body["problems"]
@@ -293,7 +293,7 @@ def test_api_keys_are_required_when_configured(client):
         err = _error(r, 401, "unauthorized")
         assert r.headers["www-authenticate"] == "Bearer" and "wrong-key" not in r.text
         assert bare.post("/v1/retrieve", json=question, headers={"X-API-Key": OTHER_KEY}).status_code == 200
-        assert bare.get("/healthz").status_code == 200  # health stays open to load balancers
+        assert bare.get("/readyz").status_code == 200  # health stays open to load balancers
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key="wrong", max_retries=0).models.list()
 
@@ -378,7 +378,7 @@ def test_a_chunked_body_over_the_limit_is_refused_as_it_streams(client):
     # killed): the refused body cost it nothing. A replica still busy with the flood may answer its
     # health check late, so a few seconds are allowed.
     deadline = time.time() + 30
-    while (health := client.get("/healthz")).status_code != 200 and time.time() < deadline:
+    while (health := client.get("/readyz")).status_code != 200 and time.time() < deadline:
         time.sleep(0.5)
     assert health.status_code == 200, health.text
 
@@ -445,7 +445,7 @@ def test_colocated_app_answers_as_the_split_app_does_with_two_deployments(client
 
 
 def test_colocated_app_keeps_health_guard_and_errors_under_its_prefix(client):
-    health = httpx.get(f"http://127.0.0.1:{PORT}/local/healthz", timeout=30)  # open: no key
+    health = httpx.get(f"http://127.0.0.1:{PORT}/local/readyz", timeout=30)  # open: no key
     assert health.status_code == 200, health.text
     body = health.json()
     assert body["status"] == "ok" and [row["live"] for row in body["index"]] == [1, 1]

@@ -79,7 +79,7 @@ def test_llm_replica_killed_mid_answer_gives_an_error_event_or_a_json_503_then_a
 
 def test_replicas_killed_for_good_are_recreated_and_reported_meanwhile(client):
     """Replica 0 of every shard killed for good from outside (``no_restart``: as after its fourth
-    crash). Replica 1 serves every request; /healthz and the responses' coverage say "1 of 2" until
+    crash). Replica 1 serves every request; /readyz and the responses' coverage say "1 of 2" until
     the tier has re-created the replicas under their names (at a Retriever health check, every 10 s
     here) and they have loaded; Serve keeps the same Retriever replicas throughout."""
     from concurrent.futures import ThreadPoolExecutor
@@ -94,7 +94,7 @@ def test_replicas_killed_for_good_are_recreated_and_reported_meanwhile(client):
     with ThreadPoolExecutor(8) as pool:  # at once, on both Retriever replicas: each meets the dead replicas
         burst = list(pool.map(lambda _: client.post("/v1/retrieve", json={"question": "Who wrote Animal Farm?",
                                                                             "k": 2}), range(16)))
-    # The burst met the dead replicas, so its responses say "1 of 2"; /healthz may already say "ok":
+    # The burst met the dead replicas, so its responses say "1 of 2"; /readyz may already say "ok":
     # the tier re-creates the replicas at its next health check (0-10 s after the kill) and they
     # load in about a second, which can fall inside the burst on a loaded machine.
     seen_health, seen_coverage, statuses = set(), set(), [r.status_code for r in burst]
@@ -108,7 +108,7 @@ def test_replicas_killed_for_good_are_recreated_and_reported_meanwhile(client):
             cov = r.json()["coverage"]
             assert cov["answered"] == 2 and not cov["degraded"], cov
             seen_coverage.add(cov["redundancy"])
-        body = client.get("/healthz").json()
+        body = client.get("/readyz").json()
         seen_health.add(body["redundancy"])
         if body["status"] == "ok":
             break
@@ -121,7 +121,7 @@ def test_replicas_killed_for_good_are_recreated_and_reported_meanwhile(client):
     assert set(new) == set(old) and all(new[(s, 0)] != old[(s, 0)] for s in (0, 1)), (old, new)
     assert all(new[(s, 1)] == old[(s, 1)] for s in (0, 1))
     # Each Retriever replica learns of the re-created replicas at its own next health check (every
-    # 10 s here): the responses' redundancy may lag /healthz by about that period; 60 s allows for a
+    # 10 s here): the responses' redundancy may lag /readyz by about that period; 60 s allows for a
     # check that starts late on a loaded machine (one CI run missed 30 s at load average 14).
     deadline, streak = time.time() + 60, 0
     while streak < 4:  # four full answers in a row: both Retriever replicas know
@@ -135,13 +135,13 @@ def test_replicas_killed_for_good_are_recreated_and_reported_meanwhile(client):
 
 def test_unschedulable_deployment_shows_in_healthz_and_fails_the_deploy(client, sample_index, tmp_path, capsys):
     """A Reader asking for 3 CPUs on a 2-CPU Ray: `python -m serve.run` (make serve) exits 1 naming
-    the missing resources instead of waiting forever, and /healthz lists the Reader with them."""
+    the missing resources instead of waiting forever, and /readyz lists the Reader with them."""
     config = tmp_path / "cpu-reader-3cpus.yaml"
     config.write_text(yaml.safe_dump(app_config(sample_index["uri"], PORT, reader_cpus=3)))
     assert run_main([str(config), "--non-blocking", "--ready-timeout-s", "180"]) == 1
     err = capsys.readouterr().err
     assert "FAILED" in err and "deployment 'Reader' lacks {'CPU': 3.0}" in err, err
-    r = client.get("/healthz")
+    r = client.get("/readyz")
     health = r.json() if r.status_code == 200 else error_of(r, 503, "unavailable")["detail"]
     assert health["status"] != "ok"
     reader = health["deployments"]["Reader"]

@@ -46,7 +46,7 @@ def client(tmp_path_factory):
              runtime_env={"env_vars": {**WORKER_ENV, "PYTHONPATH": path}},
              _metrics_export_port=METRICS_PORT, _system_config={"metrics_report_interval_ms": 1000})
     try:
-        overrides = ["index.replicas=2", *(f"serve.timeouts.{k}={v}" for k, v in TIMEOUTS.items())]
+        overrides = ["index.replicas=2", "serve.readyz_cache_s=0", *(f"serve.timeouts.{k}={v}" for k, v in TIMEOUTS.items())]
         # the LLMServer's health checked every second: Serve notices a dead replica at once
         deploy({"http_options": {"host": "127.0.0.1", "port": PORT}, "applications": [{
             "name": APP, "route_prefix": "/", "import_path": "tests.fakes:faults_app",
@@ -198,7 +198,7 @@ def test_a_replica_that_fails_a_search_fails_over_and_is_counted(client):
     """Replica 0 of shard 0 answers pings but fails searches with k=FLAKY_K: of two such searches
     one meets it first and fails over (a 200 with full results); the failed replica counts as not
     live in the coverage until it answers again, and the failover reaches the metrics."""
-    client.get("/healthz")  # pings: every replica live
+    client.get("/readyz")  # pings: every replica live
     covs = []
     for _ in range(2):
         r = client.post("/v1/retrieve", json={"question": QUESTION, "k": FLAKY_K})
@@ -206,7 +206,7 @@ def test_a_replica_that_fails_a_search_fails_over_and_is_counted(client):
         covs.append(r.json()["coverage"])
     assert [c["answered"] for c in covs] == [2, 2] and sum(c["failovers"] for c in covs) == 1, covs
     assert covs[-1]["redundancy"] == "shard 0: 1 of 2 replicas; shard 1: 2 of 2 replicas", covs
-    body = client.get("/healthz").json()  # its pings find replica 0 answering again
+    body = client.get("/readyz").json()  # its pings find replica 0 answering again
     assert body["redundancy"] == "shard 0: 2 of 2 replicas; shard 1: 2 of 2 replicas", body
     deadline, text = time.time() + 60, ""
     while time.time() < deadline:

@@ -37,7 +37,7 @@ def served(tmp_path_factory):
              runtime_env={"env_vars": {**WORKER_ENV, "PYTHONPATH": path}})
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-        cfg = LongRAGConfig().with_overrides(["index.refresh_s=0.5"])
+        cfg = LongRAGConfig().with_overrides(["index.refresh_s=0.5", "serve.readyz_cache_s=0"])
         app = build_app(cfg, str(alias), encoder_cls=HashEncoder, index_cls=FakeActorsIndex, engine_cls=TitleReader)
         serve.run(app, name="swap", route_prefix="/", blocking=False)
         serve_status_wait(["swap"])
@@ -92,4 +92,4 @@ def test_publishing_a_new_build_switches_with_no_failed_request(served):
     assert after and all(t == ["Zanzibar"] for t in after)  # only the new build holds it
     assert all(t != ["Zanzibar"] for _, b, t in results if b == first_id)
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as c:
-        assert c.get("/healthz").json()["build_id"] == second_id
+        assert c.get("/readyz").json()["build_id"] == second_id
