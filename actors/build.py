@@ -32,6 +32,7 @@ from actors.embedding import ChunkEmbedder, pool_options
 from longrag.config import LongRAGConfig
 from longrag.index.manifest import ShardEntry
 from longrag.index.embedding import CHUNKER_CPUS
+from longrag import scoped
 from longrag.index.plan import AnyPlan, BuildPlan, check_out, finish_build, plan_build, start_build
 from longrag.types import Chunk, Document, Unit
 
@@ -94,12 +95,10 @@ def read_staged_units(paths: list[str], filesystem: Any) -> Any:
     sets, and beside the chunker and the embedding pool on a 2-CPU machine that task never got one
     (``make demo`` waited forever). The first one lists on the driver and its read tasks take
     :data:`STAGE_CPUS`."""
-    from unittest import mock
-
     from ray.data import DataContext
 
     # the dataset keeps a copy of the context it was made with; the process' own is restored after
-    with mock.patch.object(DataContext.get_current(), "use_datasource_v2", False):
+    with scoped.attribute(DataContext.get_current(), "use_datasource_v2", False):
         ds = ray.data.read_parquet(paths, filesystem=filesystem, columns=["unit_id", "titles", "text"],
                                    include_paths=True, ray_remote_args={"num_cpus": STAGE_CPUS})
     return ds.map_batches(shard_column, batch_format="pyarrow", num_cpus=STAGE_CPUS)

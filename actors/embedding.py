@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from cluster import ray_private
+
 log = logging.getLogger(__name__)
 
 
@@ -49,7 +51,7 @@ def cluster_capacity() -> tuple[dict[str, float], dict[str, float], str]:
 
     now = {k: float(v) for k, v in ray.cluster_resources().items() if not k.startswith("node:")}
     try:
-        grow = ray._private.state.state.get_max_resources_from_cluster_config()
+        grow = ray_private.max_resources_from_cluster_config()
     except Exception:  # an older Ray, or a GCS without the key's namespace: what is up now
         grow = None
     if not grow:

@@ -28,19 +28,22 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import psutil
 import yaml
-from ray.autoscaler._private.fake_multi_node.node_provider import FakeMultiNodeProvider
 
+from cluster import ray_private
 from cluster.node_types import AWS_YAML, load, publish_cluster_config, scaled_node_types
+from longrag import scoped
 
 log = logging.getLogger(__name__)
 
 BASE_YAML = Path(__file__).resolve().parent / "fake_multinode.yaml"
 #: How many nodes of each type may be up at once here (2 cores): enough to see every type scale.
 DEFAULT_MAX_WORKERS = {"cpu": 2, "index_cpu": 1, "gpu_l4": 2}
+
+
+FakeMultiNodeProvider = ray_private.fake_provider()
 
 
 class FakeProvider(FakeMultiNodeProvider):
@@ -175,7 +178,7 @@ def start_fake_cluster(*, aws_yaml: str | Path = AWS_YAML, max_workers: dict[str
     import ray
     from ray.cluster_utils import Cluster
 
-    ip = ray._private.services.get_node_ip_address()
+    ip = ray.util.get_node_ip_address()
     port = _free_port()
     config = fake_config(f"{ip}:{port}", aws_yaml=aws_yaml, max_workers=max_workers,
                          idle_timeout_minutes=idle_timeout_minutes)
@@ -189,7 +192,7 @@ def start_fake_cluster(*, aws_yaml: str | Path = AWS_YAML, max_workers: dict[str
            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     t0 = time.monotonic()
     try:
-        with mock.patch.dict(os.environ, env):  # restored after
+        with scoped.environ(env):  # restored after
             head = Cluster(initialize_head=True, head_node_args={
                 "num_cpus": 0, "num_gpus": 0, "gcs_server_port": port, "autoscaling_config": path,
                 "include_dashboard": False, "object_store_memory": head_object_store_bytes})

@@ -107,7 +107,8 @@ def publish_cluster_config(config: dict[str, Any]) -> dict[str, float]:
     :func:`actors.embedding.cluster_capacity`) reads what the cluster can grow to. Returns that."""
     import ray
     from ray.core.generated import autoscaler_pb2
-    from ray.experimental.internal_kv import _internal_kv_put
+
+    from cluster import ray_private
 
     msg = autoscaler_pb2.ClusterConfig()
     head = config.get("head_node_type")
@@ -121,8 +122,7 @@ def publish_cluster_config(config: dict[str, Any]) -> dict[str, float]:
                 group.resources[key] = int(value)
     if not ray.is_initialized():
         raise RuntimeError("publish_cluster_config needs a connected Ray (ray.init)")
-    _internal_kv_put(ray._raylet.GCS_AUTOSCALER_CLUSTER_CONFIG_KEY.encode(), msg.SerializeToString(),
-                     overwrite=True, namespace=ray._raylet.GCS_AUTOSCALER_STATE_NAMESPACE.encode())
+    ray_private.put_autoscaler_cluster_config(msg.SerializeToString())
     return max_resources(config)
 
 

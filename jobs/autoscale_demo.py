@@ -12,7 +12,7 @@ of ``cluster/aws.yaml`` scaled down, a head with 0 CPUs), one second at a time o
 4. after the burst: replicas back to their minimum and the nodes the burst added gone.
 
 It writes the timeline as a PNG (``--png``) and ends with one JSON line of figures
-(:class:`longrag.autoscale.AutoscaleFigures`); exit 0 when every expectation held. Ray's output
+(:class:`lab.autoscale.AutoscaleFigures`); exit 0 when every expectation held. Ray's output
 and the index job's log go to ``--log``.
 """
 
@@ -34,7 +34,8 @@ from typing import Any
 import httpx
 import yaml
 
-from longrag.autoscale import AutoscaleFigures, BurstPlan, Sample, Timeline, burst, plot
+from cluster import ray_private
+from lab.autoscale import AutoscaleFigures, BurstPlan, Sample, Timeline, burst, plot
 from longrag.cli import job_setup, transcript
 from longrag.data import SAMPLE_WIKI, data_path
 
@@ -69,9 +70,7 @@ def scenario_config(index: str, port: int, llm: str, target: float) -> dict[str,
 
 def shard_nodes() -> list[str]:
     """The node id of every live IndexShard actor."""
-    import ray
-
-    return [a["Address"]["NodeID"] for a in ray._private.state.state.actor_table(None).values()
+    return [a["Address"]["NodeID"] for a in ray_private.actor_table()
             if a["ActorClassName"].startswith("IndexShard") and a["State"] == "ALIVE"]  # IndexShardImpl
 
 

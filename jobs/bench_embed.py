@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from longrag.bench import machine
+from lab.bench import machine
 from longrag.cli import add_config_flags, choice_list, config_from_args, int_list, job_setup, number
 from longrag.data import DPR_PASSAGES, data_path, open_text
 

@@ -5,7 +5,7 @@ for shard actors checked on a simulated multi-node Ray cluster, and a plan for f
     python -m jobs.bench_index --vectors 1000000       # the trade-off at 1M vectors (a few GB of RAM)
     python -m jobs.bench_index --skip-cluster --factories Flat,HNSW32
 
-1. Trade-off: seeded clustered vectors (``longrag.index.synthetic.clustered_vectors``; real embeddings of
+1. Trade-off: seeded clustered vectors (``lab.synthetic.vectors.clustered_vectors``; real embeddings of
    this size cannot be made on a CPU box) indexed with each FAISS factory; per factory and search
    setting: bytes per vector, build time, search latency (one thread, the shard actors' setting)
    and MaxP unit recall@k against exact Flat search; compressed indexes with exact re-ranking
@@ -38,12 +38,12 @@ from typing import Any
 import faiss
 import numpy as np
 
-from longrag.bench.tables import markdown_table
+from lab.bench.tables import markdown_table
 from longrag.cli import int_list, number
 from longrag.index.capacity import CapacityModel, plan_factories, projected_bytes_per_vector, scan_cost
 from longrag.index.factories import default_nlist, factory_problem, split_factories, sweep_for
-from longrag.index.synthetic import clustered_vectors, synthetic_shard, write_synthetic_build
-from longrag.index.tradeoff import interleaved_ms, measure_factory, plot_tradeoff
+from lab.synthetic.vectors import clustered_vectors, synthetic_shard, write_synthetic_build
+from lab.tradeoff import interleaved_ms, measure_factory, plot_tradeoff
 from longrag.index.maxp import MaxPIndex
 
 DEFAULT_FACTORIES = "Flat,SQfp16,SQ8,IVF{nlist},Flat,IVF{nlist},SQ8,IVF{nlist},PQ48,IVF{nlist},PQ48,RFlat,HNSW32"

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from longrag.bench import latency_stats
+from lab.bench import latency_stats
 from longrag.cli import number
 from longrag.config import LLMConfig
 from longrag.data import HOTPOTQA_SAMPLE, data_path

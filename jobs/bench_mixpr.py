@@ -10,7 +10,7 @@ line starts, bulleted and numbered lists, prose paragraphs). Ends with one JSON 
     python -m jobs.bench_mixpr --skip-recall --timing-sizes 1000000
     python -m jobs.bench_mixpr --skip-timing --skip-recall        # only the document-format table
 
-Plain Python, no Ray. Token counts are estimates (characters / 4), see longrag.synthetic.common.
+Plain Python, no Ray. Token counts are estimates (characters / 4), see lab.synthetic.common.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from longrag.mixpr import MixPRConfig, MixPRRetriever, SparseRetriever, prepare_
 from longrag.mixpr.baselines import HybridRetriever
 from longrag.mixpr.graph import similarity_graph
 from longrag.mixpr.pagerank import personalized_pagerank
-from longrag.synthetic import generate_babilong, generate_hashhop, needle_recall
-from longrag.synthetic.babilong import TASK_FILES
-from longrag.synthetic.hashhop import HASHHOP_FORMATS
+from lab.synthetic import generate_babilong, generate_hashhop, needle_recall
+from lab.synthetic.babilong import TASK_FILES
+from lab.synthetic.hashhop import HASHHOP_FORMATS
 
 MAX_HOPS = 16
 TIMING_DOCS = ("babilong", "hashhop")

@@ -18,7 +18,7 @@ the configured LLM (default: the bundled Qwen2.5-Coder-0.5B-Instruct through lla
 ``OUT/<dataset>.json``, ``OUT/<dataset>.md``, ``OUT/reader_bench.png`` and ends with a JSON line.
 A rerun of the same command resumes from ``OUT/<dataset>.rows.jsonl``.
 
-``--document``: the long-document reader instead (``longrag.eval.document_bench``): each question's
+``--document``: the long-document reader instead (``lab.document_bench``): each question's
 gold paragraphs and ``--distractors`` of its own distractors as one document, read by ``plain`` (the
 same bare prompt over the whole document) and by ``jobs.longcontext``'s pipeline per setting
 ``RETRIEVER/ROUTE[/kN]``; files ``OUT/<dataset>-document.*``.
@@ -37,8 +37,8 @@ from pathlib import Path
 from longrag.cli import job_setup, number
 from longrag.config import load_config
 from longrag.data import HOTPOTQA_SAMPLE, MUSIQUE_SAMPLE, data_path
-from longrag.eval import reader_bench as rb
-from longrag.eval import reader_report as report
+from lab import reader_bench as rb
+from lab import reader_report as report
 from longrag.eval.datasets import load_qa
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     try:
         if args.document:
-            from longrag.eval.document_bench import parse_document_settings
+            from lab.document_bench import parse_document_settings
 
             args.settings = parse_document_settings(args.settings or DEFAULT_DOCUMENT_SETTINGS)
         else:
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _document(args: argparse.Namespace, config, argv: list[str] | None) -> int:
-    from longrag.eval.document_bench import run_document_settings
+    from lab.document_bench import run_document_settings
     from longrag.llm.factory import build_llm
 
     out = Path(args.out)

@@ -4,7 +4,7 @@
     python -m jobs.bench_scale --grouping-sizes 100000,1000000,3000000 --mean-links 10
 
 Grouping: LongRAG Algorithm 1 (Jiang et al., 2024, Section 3.1) on arrays, the way the driver of a
-Wikipedia build runs it: seeded Wikipedia-like metadata (``longrag.synthetic.wikigraph``: lognormal
+Wikipedia build runs it: seeded Wikipedia-like metadata (``lab.synthetic.wikigraph``: lognormal
 lengths, power-law in-degrees, ``--mean-links`` links per article) -> CSR graph -> group labels. Per
 size: wall seconds and CPU seconds of the process (CPU seconds are one core's work: the kernel is
 single-threaded, and they hold on a busy machine where wall time does not), the driver's extra
@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from longrag.bench.memory import MemorySampler
-from longrag.bench.scale import embed_texts, grouping_run, project
-from longrag.bench.tables import markdown_table
+from lab.bench.memory import MemorySampler
+from lab.bench.scale import embed_texts, grouping_run, project
+from lab.bench.tables import markdown_table
 from longrag.cli import int_list, number
 
 WIKIPEDIA_ARTICLES = 6_000_000
@@ -91,7 +91,7 @@ def driver_memory(sizes: list[int], cpus: int, seed: int, text_scale: int = 0) -
     import subprocess
     import tempfile
 
-    from longrag.synthetic.wikigraph import write_wikilike_corpus
+    from lab.synthetic.wikigraph import write_wikilike_corpus
 
     rows = []
     runs = [(n, 1) for n in sizes] + ([(sizes[0], text_scale)] if text_scale > 1 else [])

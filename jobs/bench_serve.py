@@ -18,7 +18,7 @@ Deploys ``--config`` (default ``serve/configs/cpu.yaml``, what ``make serve`` ru
 
 Per level: throughput, p50/p99 latency, errors, the overhead of serving (served minus in process,
 in ms, and served / in process), and for ``/v1/retrieve`` the medians of the app's own trace and of
-what lies outside the Ingress. The measuring is :mod:`longrag.bench`. Ray's and Serve's output goes
+what lies outside the Ingress. The measuring is :mod:`lab.bench`. Ray's and Serve's output goes
 to ``--log``; the terminal gets progress lines and, last, one JSON line.
 """
 
@@ -37,8 +37,8 @@ from typing import Any, TextIO
 import httpx
 import yaml
 
-from longrag.bench import machine, median_by_key, overhead, run_level, run_level_threads
-from longrag.bench.serving import (QUESTIONS, brief, chat_check, first_token_summary, http_first_token,
+from lab.bench import machine, median_by_key, overhead, run_level, run_level_threads
+from lab.bench.serving import (QUESTIONS, brief, chat_check, first_token_summary, http_first_token,
                                    reader_first_token, retrieve_check, summary)
 from longrag.cli import int_list, job_setup, number, transcript
 from longrag.config import LongRAGConfig

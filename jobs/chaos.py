@@ -2,7 +2,7 @@
 
 Starts a local Ray, indexes the bundled enwiki sample (or serves ``--index``), deploys
 ``serve/configs/cpu-cluster.yaml`` on 127.0.0.1 (2 replicas per shard, the small bundled reader
-``--llm``), then kills parts of it from outside while it answers (:mod:`longrag.chaos` has the
+``--llm``), then kills parts of it from outside while it answers (:mod:`lab.chaos` has the
 scenarios and their expectations, :mod:`serve.faults` the kills):
 
 1. ``replica``: ``--requests`` /v1/retrieve at ``--concurrency`` while one replica of a shard is killed;
@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import yaml
 
-from longrag.chaos import (ChaosPlan, Outcome, ScenarioResult, LoadResult, judge_llm, judge_replica, judge_shard,
+from lab.chaos import (ChaosPlan, Outcome, ScenarioResult, LoadResult, judge_llm, judge_replica, judge_shard,
                            retrieve_load, summarize, wait_recovered)
 from longrag.cli import job_setup
 from longrag.data import SAMPLE_WIKI, data_path

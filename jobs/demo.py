@@ -25,8 +25,8 @@ from typing import Any, TextIO
 
 import httpx
 
-from longrag.bench import latency_stats
-from longrag.bench.memory import MemorySampler
+from lab.bench import latency_stats
+from lab.bench.memory import MemorySampler
 from longrag.cli import add_config_flags, job_setup, transcript
 from longrag.data import SAMPLE_WIKI, data_path
 

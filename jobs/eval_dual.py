@@ -10,7 +10,7 @@ Each question's own paragraphs are its long context; it is chunked, retrieved de
 configured LLM (default: the bundled Qwen reader). Questions: the held-out part of ``jobs.train_reranker``'s split
 (``--questions first`` for the file's first ones). Writes ``OUT/dual_eval.json``, ``OUT/table3.md``,
 ``OUT/rows.jsonl`` and the plot (``--plot``, default ``OUT/dual_table3.png``); a rerun of the same command resumes
-from ``OUT/.dual-checkpoint.jsonl``. See :mod:`longrag.dual.bench`.
+from ``OUT/.dual-checkpoint.jsonl``. See :mod:`lab.dual_bench`.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
-    from longrag.dual import bench as db
+    from lab import dual_bench as db
 
     try:
         config = load_config(args.config, args.overrides)

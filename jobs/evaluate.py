@@ -67,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="retrieval depths to score, comma-separated positive integers")
     p.add_argument("--pipeline", choices=["retrieve", "longrag", "dual"], default="retrieve",
                    help="dual: dual-perspective LongRAG in the LongBench setting (each question's own paragraphs; "
-                        "longrag.dual.bench, Table 3 layout); --dataset hotpotqa or musique")
+                        "lab.dual_bench, Table 3 layout); --dataset hotpotqa or musique")
     p.add_argument("--strategy", default="R&B,R&L,Ext,Fil,E&F", help="--pipeline dual: comma list of strategies")
     p.add_argument("--exclude-trained", metavar="LRG_DIR",
                    help="--pipeline dual: leave out the questions of this LRGinstruction build's train split")
@@ -109,10 +109,10 @@ def eval_config(args: argparse.Namespace) -> EvalConfig:
 
 
 def _dual(args: argparse.Namespace, command: list[str]) -> int:
-    """``--pipeline dual``: :func:`longrag.dual.bench.run_and_report` on ``--data`` (default: the
+    """``--pipeline dual``: :func:`lab.dual_bench.run_and_report` on ``--data`` (default: the
     sample), ``--limit`` questions (default 10), every ``--strategy``."""
-    from longrag.dual import bench as db
-    from longrag.dual.bench_report import load_report, write_comparison
+    from lab import dual_bench as db
+    from lab.dual_report import load_report, write_comparison
     from longrag.lrg.records import trained_question_ids
 
     try:

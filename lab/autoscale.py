@@ -5,7 +5,7 @@ nodes and replicas, the burst of requests, the figures and the plot.
   deployment, requests in flight) and the scenario's events (index submitted, deploy, node killed);
 * :func:`burst`: a bounded burst of ``/v1/retrieve`` and ``/v1/answer`` requests over HTTP at a
   fixed concurrency (a count and a time limit, whichever comes first), every outcome kept with its
-  start time (:class:`longrag.chaos.Outcome` classifies a response);
+  start time (:class:`lab.chaos.Outcome` classifies a response);
 * :func:`plot`: the timeline as a PNG (nodes by type, replicas per deployment, load);
 * :class:`AutoscaleFigures`: the job's one JSON line.
 """
@@ -22,7 +22,7 @@ from typing import Any, Callable
 import httpx
 from pydantic import BaseModel, Field
 
-from longrag.chaos import SAMPLE_QUESTIONS, Outcome
+from lab.chaos import SAMPLE_QUESTIONS, Outcome
 
 
 @dataclass

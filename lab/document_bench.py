@@ -4,7 +4,7 @@ Each question of a bundled QA sample becomes one document: its gold paragraphs a
 its own distractor paragraphs (seeded), in a seeded order, each as ``title`` + newline + text, blank
 lines between them. Every :class:`DocumentSetting` answers the question over that document:
 
-* ``plain``: the bare-prompt baseline of the reader benchmark (:data:`longrag.eval.reader_bench.PLAIN_USER`:
+* ``plain``: the bare-prompt baseline of the reader benchmark (:data:`lab.reader_bench.PLAIN_USER`:
   one system + user message, "Reply with only the answer.", greedy, first line kept) over the whole
   document, trimmed to the same context budget as the pipeline's when it is longer;
 * ``<retriever>/<route>[/kN]``: :class:`longrag.reading.longcontext.LongContextPipeline`, exactly as
@@ -15,7 +15,7 @@ Every LLM call is evaluated cold (:attr:`~longrag.llm.base.LLM.cold_reads`): whe
 the same prompt, or the pipeline's reader prompt follows its router prompt, llama.cpp would otherwise
 evaluate it from its cache, whose logits can differ in the last bits and so, now and then, the greedy
 answer (1.5B, MuSiQue: the reader's prompt equal to the bare prompt's, read after the router's, gave
-another answer on 6 of 50 questions, F1 40.7 against 42.1). Rows share the reader benchmark's shape, so :func:`longrag.eval.reader_report.summarize`,
+another answer on 6 of 50 questions, F1 40.7 against 42.1). Rows share the reader benchmark's shape, so :func:`lab.reader_report.summarize`,
 ``versus_plain``, ``attribution`` and ``markdown_table`` report them; they are appended to a journal as
 they come, so a rerun resumes.
 """
@@ -98,7 +98,7 @@ def question_document(ex: QAExample, distractors: int, seed: int = 0) -> str:
 
 
 async def _read_plain(llm: LLM, question: str, document: str, budget: int) -> dict[str, Any]:
-    from longrag.eval.reader_bench import PLAIN_MAX_TOKENS, plain_answer, plain_messages
+    from lab.reader_bench import PLAIN_MAX_TOKENS, plain_answer, plain_messages
 
     context = llm.truncate_tokens(document, budget)
     out = await llm.chat(plain_messages(question, context), max_tokens=PLAIN_MAX_TOKENS)

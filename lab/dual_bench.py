@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from longrag.config import DUAL_STRATEGIES, DualConfig, EmbeddingConfig, LLMConfig
 from longrag.data import data_path
-from longrag.dual.bench_report import (
+from lab.dual_report import (
     DATASETS,
     RERANKED,
     nan_mean,

@@ -1,4 +1,4 @@
-"""The dual-perspective evaluation's report (:mod:`longrag.dual.bench` runs it): per strategy and
+"""The dual-perspective evaluation's report (:mod:`lab.dual_bench` runs it): per strategy and
 dataset EM / F1, generator input tokens and the filter's quality (Table 3 and Figure 3 of Zhao et
 al., 2024), the reranker's rows, the plot, and the comparison of two runs (a base model against its
 fine-tuned LoRA)."""

@@ -20,7 +20,7 @@ Two settings whose fitted contexts are equal for a question (the candidates fit 
 so MixPR has nothing to remove) share one read. Settings that differ only in few-shot examples run
 back to back, so their first turn comes from the KV cache: compare their turn-2 seconds, not totals.
 Results are appended to a checkpoint as they come, so a rerun resumes. The tables, the attribution
-and the plot are :mod:`longrag.eval.reader_report`'s.
+and the plot are :mod:`lab.reader_report`'s.
 """
 
 from __future__ import annotations

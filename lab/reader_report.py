@@ -2,7 +2,7 @@
 seconds, tokens), each setting against the bare prompt at its budget, where the points go (the raw
 reply and each finishing step), Markdown tables, the F1-vs-seconds plot, and the report files.
 
-Rows are :func:`longrag.eval.reader_bench.run_settings`' (and the long-document benchmark's) dicts.
+Rows are :func:`lab.reader_bench.run_settings`' (and the long-document benchmark's) dicts.
 """
 
 from __future__ import annotations

@@ -32,10 +32,12 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
-from unittest import mock
 
 import httpx
 import yaml
+
+from cluster import ray_private
+from longrag import scoped
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +202,7 @@ def direct_ingress_env(port: int, ingress_apps: int = 1) -> dict[str, str]:
 def direct_ingress(port: int, ingress_apps: int = 1) -> Any:
     """:func:`direct_ingress_env` in this process's environment for a ``with`` block (a local Ray
     started in it keeps it), restored after."""
-    return mock.patch.dict(os.environ, direct_ingress_env(port, ingress_apps))
+    return scoped.environ(direct_ingress_env(port, ingress_apps))
 
 
 def direct_ingress_proxy_port() -> int | None:
@@ -216,7 +218,6 @@ def deploy(config: dict[str, Any], address: str | None = None) -> Any:
     Under direct ingress (:func:`direct_ingress_env` in this process's environment) the config's
     HTTP port is the ingress replicas' and Serve's proxy listens after their range."""
     import ray
-    from ray.serve._private import api as _private_api
     from ray.serve.config import gRPCOptions
     from ray.serve.schema import ServeDeploySchema
 
@@ -226,7 +227,7 @@ def deploy(config: dict[str, Any], address: str | None = None) -> Any:
         schema.http_options.port = proxy_port
     if not ray.is_initialized():
         ray.init(address=address, namespace="serve")
-    client = _private_api.serve_start(
+    client = ray_private.serve_start(
         http_options=schema.http_options.model_dump(),
         proxy_location=schema.proxy_location,
         grpc_options=gRPCOptions(**schema.grpc_options.model_dump()),

@@ -1,6 +1,6 @@
 """Measuring tools shared by the benchmark jobs (Ray-free): latency statistics and load levels."""
 
-from longrag.bench.load import (
+from lab.bench.load import (
     LatencyStats,
     LevelResult,
     Overhead,

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from longrag.bench.memory import MemorySampler
+from lab.bench.memory import MemorySampler
 from longrag.index.grouping import csr_from_edges, group_csr
-from longrag.synthetic.wikigraph import wikilike_graph
+from lab.synthetic.wikigraph import wikilike_graph
 
 
 def grouping_run(n_docs: int, mean_links: float, budget: int, seed: int) -> dict[str, Any]:
@@ -60,7 +60,7 @@ def embed_texts(n_chunks: int, seed: int) -> list[str]:
 
     from longrag.index.chunking import chunk_text
     from longrag.index.embedding import tokenizer_dir
-    from longrag.synthetic.common import wikipedia_sentences
+    from lab.synthetic.common import wikipedia_sentences
     from longrag.text.tokens import counter_for_model_dir
 
     counter = counter_for_model_dir(tokenizer_dir("all-MiniLM-L6-v2"))

@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from longrag.bench.load import LevelResult, grows_with_concurrency
+from lab.bench.load import LevelResult, grows_with_concurrency
 
 GOAL_OVERHEAD_P50_MS = 10.0  # /v1/retrieve overhead p50 at most 10 ms over in-process encode + search
 GOAL_THROUGHPUT_RATIO = 0.9  # /v1/retrieve req/s over HTTP at the highest level, at least 0.9x in process

@@ -8,7 +8,7 @@ Toy Tasks"; tasks qa1..qa5, the ones BABILong releases, bundled in ``data/babi/`
 long filler text: every fact of the story before the question is inserted, in order, at uniformly
 drawn sentence boundaries of the filler. The supporting facts named by bAbI are the ``needles``.
 Filler: Wikipedia sentences (PG19, the original noise, is not bundled; see
-``longrag.synthetic.common``).
+``lab.synthetic.common``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from longrag.data import BABI_DIR, read_text
-from longrag.synthetic.common import (
+from lab.synthetic.common import (
     CHARS_PER_TOKEN,
     FillerStream,
     SyntheticSample,

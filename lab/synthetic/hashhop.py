@@ -18,7 +18,7 @@ import math
 import random
 import string
 
-from longrag.synthetic.common import CHARS_PER_TOKEN, SyntheticSample, assemble
+from lab.synthetic.common import CHARS_PER_TOKEN, SyntheticSample, assemble
 
 __all__ = ["HASHHOP_FORMATS", "generate_hashhop", "random_hash"]
 

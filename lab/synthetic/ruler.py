@@ -10,7 +10,7 @@ bundled), ``needle`` (distractor needles). Keys are adjective-noun words from th
 lists (``data/wordlists/``), 7-digit numbers or UUIDs (drawn from the seeded RNG).
 
 For the global tasks (cwe, fwe) ``needles`` is empty and ``answers`` holds the expected words; a
-retriever is scored there with :func:`longrag.synthetic.scoring.top_word_overlap`.
+retriever is scored there with :func:`lab.synthetic.scoring.top_word_overlap`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from functools import lru_cache
 import yaml
 
 from longrag.data import RULER_TASKS_YAML, WORDLISTS_DIR, data_path
-from longrag.synthetic.common import (
+from lab.synthetic.common import (
     CHARS_PER_TOKEN,
     FillerStream,
     SyntheticSample,

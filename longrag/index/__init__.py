@@ -6,6 +6,6 @@
 (bundled/production encoders), :mod:`~longrag.index.maxp` (exact FAISS shards, MaxP merge),
 :mod:`~longrag.index.manifest` (build manifests with checksums and provenance),
 :mod:`~longrag.index.capacity` (memory/throughput plan for a corpus size, measured through
-:mod:`~longrag.index.tradeoff` on :mod:`~longrag.index.synthetic` vectors and the FAISS
+:mod:`~lab.tradeoff` on :mod:`~lab.synthetic.vectors` vectors and the FAISS
 :mod:`~longrag.index.factories`).
 """

@@ -10,8 +10,8 @@ cut into shards and nodes.
 * :func:`plan_corpus` turns a corpus size into shards and nodes for a memory budget;
   :func:`plan_factories` does so per factory, with the scan cost measured by :func:`scan_cost`.
 
-The measurements behind the model are in :mod:`longrag.index.tradeoff` and
-:mod:`longrag.index.synthetic`. No Ray here; FAISS and numpy only.
+The measurements behind the model are in :mod:`lab.tradeoff` and
+:mod:`lab.synthetic.vectors`. No Ray here; FAISS and numpy only.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class CapacityModel:
     """RSS of a shard actor ≈ ``base_bytes + n_chunks · (vector_bytes + chunk_bytes)``.
 
     ``vector_bytes`` is the factory's bytes per vector
-    (:func:`longrag.index.tradeoff.index_bytes_per_vector`, ~4·dim for Flat); ``chunk_bytes`` is what
+    (:func:`lab.tradeoff.index_bytes_per_vector`, ~4·dim for Flat); ``chunk_bytes`` is what
     one chunk's text, ids and unit share cost in memory once loaded (measured: it scales with the
     chunk's text length); ``base_bytes`` is the process baseline (Python, FAISS, pyarrow, Ray
     worker)."""

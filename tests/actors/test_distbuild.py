@@ -20,7 +20,7 @@ from longrag.corpus.sources import plan_read_tasks, write_multistream
 from longrag.index.distplan import staged_units_prefix
 from longrag.index.plan import plan_build
 from longrag.index.artifacts import ArtifactStore
-from longrag.synthetic.wikigraph import write_wikilike_corpus
+from lab.synthetic.wikigraph import write_wikilike_corpus
 from longrag.types import Unit
 from tests.conftest import SAMPLE_WIKI
 

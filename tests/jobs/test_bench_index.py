@@ -10,7 +10,7 @@ import numpy as np
 from actors.index_shard import IndexShardImpl
 from jobs import bench_index
 from longrag.index.factories import split_factories, sweep_for
-from longrag.index.synthetic import write_synthetic_build
+from lab.synthetic.vectors import write_synthetic_build
 
 
 def test_split_factories_keeps_ivf_encodings():

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from longrag.mixpr import MixPRConfig, MixPRRetriever, SparseRetriever
-from longrag.synthetic import generate_hashhop
+from lab.synthetic import generate_hashhop
 
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""longrag.autoscale without Ray: the burst over real HTTP to a local server (127.0.0.1), the
+"""lab.autoscale without Ray: the burst over real HTTP to a local server (127.0.0.1), the
 timeline's queries, and the plot as a real PNG."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from longrag.autoscale import AutoscaleFigures, BurstPlan, Sample, Timeline, burst, plot
+from lab.autoscale import AutoscaleFigures, BurstPlan, Sample, Timeline, burst, plot
 
 
 class App:

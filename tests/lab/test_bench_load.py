@@ -1,4 +1,4 @@
-"""longrag.bench: latency statistics against numpy, closed-loop load levels (how many calls are in
+"""lab.bench: latency statistics against numpy, closed-loop load levels (how many calls are in
 flight, errors counted, never hidden), the overhead of serving and the scaling check."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from longrag.bench import (
+from lab.bench import (
     LevelResult,
     grows_with_concurrency,
     latency_stats,
@@ -142,7 +142,7 @@ def test_http_first_token_reads_the_sse_stream_and_the_summary_subtracts_medians
 
     import httpx
 
-    from longrag.bench.serving import first_token_summary, http_first_token
+    from lab.bench.serving import first_token_summary, http_first_token
 
     def chunk(delta):
         return "data: " + json.dumps({"choices": [{"delta": delta}]}) + "\n\n"

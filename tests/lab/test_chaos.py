@@ -1,11 +1,11 @@
-"""The chaos job's records and verdicts (``longrag.chaos``), without an app: the figures of a run
+"""The chaos job's records and verdicts (``lab.chaos``), without an app: the figures of a run
 and what makes a scenario fail. The job itself runs in ``tests/jobs/test_chaos.py``."""
 
 from __future__ import annotations
 
 import httpx
 
-from longrag.chaos import ChaosPlan, LoadResult, Outcome, Recovery, ScenarioResult, judge_replica, judge_shard, summarize
+from lab.chaos import ChaosPlan, LoadResult, Outcome, Recovery, ScenarioResult, judge_replica, judge_shard, summarize
 
 
 def _cov(degraded=False, lost=False, failed=(), failovers=0):

@@ -8,14 +8,14 @@ import asyncio
 import pytest
 
 from longrag.eval.datasets import Paragraph, QAExample
-from longrag.eval.document_bench import (
+from lab.document_bench import (
     DocumentSetting,
     parse_document_settings,
     question_document,
     run_document_settings,
 )
-from longrag.eval.reader_bench import PLAIN_USER
-from longrag.eval.reader_report import summarize, versus_plain
+from lab.reader_bench import PLAIN_USER
+from lab.reader_report import summarize, versus_plain
 from longrag.mixpr.config import MixPRConfig
 from tests.fakes import ScriptedLLM
 

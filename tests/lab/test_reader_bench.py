@@ -9,8 +9,8 @@ import pytest
 
 from longrag.config import ReaderConfig
 from longrag.eval.datasets import QAExample
-from longrag.eval.reader_bench import Candidates, ReaderSetting, parse_settings, run_settings
-from longrag.eval.reader_report import attribution, markdown_table, summarize, versus_plain
+from lab.reader_bench import Candidates, ReaderSetting, parse_settings, run_settings
+from lab.reader_report import attribution, markdown_table, summarize, versus_plain
 from longrag.types import Unit
 from tests.fakes import ScriptedLLM
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from longrag.mixpr import chunk_text
-from longrag.synthetic import (
+from lab.synthetic import (
     RULER_TASKS,
     generate_babilong,
     generate_hashhop,
@@ -17,8 +17,8 @@ from longrag.synthetic import (
     needle_recall,
     top_word_overlap,
 )
-from longrag.synthetic.babilong import parse_babi
-from longrag.synthetic.scoring import needles_found
+from lab.synthetic.babilong import parse_babi
+from lab.synthetic.scoring import needles_found
 
 
 @pytest.mark.parametrize("hops", [1, 3, 6])
@@ -58,7 +58,7 @@ def test_hashhop_formats_write_the_same_kind_of_chain(fmt):
     """Issue 9: the HashHop facts in each document format of the MixPR format benchmark: the needles
     are whole facts in that layout, they chain from the asked head to the answer, and the length
     target holds."""
-    from longrag.synthetic.hashhop import HASHHOP_FORMATS
+    from lab.synthetic.hashhop import HASHHOP_FORMATS
 
     assert set(HASHHOP_FORMATS) == set(_FACT)
     s = generate_hashhop(4000, 4, seed=3, fmt=fmt)
@@ -161,7 +161,7 @@ def test_top_word_overlap():
 def test_wikilike_corpus_files_read_back_and_link(tmp_path):
     from longrag.corpus.documents import read_jsonl
     from longrag.index.grouping import build_adjacency
-    from longrag.synthetic.wikigraph import wikilike_graph, write_wikilike_corpus
+    from lab.synthetic.wikigraph import wikilike_graph, write_wikilike_corpus
 
     paths = write_wikilike_corpus(tmp_path, 300, n_files=3, mean_links=5, seed=4)
     assert [p.name for p in paths] == ["part-00000.jsonl", "part-00001.jsonl", "part-00002.jsonl"]

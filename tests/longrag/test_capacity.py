@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from longrag.index.capacity import CapacityModel, plan_corpus, projected_bytes_per_vector
-from longrag.index.synthetic import clustered_vectors
-from longrag.index.tradeoff import index_bytes_per_vector, measure_factory, unit_recall
+from lab.synthetic.vectors import clustered_vectors
+from lab.tradeoff import index_bytes_per_vector, measure_factory, unit_recall
 from longrag.index.maxp import MaxPIndex
 from longrag.types import UnitHit
 

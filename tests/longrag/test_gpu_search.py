@@ -11,7 +11,7 @@ import faiss
 import numpy as np
 import pytest
 
-from longrag.index.synthetic import clustered_vectors
+from lab.synthetic.vectors import clustered_vectors
 from longrag.index.maxp import IndexDeviceError, MaxPIndex, check_gpu
 
 pytestmark = pytest.mark.gpu

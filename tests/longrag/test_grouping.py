@@ -26,7 +26,7 @@ from longrag.index.grouping import (
     normalize_title,
 )
 from longrag.index.units import grouping_stats, make_units, make_units_from_config
-from longrag.synthetic.wikigraph import wikilike_graph
+from lab.synthetic.wikigraph import wikilike_graph
 from longrag.text.tokens import WhitespaceCounter, counter_for_model_dir
 from longrag.types import Document
 

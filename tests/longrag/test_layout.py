@@ -1,7 +1,8 @@
 """The layout rules of the design, checked on the source: the core never imports Ray nor a shell
-(``actors/``, ``serve/``, ``jobs/``, ``cluster/``), no import circle between modules or between the
-core's packages, no job imports another, and the jobs stay short CLIs (their logic lives in the core,
-``actors/`` and ``serve/``).
+(``actors/``, ``serve/``, ``jobs/``, ``cluster/``), the runtime (the core, ``actors/``, ``serve/``,
+``cluster/``) never imports the lab (``lab/``: benchmarks, load, chaos; for jobs and tests), no
+import circle between modules or between the core's packages, no job imports another, and the jobs
+stay short CLIs (their logic lives in the core, ``actors/`` and ``serve/``).
 
 Import edges count both module-level imports and imports inside functions: a function-level import
 only defers the circle to run time, the modules still depend on each other. An edge goes to the most
@@ -21,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MAX_JOB_LINES = 300  # jobs are short CLIs: the logic lives in longrag/
 CORE = "longrag"
 SHELLS = ("actors", "serve", "jobs", "cluster")
+LAB = "lab"
+RUNTIME = (CORE, "actors", "serve", "cluster")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -68,7 +71,7 @@ def module_name(path: Path, root: Path = ROOT) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def project_modules(root: Path = ROOT, packages: Iterable[str] = (CORE, *SHELLS)) -> dict[str, Path]:
+def project_modules(root: Path = ROOT, packages: Iterable[str] = (CORE, *SHELLS, LAB)) -> dict[str, Path]:
     return {module_name(p, root): p for pkg in packages for p in sorted((root / pkg).rglob("*.py"))}
 
 
@@ -221,3 +224,24 @@ def test_the_core_imports_no_shell():
     bad = sorted(f"{a} -> {b}" for a, ts in GRAPH.items() if a.split(".")[0] == CORE
                  for b in ts if b.split(".")[0] in SHELLS)
     assert not bad, f"the core imports the shell: {bad}"
+
+
+def test_the_runtime_never_imports_the_lab():
+    bad = sorted(f"{a} -> {b}" for a, ts in GRAPH.items() if a.split(".")[0] in RUNTIME
+                 for b in ts if b.split(".")[0] == LAB)
+    assert not bad, f"the runtime imports the lab (benchmarks belong to jobs and tests): {bad}"
+
+
+def test_the_lab_is_imported_by_jobs_and_tests_only():
+    """Who imports the lab, among the project's modules: jobs and the lab itself (tests are not
+    project modules here; they may import it too)."""
+    users = {a.split(".")[0] for a, ts in GRAPH.items() for b in ts if b.split(".")[0] == LAB}
+    assert users and users <= {"jobs", LAB}, sorted(users)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / LAB).rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_lab_never_imports_ray(path):
+    """The lab's modules are Ray-free like the core (the jobs add Ray), so a test of a benchmark's
+    logic needs no cluster."""
+    ray_imports = sorted(m for m in imported_modules(path) if m == "ray" or m.startswith("ray."))
+    assert not ray_imports, f"{path.relative_to(ROOT)} imports {ray_imports}"

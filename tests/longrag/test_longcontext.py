@@ -21,7 +21,7 @@ from longrag.reading.longcontext import (
 from longrag.mixpr import MixPRConfig, MixPRRetriever, SparseRetriever, chunk_text, embed_tfidf
 from longrag.mixpr.chunking import chunk_text_reference, whitespace_mask
 from longrag.mixpr.tfidf import count_terms
-from longrag.synthetic import generate_babilong, generate_hashhop
+from lab.synthetic import generate_babilong, generate_hashhop
 from tests.fakes import ScriptedLLM
 
 DOC = (

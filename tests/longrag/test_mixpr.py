@@ -223,7 +223,7 @@ def test_facts_one_per_line_with_periods_are_one_chunk_each():
     multi-fact chunks wherever the next line started with a lower-case letter. A period before a
     newline ends a sentence, so every line is its own chunk (fast chunker and reference alike)."""
     from longrag.mixpr.chunking import chunk_text_reference
-    from longrag.synthetic import generate_hashhop
+    from lab.synthetic import generate_hashhop
 
     s = generate_hashhop(4000, 4, seed=0, fmt="periods")
     lines = s.document.split("\n")
@@ -238,7 +238,7 @@ def test_mixpr_recall_at_least_sparse_on_every_document_format(fmt):
     """Issue 9: on HashHop facts written as ``x = y.`` lines MixPR recalled 0 of 4 links of a
     4-hop chain where RAG-Sparse recalled 2. On every format of the benchmark's format table MixPR
     now recalls at least what RAG-Sparse does (and here the whole chain)."""
-    from longrag.synthetic import generate_hashhop, needle_recall
+    from lab.synthetic import generate_hashhop, needle_recall
 
     cfg = MixPRConfig()
     for seed in (0, 1, 2):

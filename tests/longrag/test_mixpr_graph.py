@@ -135,7 +135,7 @@ def test_graph_methods_equal_brute_force(seed, self_loops):
 
 
 def test_graph_on_real_text_pruned_equals_blocked():
-    from longrag.synthetic import generate_babilong
+    from lab.synthetic import generate_babilong
 
     s = generate_babilong("qa2", 16_000, seed=3)
     E = embed_tfidf(chunk_text(s.document).texts).matrix

@@ -131,7 +131,7 @@ def test_additive_flag_holds_on_real_text(counter, passages):
 
 
 def test_chars_estimate_is_the_synthetic_generators_estimate():
-    from longrag.synthetic import estimate_tokens
+    from lab.synthetic import estimate_tokens
     from longrag.text.tokens import CHARS_PER_TOKEN, chars_estimate
 
     assert chars_estimate("") == 0 and chars_estimate("abcd") == 1 and chars_estimate("abcde") == 2

@@ -227,7 +227,7 @@ def test_malformed_json_wrong_method_and_unknown_path_share_the_shape(client):
 
 
 def _hashhop(tokens=3000, hops=2, seed=0):
-    from longrag.synthetic import generate_hashhop
+    from lab.synthetic import generate_hashhop
 
     return generate_hashhop(tokens, hops, seed)
 

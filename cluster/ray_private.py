@@ -1,0 +1,75 @@
+"""Ray's private APIs this project uses, each wrapped here once, where no public API does the job.
+Checked against Ray :data:`CHECKED_RAY`; ``tests/cluster/test_ray_private.py`` resolves every one
+of them and fails loudly on another Ray, so an upgrade re-checks them before anything else breaks.
+
+* :func:`serve_start`: Serve started with a deploy schema's HTTP/gRPC/proxy options and controller
+  options, to submit that schema without the dashboard (``serve deploy`` posts it to the
+  dashboard's REST API, off here) — ``ray.serve._private.api.serve_start``;
+* :func:`max_resources_from_cluster_config`: what an autoscaling cluster can grow to, as Ray Data
+  reads it — ``ray._private.state.state.get_max_resources_from_cluster_config``;
+* :func:`put_autoscaler_cluster_config`: writes that config to the GCS key it is read from
+  (Ray's open-source autoscaler does not) — ``ray.experimental.internal_kv._internal_kv_put`` with
+  ``ray._raylet.GCS_AUTOSCALER_CLUSTER_CONFIG_KEY`` / ``GCS_AUTOSCALER_STATE_NAMESPACE``;
+* :func:`actor_table`: every actor with its state and node, without the dashboard the state API
+  (``ray.util.state.list_actors``) needs — ``ray._private.state.state.actor_table``;
+* :func:`fake_provider`: the fake multi-node provider the real autoscaler drives on one machine
+  (``ray.cluster_utils.AutoscalingCluster`` uses it too) —
+  ``ray.autoscaler._private.fake_multi_node.node_provider.FakeMultiNodeProvider``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: The Ray these wrappers were checked against (pyproject pins it).
+CHECKED_RAY = "2.60.0"
+
+#: (module, attribute) of every private name used here: the upgrade test imports each.
+PRIVATE_NAMES = (
+    ("ray.serve._private.api", "serve_start"),
+    ("ray._private.state", "state"),
+    ("ray.experimental.internal_kv", "_internal_kv_put"),
+    ("ray._raylet", "GCS_AUTOSCALER_CLUSTER_CONFIG_KEY"),
+    ("ray._raylet", "GCS_AUTOSCALER_STATE_NAMESPACE"),
+    ("ray.autoscaler._private.fake_multi_node.node_provider", "FakeMultiNodeProvider"),
+)
+
+
+def serve_start(*, http_options: dict[str, Any], proxy_location: Any, grpc_options: Any,
+                controller_options: Any) -> Any:
+    """Start (or reach) Serve with these options; returns Serve's client (``deploy_apps``)."""
+    from ray.serve._private import api
+
+    return api.serve_start(http_options=http_options, proxy_location=proxy_location, grpc_options=grpc_options,
+                           controller_options=controller_options)
+
+
+def max_resources_from_cluster_config() -> dict[str, float] | None:
+    """The autoscaler's node types at their maximum counts, summed (None without a published config)."""
+    import ray
+
+    return ray._private.state.state.get_max_resources_from_cluster_config()
+
+
+def put_autoscaler_cluster_config(serialized: bytes) -> None:
+    """Write an ``autoscaler_pb2.ClusterConfig`` (serialized) where
+    :func:`max_resources_from_cluster_config` reads it."""
+    import ray
+    from ray.experimental.internal_kv import _internal_kv_put
+
+    _internal_kv_put(ray._raylet.GCS_AUTOSCALER_CLUSTER_CONFIG_KEY.encode(), serialized, overwrite=True,
+                     namespace=ray._raylet.GCS_AUTOSCALER_STATE_NAMESPACE.encode())
+
+
+def actor_table() -> list[dict[str, Any]]:
+    """Every actor the GCS knows: ``ActorClassName``, ``State``, ``Address.NodeID``, ..."""
+    import ray
+
+    return list(ray._private.state.state.actor_table(None).values())
+
+
+def fake_provider() -> type:
+    """Ray's fake multi-node provider class (imported on first use: it pulls the autoscaler)."""
+    from ray.autoscaler._private.fake_multi_node.node_provider import FakeMultiNodeProvider
+
+    return FakeMultiNodeProvider
