@@ -22,8 +22,8 @@ DOCS = [
     ("Luanda", "Luanda is the capital of Angola. It lies on the Atlantic coast."),
     ("Apollo 11", "Apollo 11 was the first spaceflight to land humans on the Moon in 1969."),
 ]
-FUZZ_EXAMPLES = 20  # per operation and mode: 7 operations x 2 modes x 20 keep the test well under 2 minutes
-OPERATIONS = {"GET /livez", "GET /readyz", "POST /v1/retrieve", "POST /v1/answer", "GET /v1/models",
+FUZZ_EXAMPLES = 20  # per operation and mode: 8 operations x 2 modes x 20 keep the test well under 2 minutes
+OPERATIONS = {"GET /livez", "GET /readyz", "GET /healthz", "POST /v1/retrieve", "POST /v1/answer", "GET /v1/models",
               "POST /v1/chat/completions", "POST /v1/longcontext"}
 
 
