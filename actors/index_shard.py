@@ -3,10 +3,17 @@
 The actor loads its shard from the artifact store in ``__init__`` and verifies the checksums; Ray
 reruns ``__init__`` when it restarts the actor (``max_restarts``), so a restarted replica reloads
 its shard from the store rather than from any in-memory state.
+
+The actor is asynchronous (:class:`IndexShardReplica` over :class:`IndexShardImpl`): searches and
+unit fetches run in a worker thread, one at a time (FAISS has its ``index.shard_threads``), while
+``ping`` and ``info`` answer from the event loop at once, so a replica busy with a long search is
+never taken for dead. A call its client cancels (a stage deadline, ``ray.cancel``) stops waiting
+at once; the FAISS call already running finishes in its thread (FAISS cannot be interrupted).
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
 import socket
@@ -145,6 +152,37 @@ def _rss_bytes() -> int | None:
         return None
 
 
+class IndexShardReplica:
+    """The actor: :class:`IndexShardImpl`'s work in one worker thread at a time, health from the
+    event loop (see the module's docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.impl = IndexShardImpl(*args, **kwargs)
+        self._work = asyncio.Semaphore(1)  # created on the actor's event loop thread's first use
+        self.busy = 0  # calls running or waiting for the worker thread
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        self.busy += 1
+        try:
+            async with self._work:
+                return await asyncio.to_thread(fn, *args)
+        finally:
+            self.busy -= 1
+
+    async def search(self, queries: np.ndarray, k: int) -> list[list[UnitHit]]:
+        return await self._run(self.impl.search, queries, k)
+
+    async def get_units(self, unit_ids: list[str], best_chunk_ids: list[str] | None = None,
+                        queries: np.ndarray | None = None) -> list[dict[str, Any]]:
+        return await self._run(self.impl.get_units, unit_ids, best_chunk_ids, queries)
+
+    async def info(self) -> dict[str, Any]:
+        return {**self.impl.info(), "busy": self.busy}
+
+    async def ping(self) -> bool:
+        return True
+
+
 # max_restarts: a crashed replica comes back and reloads its shard; max_task_retries stays 0 so
 # that a failed call surfaces to the client at once, which fails over to another replica.
-IndexShard = ray.remote(max_restarts=3, max_task_retries=0)(IndexShardImpl)
+IndexShard = ray.remote(max_restarts=3, max_task_retries=0)(IndexShardReplica)

@@ -2,8 +2,9 @@
 
 A query batch goes to one replica of every shard; each shard answers its own top-k units (MaxP is
 shard-local because a unit never spans shards) and the client merges the lists exactly. A replica
-that is dead, restarting or slower than ``timeout_s`` is skipped for the next replica of the same
-shard. When no replica of a shard answers, the result says so (``coverage.answered < shards``,
+that is dead, restarting or slower than ``timeout_s`` (the call is then cancelled, not left queued)
+or whose queue is full (``max_pending`` calls from this client: Ray refuses the call at once) is
+skipped for the next replica of the same shard. When no replica of a shard answers, the result says so (``coverage.answered < shards``,
 ``degraded = True``) instead of failing the request or silently dropping the shard.
 
 Each replica's liveness is remembered: a replica whose call failed is not live (tried after the
@@ -75,7 +76,13 @@ def describe_error(exc: BaseException, limit: int = 400) -> str:
 
 
 async def _await_ref(ref: ray.ObjectRef, timeout_s: float) -> Any:
-    return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout_s)
+    """The call's result within ``timeout_s``; past it the Ray task is cancelled too (a replica
+    does not keep working, nor keep a queued call, for a client that stopped waiting)."""
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout_s)
+    except (asyncio.TimeoutError, asyncio.CancelledError):
+        ray.cancel(ref)
+        raise
 
 
 def launch_settings(config: "IndexConfig") -> dict[str, Any]:
@@ -83,7 +90,7 @@ def launch_settings(config: "IndexConfig") -> dict[str, Any]:
     return {"replicas": config.replicas, "num_cpus": config.shard_num_cpus, "search_params": config.search_params,
             "threads": config.shard_threads, "node_resource": config.node_resource,
             "memory_factor": config.shard_memory_factor, "device": config.device,
-            "num_gpus": config.shard_num_gpus}
+            "num_gpus": config.shard_num_gpus, "max_pending": config.shard_max_pending}
 
 
 def placement_of(launch: dict[str, Any]) -> ShardPlacement:
@@ -144,16 +151,19 @@ class ShardedIndex:
         memory_factor: float = 0.0,
         device: str = "cpu",
         num_gpus: float = 1.0,
+        max_pending: int = 32,
     ) -> "ShardedIndex":
         """Start (or, with ``name_prefix``, find) ``replicas`` actors for every shard of a build.
 
         Named actors (``name_prefix``, in ``namespace`` or the caller's) are shared: whoever
         launches with the same prefix gets the same actors (``get_if_exists``) instead of loading
         its own copy (see :mod:`actors.index_tier`). Replicas of a shard are spread over nodes
-        (SPREAD), so one node failure leaves the other replicas. Each actor asks for what
+        where Ray can (SPREAD is best effort: with fewer nodes than replicas, or the other nodes
+        full, two replicas of a shard share a node, and that node's loss takes both). Each actor asks for what
         :func:`longrag.index.placement.shard_actor_resources` gives: the index nodes' custom
         resource (``node_resource``), memory from its shard's size (``memory_factor``) and, with
-        ``device="cuda"``, ``num_gpus`` GPUs (the actor then searches on its GPU)."""
+        ``device="cuda"``, ``num_gpus`` GPUs (the actor then searches on its GPU). A handle queues at
+        most ``max_pending`` calls at one replica (Ray's ``max_pending_calls``)."""
         placement = ShardPlacement(num_cpus=num_cpus, node_resource=node_resource, memory_factor=memory_factor,
                                    device=device, num_gpus=num_gpus)
         manifest = ArtifactStore.open(store_uri).read_manifest()
@@ -162,7 +172,7 @@ class ShardedIndex:
             row = []
             ask = shard_actor_resources(placement, shard)
             for r in range(replicas):
-                opts: dict[str, Any] = {**ask, "scheduling_strategy": "SPREAD"}
+                opts: dict[str, Any] = {**ask, "scheduling_strategy": "SPREAD", "max_pending_calls": max_pending}
                 if name_prefix:
                     opts.update(name=shard_actor_name(name_prefix, shard.shard_id, r), get_if_exists=True)
                     if namespace:

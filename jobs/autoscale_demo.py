@@ -71,16 +71,18 @@ def scenario_config(index: str, port: int, llm: str, target: float) -> dict[str,
 def shard_nodes() -> list[str]:
     """The node id of every live IndexShard actor."""
     return [a["Address"]["NodeID"] for a in ray_private.actor_table()
-            if a["ActorClassName"].startswith("IndexShard") and a["State"] == "ALIVE"]  # IndexShardImpl
+            if a["ActorClassName"].startswith("IndexShard") and a["State"] == "ALIVE"]  # IndexShardReplica
 
 
-def health(client: httpx.Client) -> str:
+def health(client: httpx.Client) -> tuple[str, float]:
+    """/readyz's status and the report's age (it is cached for serve.readyz_cache_s)."""
     try:
         r = client.get("/readyz", timeout=15)
         body = r.json()
-        return body.get("status") or body.get("error", {}).get("detail", {}).get("status") or str(r.status_code)
+        report = body if r.status_code == 200 else body.get("error", {}).get("detail", {})
+        return report.get("status") or str(r.status_code), float(report.get("age_s", 0.0))
     except (httpx.HTTPError, ValueError, AttributeError):
-        return "down"
+        return "down", 0.0
 
 
 class Sampler(threading.Thread):
@@ -110,7 +112,8 @@ class Sampler(threading.Thread):
                 self.timeline.samples.append(Sample(t, dict(Counter(nodes.values())), replicas,
                                                     self.timeline.in_flight))
                 if self.deployed:
-                    self.health.append((t, health(self.client)))
+                    status, age_s = health(self.client)
+                    self.health.append((t - age_s, status))  # when the report was built
             except Exception as exc:  # a sample missed (the GCS busy): the next one counts
                 print(f"sampler: {type(exc).__name__}: {exc}", file=sys.stderr)
 

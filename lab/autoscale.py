@@ -144,7 +144,7 @@ class AutoscaleFigures(BaseModel):
     manifest_complete: bool = False
     index_scale_down_s: float | None = Field(None, description="Index job done -> no worker node left.")
     serve_first_node_s: float | None = Field(None, description="Deploy -> first worker node up.")
-    time_to_healthy_s: float | None = Field(None, description="Deploy -> /healthz ok.")
+    time_to_healthy_s: float | None = Field(None, description="Deploy -> /readyz ok.")
     shard_node_types: list[str] = Field(default_factory=list, description="Node type of every IndexShard actor.")
     requests: int = 0
     requests_failed: int = Field(0, description="Responses other than 200 (5xx and no response included).")
@@ -153,7 +153,7 @@ class AutoscaleFigures(BaseModel):
     killed_node_type: str | None = None
     kill_to_node_lost_s: float | None = Field(None, description="Node killed -> Ray and the autoscaler count it gone.")
     kill_to_new_node_s: float | None = Field(None, description="Node killed -> as many nodes of its type up as before.")
-    kill_to_full_coverage_s: float | None = Field(None, description="Node killed -> /healthz ok (every replica live).")
+    kill_to_full_coverage_s: float | None = Field(None, description="Node killed -> /readyz ok (every replica live).")
     replicas: dict[str, list[int]] = Field(default_factory=dict, description="Deployment -> [fewest, most] "
                                            "running replicas from the burst on.")
     replicas_at_end: dict[str, int] = Field(default_factory=dict)

@@ -119,8 +119,9 @@ class LoadResult(BaseModel):
 
 class Recovery(BaseModel):
     recovered: bool
-    seconds: float = Field(description="From the kill until /healthz said ok with every replica live.")
-    redundancy: str = Field(description="/healthz's redundancy at the end.")
+    seconds: float = Field(description="From the kill until /readyz said ok with every replica live (in a "
+                           "report built after the kill: its age_s).")
+    redundancy: str = Field(description="/readyz's redundancy at the end.")
     full_coverage_after: bool = Field(False, description="A retrieve after recovery answered from every shard "
                                       "with every replica live.")
 
@@ -190,16 +191,19 @@ async def retrieve_load(client: httpx.AsyncClient, plan: ChaosPlan, n: int, *,
 
 
 async def wait_recovered(client: httpx.AsyncClient, plan: ChaosPlan, t_kill: float) -> Recovery:
-    """Poll /healthz until it is ok (every replica of every shard live), then check one retrieve."""
+    """Poll /readyz until it is ok (every replica of every shard live) in a report built after the
+    kill (/readyz is cached for serve.readyz_cache_s: an older report still shows the replica
+    before it died), then check one retrieve."""
     deadline = t_kill + plan.recovery_timeout_s
     redundancy = ""
     while time.perf_counter() < deadline:
         try:
-            r = await client.get("/healthz")
+            r = await client.get("/readyz")
             body = r.json()
             body = body.get("error", {}).get("detail") or body if r.status_code != 200 else body
             redundancy = body.get("redundancy", "") if isinstance(body, dict) else ""
-            if r.status_code == 200 and body.get("status") == "ok":
+            fresh = time.perf_counter() - float(body.get("age_s", 0.0)) > t_kill
+            if r.status_code == 200 and body.get("status") == "ok" and fresh:
                 seconds = round(time.perf_counter() - t_kill, 1)
                 check = (await retrieve_load(client, plan.model_copy(update={"concurrency": 1}), 1))[0]
                 full = check.status == 200 and not check.degraded and not check.redundancy_degraded

@@ -209,8 +209,14 @@ class Retriever:
             self.index, self.manifest, self.build_uri = new, new.manifest, uri
             self.live = await new.liveness()
             self.switches += 1
-            deadline = time.monotonic() + max(60.0, 6 * self.config.search_timeout_s)
-            while self.inflight.get(id(old), 0) and time.monotonic() < deadline:
+            # the old build is released only once no request runs on it: each request ends by its
+            # replica calls' deadlines (index.search_timeout_s per replica tried), so this ends too
+            waited, warned = time.monotonic(), time.monotonic()
+            while self.inflight.get(id(old), 0):
+                if time.monotonic() - warned >= 60:
+                    warned = time.monotonic()
+                    log.warning("build %s: %d requests still running %.0f s after the switch; released after them",
+                                old.manifest.build_id, self.inflight[id(old)], warned - waited)
                 await asyncio.sleep(0.05)
             self.inflight.pop(id(old), None)
             await old.release()

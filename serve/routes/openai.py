@@ -46,7 +46,7 @@ async def chat_completions(req: oai.ChatCompletionRequest, gw: Gateway = Depends
         raise ApiError(422, f"invalid request: {exc}", [f"messages: {exc}"]) from None
     if req.strategy is not None and pipeline != "longrag-dual":
         raise ApiError(422, "strategy applies to model 'longrag-dual' only", ["strategy: only for longrag-dual"])
-    question, k, found, units, trace = await gw.evidence(RetrieveRequest(question=question, k=req.k))
+    question, k, found, units, trace = await gw.evidence(RetrieveRequest(question=question, k=req.k, mode=req.mode))
     if pipeline == "longrag-dual":
         return await _dual_chat(gw, req, question, found, units, trace, t0)
     cid, created = oai.completion_id(), oai.now()

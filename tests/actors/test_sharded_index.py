@@ -290,3 +290,109 @@ def test_fetched_units_put_their_best_documents_first(cluster, tmp_path):
     with pytest.raises(ValueError, match="one question's hits"):  # rows are keyed by unit: one order per unit
         client.fetch_units_sync(hits[:1] * 2, np.repeat(q, 2, 0))
     client.kill()
+
+
+def _slow_shard_actor():
+    """An IndexShard whose searches take ``delay_s`` longer (a local class: Ray ships it by value)."""
+    from actors.index_shard import IndexShardReplica
+
+    class SlowShard(IndexShardReplica):
+        def __init__(self, uri: str, shard: int, delay_s: float) -> None:
+            super().__init__(uri, shard)
+            search = self.impl.search
+
+            def slow(queries, k):
+                time.sleep(delay_s)
+                return search(queries, k)
+
+            self.impl.search = slow
+
+    return ray.remote(max_restarts=0, max_task_retries=0)(SlowShard)
+
+
+def _wait_for(condition, timeout_s: float, what: str):
+    deadline = time.time() + timeout_s
+    while not (value := condition()):
+        assert time.time() < deadline, f"waited {timeout_s} s for {what}"
+        time.sleep(0.05)
+    return value
+
+
+def test_a_busy_replica_answers_its_health_ping(cluster, tmp_path):
+    """A replica in a long search still answers ping and info at once (issue 32: the synchronous
+    actor's ping waited behind searches, so a busy replica was marked dead)."""
+    _make_build(tmp_path, seed=3)
+    actor = _slow_shard_actor().options(num_cpus=0.1).remote(str(tmp_path), 0, 5.0)
+    ray.get(actor.ping.remote())
+    searching = actor.search.remote(_queries(2), 3)
+    _wait_for(lambda: ray.get(actor.info.remote())["busy"] == 1, 10, "the search to start")
+    t0 = time.perf_counter()
+    assert ray.get(actor.ping.remote(), timeout=2) is True
+    assert time.perf_counter() - t0 < 1.0
+    index = ShardedIndex([[actor]], timeout_s=30)
+    live = asyncio.run(index.liveness(timeout_s=2))
+    assert live == [[True]]  # the Retriever's health check finds it live while it searches
+    assert len(ray.get(searching)) == 2
+    ray.kill(actor, no_restart=True)
+
+
+def test_a_timed_out_call_is_cancelled_and_fails_over(cluster, tmp_path):
+    """Slower than the deadline: the call goes to the other replica, and the slow replica's task is
+    cancelled (its busy count drops at once, long before its 5 s search would have ended)."""
+    units, chunks, vectors, unit_shard = _make_build(tmp_path, seed=4)
+    slow = _slow_shard_actor().options(num_cpus=0.1).remote(str(tmp_path), 0, 5.0)
+    fast = IndexShard.options(num_cpus=0.1).remote(str(tmp_path), 0)
+    ray.get([slow.ping.remote(), fast.ping.remote()])
+    index = ShardedIndex([[slow, fast]], timeout_s=1.0)
+    q = _queries(3)
+    t0 = time.perf_counter()
+    res = index.search_sync(q, 5)
+    took = time.perf_counter() - t0
+    assert res.coverage.answered == 1 and res.coverage.failovers == 1 and 1.0 <= took < 4.5
+    allowed = {u for u, s in unit_shard.items() if s == 0}
+    _assert_same(res.hits, _brute_force(q, chunks, vectors, 5, allowed))
+    _wait_for(lambda: ray.get(slow.info.remote())["busy"] == 0, 2.5, "the cancelled call to leave the replica")
+    assert index.live[0] == [False, True]
+    ray.kill(slow, no_restart=True)
+    ray.kill(fast, no_restart=True)
+
+
+def test_a_full_replica_queue_refuses_at_once_and_fails_over(cluster, tmp_path):
+    """A replica with max_pending calls queued from this client refuses the next one at once (Ray's
+    PendingCallsLimitExceeded) and the call goes to the other replica without waiting."""
+    _make_build(tmp_path, seed=5)
+    slow = _slow_shard_actor().options(num_cpus=0.1, max_pending_calls=1).remote(str(tmp_path), 0, 3.0)
+    fast = IndexShard.options(num_cpus=0.1).remote(str(tmp_path), 0)
+    ray.get([slow.ping.remote(), fast.ping.remote()])
+    queued = slow.search.remote(_queries(1), 3)  # the one call slow may have pending
+    with pytest.raises(ray.exceptions.PendingCallsLimitExceeded):
+        slow.search.remote(_queries(1), 3)
+    index = ShardedIndex([[slow, fast]], timeout_s=30)
+    t0 = time.perf_counter()
+    res = index.search_sync(_queries(2), 3)
+    assert res.coverage.answered == 1 and res.coverage.failovers == 1 and time.perf_counter() - t0 < 2.5
+    assert len(ray.get(queued)) == 1  # the queued call itself is answered
+    ray.kill(slow, no_restart=True)
+    ray.kill(fast, no_restart=True)
+
+
+def test_launch_bounds_each_replicas_queue(cluster, tmp_path):
+    """ShardedIndex.launch gives each handle index.shard_max_pending (Ray's max_pending_calls), also
+    the handles of a second client that finds the named replicas of a tier (get_if_exists)."""
+    _make_build(tmp_path, seed=6)
+    first = ShardedIndex.launch(str(tmp_path), replicas=1, num_cpus=0.1, max_pending=2, memory_factor=0,
+                                name_prefix="bounded")
+    first.wait_ready(timeout_s=120)
+    second = ShardedIndex.launch(str(tmp_path), replicas=1, num_cpus=0.1, max_pending=2, memory_factor=0,
+                                 name_prefix="bounded")
+    for index in (first, second):
+        actor = index.replicas[0][0]
+        refs, refused = [], 0
+        for _ in range(20):  # submitted back to back: at most a reply or two can come back in between
+            try:
+                refs.append(actor.info.remote())
+            except ray.exceptions.PendingCallsLimitExceeded:
+                refused += 1
+        assert refused >= 10 and len(refs) + refused == 20  # unbounded, none would be refused
+        ray.get(refs)
+    first.kill()

@@ -16,11 +16,11 @@ import yaml
 from ray import serve
 from ray.util.state import list_actors
 
-from actors.index_shard import IndexShardImpl
+from actors.index_shard import IndexShardReplica
 from cluster.local import start_or_join
 from serve.run import deploy, wait_healthy, wait_running
 
-SHARD_CLASS = IndexShardImpl.__name__  # the class name Ray records for IndexShard actors
+SHARD_CLASS = IndexShardReplica.__name__  # the class name Ray records for IndexShard actors
 APP = "longrag"
 CPU_YAML = Path(__file__).resolve().parents[2] / "serve" / "configs" / "cpu-cluster.yaml"
 GOOD = ["Who wrote the novel Animal Farm?", "What is the capital of Angola?", "Who composed An American in Paris?",

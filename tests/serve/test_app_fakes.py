@@ -126,6 +126,9 @@ def test_iterative_retrieval_asks_the_llm_for_a_bridge(client):
     _error(client.post("/v1/retrieve", json={"question": q, "mode": "graph"}), 422, "invalid_request")
     answer = client.post("/v1/answer", json={"question": q, "k": 2, "mode": "iterative"})
     assert answer.status_code == 200 and len(answer.json()["trace"]["hops"]) == 1
+    chat = client.post("/v1/chat/completions", json={"model": "longrag", "k": 2, "mode": "iterative",
+                                                     "messages": [{"role": "user", "content": q}]})
+    assert chat.status_code == 200 and len(chat.json()["longrag"]["trace"]["hops"]) == 1
 
 
 def test_a_dead_replica_fails_over_and_shows_in_healthz(client):
