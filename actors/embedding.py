@@ -44,7 +44,7 @@ def cluster_capacity() -> tuple[dict[str, float], dict[str, float], str]:
 
     An autoscaling cluster may start with no worker node up (a head with 0 CPUs): what it can grow
     to is its node types at their ``max_workers``, as the autoscaler's cluster config in the GCS
-    says (``ray._private.state.state.get_max_resources_from_cluster_config()``, which Ray Data reads
+    says (:func:`cluster.ray_private.max_resources_from_cluster_config`, which Ray Data reads
     too; ``cluster/aws.yaml``'s head and :mod:`cluster.fake` publish it with
     :func:`cluster.node_types.publish_cluster_config`). Without one, what is up now."""
     import ray

@@ -158,7 +158,7 @@ class IndexShardReplica:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.impl = IndexShardImpl(*args, **kwargs)
-        self._work = asyncio.Semaphore(1)  # created on the actor's event loop thread's first use
+        self._work = asyncio.Semaphore(1)  # one FAISS call at a time (it binds to the loop on first use)
         self.busy = 0  # calls running or waiting for the worker thread
 
     async def _run(self, fn: Any, *args: Any) -> Any:

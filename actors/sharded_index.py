@@ -4,8 +4,8 @@ A query batch goes to one replica of every shard; each shard answers its own top
 shard-local because a unit never spans shards) and the client merges the lists exactly. A replica
 that is dead, restarting or slower than ``timeout_s`` (the call is then cancelled, not left queued)
 or whose queue is full (``max_pending`` calls from this client: Ray refuses the call at once) is
-skipped for the next replica of the same shard. When no replica of a shard answers, the result says so (``coverage.answered < shards``,
-``degraded = True``) instead of failing the request or silently dropping the shard.
+skipped for the next replica of the same shard. When no replica of a shard answers, the result
+says so (``coverage.answered < shards``, ``degraded = True``) instead of failing the request or silently dropping the shard.
 
 Each replica's liveness is remembered: a replica whose call failed is not live (tried after the
 live ones, so a dead replica costs one failover, not one per request) until it answers a call or a

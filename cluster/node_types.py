@@ -7,7 +7,7 @@
 * :func:`max_resources`: what a cluster with an autoscaling config can grow to (every worker node
   type at its ``max_workers``, plus the head), in Ray's resource names.
 * :func:`publish_cluster_config`: writes that config where Ray keeps the autoscaler's cluster
-  config (the GCS key ``ray._private.state.state.get_max_resources_from_cluster_config()`` reads,
+  config (the GCS key :func:`cluster.ray_private.max_resources_from_cluster_config` reads,
   as Ray Data does). Ray's open-source autoscaler does not write it itself, so the head does once
   it started: ``python -m cluster.node_types ~/ray_bootstrap_config.yaml`` in ``cluster/aws.yaml``
   (the bootstrap config has each node type's resources filled in from its instance type), and
@@ -103,7 +103,7 @@ def max_resources(config: dict[str, Any]) -> dict[str, float]:
 
 def publish_cluster_config(config: dict[str, Any]) -> dict[str, float]:
     """Write the node groups of an autoscaling config to the connected cluster's GCS, where
-    ``ray._private.state.state.get_max_resources_from_cluster_config()`` (Ray Data, Ray Train,
+    :func:`cluster.ray_private.max_resources_from_cluster_config` (Ray Data, Ray Train,
     :func:`actors.embedding.cluster_capacity`) reads what the cluster can grow to. Returns that."""
     import ray
     from ray.core.generated import autoscaler_pb2

@@ -38,6 +38,7 @@ from cluster import ray_private
 from lab.autoscale import AutoscaleFigures, BurstPlan, Sample, Timeline, burst, plot
 from longrag.cli import job_setup, transcript
 from longrag.data import SAMPLE_WIKI, data_path
+from serve.run import readiness
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "longrag"
@@ -78,8 +79,7 @@ def health(client: httpx.Client) -> tuple[str, float]:
     """/readyz's status and the report's age (it is cached for serve.readyz_cache_s)."""
     try:
         r = client.get("/readyz", timeout=15)
-        body = r.json()
-        report = body if r.status_code == 200 else body.get("error", {}).get("detail", {})
+        report = readiness(r)
         return report.get("status") or str(r.status_code), float(report.get("age_s", 0.0))
     except (httpx.HTTPError, ValueError, AttributeError):
         return "down", 0.0

@@ -30,7 +30,7 @@ import httpx
 import yaml
 
 from lab.chaos import (ChaosPlan, Outcome, ScenarioResult, LoadResult, judge_llm, judge_replica, judge_shard,
-                           retrieve_load, summarize, wait_recovered)
+                       retrieve_load, summarize, wait_recovered)
 from longrag.cli import job_setup
 from longrag.data import SAMPLE_WIKI, data_path
 

@@ -26,6 +26,8 @@ from typing import Any, Awaitable, Callable, Literal
 import httpx
 from pydantic import BaseModel, Field
 
+from serve.run import readiness
+
 # Questions about the bundled enwiki sample (data/sample); any question works, these hit several shards.
 SAMPLE_QUESTIONS = (
     "Who wrote the novel Animal Farm?",
@@ -199,9 +201,8 @@ async def wait_recovered(client: httpx.AsyncClient, plan: ChaosPlan, t_kill: flo
     while time.perf_counter() < deadline:
         try:
             r = await client.get("/readyz")
-            body = r.json()
-            body = body.get("error", {}).get("detail") or body if r.status_code != 200 else body
-            redundancy = body.get("redundancy", "") if isinstance(body, dict) else ""
+            body = readiness(r)
+            redundancy = body.get("redundancy", "")
             fresh = time.perf_counter() - float(body.get("age_s", 0.0)) > t_kill
             if r.status_code == 200 and body.get("status") == "ok" and fresh:
                 seconds = round(time.perf_counter() - t_kill, 1)

@@ -16,7 +16,7 @@ from serve.gateway import Gateway
 from serve.guard import Guard
 from serve.middleware import BodyLimit, Guarded, cors
 from serve.routes import ROUTERS
-from serve.routes.health import PROBE_PATHS
+from serve.routes.health import PROBE_PATHS, ReadyCache
 from serve.schemas import state_limits
 
 TITLE = "LongRAG on Ray"
@@ -33,6 +33,7 @@ def create_api(gw: Gateway, guard: Guard | None = None) -> FastAPI:
     guard = guard if guard is not None else Guard(gw.config)
     api = FastAPI(title=TITLE, version="0.1.0", description=DESCRIPTION)
     api.state.gateway = gw
+    api.state.ready_cache = ReadyCache(gw, gw.config.serve.readyz_cache_s)  # /readyz's report, one per replica
     install_handlers(api)
     for router in ROUTERS:
         api.include_router(router)

@@ -59,11 +59,11 @@ class Guarded:
             self.metrics.request(route_path(scope), status)
 
     def _check(self, scope: Any) -> Any:
-        guard = self.guard
-        if scope["method"] == "OPTIONS" or route_path(scope) in self.open_paths or not (guard.keys or guard.rate):
+        guard, path = self.guard, route_path(scope)
+        if scope["method"] == "OPTIONS" or path in self.open_paths or not (guard.keys or guard.rate):
             return None
         client = None
-        if route_path(scope) not in self.keyless_paths:
+        if path not in self.keyless_paths:
             headers = Headers(scope=scope)
             client, problem = guard.authenticate(headers.get("authorization"), headers.get("x-api-key"))
             if problem:

@@ -237,6 +237,13 @@ def deploy(config: dict[str, Any], address: str | None = None) -> Any:
     return schema
 
 
+def readiness(r: httpx.Response) -> dict[str, Any]:
+    """The Health report of a ``/readyz`` answer: a 200's body, a 503's ``error.detail`` (``{}``
+    when it has none). Its ``age_s`` says how long ago the ingress built it."""
+    body = r.json()
+    return body if r.status_code == 200 else (body.get("error", {}).get("detail") or {})
+
+
 def wait_healthy(client: httpx.Client, timeout_s: float = 300) -> dict[str, Any]:
     """Poll ``GET /readyz`` through ``client`` until it answers 200; returns its body. Raises
     TimeoutError with the last answer (or connection error) after ``timeout_s``."""

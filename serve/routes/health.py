@@ -46,17 +46,12 @@ async def livez(gw: Gateway = Depends(gateway)) -> Liveness:
 
 
 @router.get("/readyz", response_model=Health, responses=_UNAVAILABLE)
-async def readyz(request: Request, gw: Gateway = Depends(gateway)) -> Any:
+@router.get("/healthz", response_model=Health, responses=_UNAVAILABLE, deprecated=True)  # the old name
+async def readyz(request: Request) -> Any:
     """The build served, live replicas per shard, and every deployment that is not HEALTHY with
     Serve's reason (e.g. the resources a replica waits for); 503 when requests cannot be answered.
     At most ``serve.readyz_cache_s`` old (``age_s``)."""
-    return await _cache(request, gw).get()
-
-
-@router.get("/healthz", response_model=Health, responses=_UNAVAILABLE, deprecated=True)
-async def healthz(request: Request, gw: Gateway = Depends(gateway)) -> Any:
-    """``/readyz`` under its old name (kept for one release)."""
-    return await _cache(request, gw).get()
+    return await request.app.state.ready_cache.get()
 
 
 class ReadyCache:
@@ -80,13 +75,6 @@ class ReadyCache:
             return error_response(503, "unavailable: " + ("; ".join(health.problems) or "no index information"),
                                   health.model_dump())
         return JSONResponse(health.model_dump(mode="json"))
-
-
-def _cache(request: Request, gw: Gateway) -> ReadyCache:
-    state = request.app.state
-    if getattr(state, "ready_cache", None) is None:
-        state.ready_cache = ReadyCache(gw, gw.config.serve.readyz_cache_s)
-    return state.ready_cache
 
 
 async def report(gw: Gateway) -> tuple[Health, bool]:
