@@ -106,13 +106,13 @@ class TorchFlatIndex:
         with torch.inference_mode():
             for lo in range(0, nq, block):
                 q = torch.from_numpy(x[lo:lo + block]).to(self.device)
-                sim = (q.to(self.dtype) @ self.xb.T).float()
-                if ip:
+                sim = q.to(self.dtype) @ self.xb.T
+                if ip:  # top-k in the stored dtype: the cast to float32 is monotone, so the same ranking
                     top, idx = torch.topk(sim, kk, dim=1, largest=True, sorted=True)
                 else:
-                    dist = (q * q).sum(1, keepdim=True) + self.norms[None, :] - 2 * sim
+                    dist = (q * q).sum(1, keepdim=True) + self.norms[None, :] - 2 * sim.float()
                     top, idx = torch.topk(dist.clamp_min_(0), kk, dim=1, largest=False, sorted=True)
-                scores[lo:lo + len(q), :kk] = top.cpu().numpy()
+                scores[lo:lo + len(q), :kk] = top.float().cpu().numpy()
                 ids[lo:lo + len(q), :kk] = idx.cpu().numpy()
         return scores, ids
 

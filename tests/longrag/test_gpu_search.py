@@ -1,6 +1,6 @@
 """The GPU search path on a CUDA machine (``pytest -m gpu``; deselected by default): a MaxP shard
 moved to a GPU (faiss-gpu where installed, else torch's exact search) returns the same exact results as on the CPU, and its query rate at
-batch 1 and 64 is printed next to the CPU's (docs/benchmarks.md's CPU vs GPU figures come from this run)."""
+batch 1 and 64 is printed next to the CPU's (docs/benchmarks.md, "GPU search", has the H200 run)."""
 
 from __future__ import annotations
 
