@@ -22,6 +22,8 @@ from longrag.eval import pipeline as P
 from longrag.eval.links import link_stats
 from longrag.eval.plan import FINGERPRINT_FILE, EvalRun, EvalSetting, file_digest, index_fingerprint, index_uri
 from longrag.eval.run import add_links
+from longrag.index.fusion import Fusion
+from longrag.index.lexical import lexical_missing
 from longrag.index.plan import BuildSettings, ResumeError
 from longrag.progress import progress as progress_bar
 from longrag.types import Document
@@ -49,12 +51,13 @@ def ensure_index(run: EvalRun, setting: EvalSetting, docs: list[Document], corpu
     info: dict[str, Any] = {"uri": uri, "fingerprint": fp, "fingerprint_parts": parts, "corpus_files": digests}
     if status == "complete" and not ev.rebuild_index:
         stored = json.loads(store.storage.read_bytes(FINGERPRINT_FILE)) if store.storage.exists(FINGERPRINT_FILE) else {}
-        if stored.get("fingerprint") == fp:
-            manifest = store.read_manifest()
+        manifest = store.read_manifest()
+        if stored.get("fingerprint") == fp and not lexical_missing(manifest):
             log.info("reusing index %s (build %s, fingerprint %s)", uri, manifest.build_id, fp[:12])
             report = json.loads(store.storage.read_bytes("build_report.json")) if store.storage.exists("build_report.json") else {}
             return {**info, "reused": True, "build_id": manifest.build_id, "build_report": report, "build_s": 0.0}
-        log.warning("%s is complete but its fingerprint differs or is missing: rebuilding", uri)
+        log.warning("%s is complete but its fingerprint differs or is missing, or it predates the shards' BM25 "
+                    "index: rebuilding", uri)
     link_tag = setting.links if setting.unit == "grouped" else "nolinks"
     log.info("building index %s (%d documents, %s units, links=%s)", uri, len(docs), setting.unit, link_tag)
     t0 = time.perf_counter()
@@ -113,7 +116,8 @@ def encode_queries(questions: list[str], config: LongRAGConfig, mode: str) -> tu
 def retrieve_local(
     index_uri: str, questions: list[str], k: int, config: LongRAGConfig, encode_mode: str, progress: bool
 ) -> tuple[list[list[dict[str, Any]]], dict[str, Any]]:
-    """Top-k units per question through ShardedIndex actors; returns (retrieved lists, stats)."""
+    """Top-k units per question through ShardedIndex actors (``retrieval.mode`` dense or hybrid);
+    returns (retrieved lists, stats)."""
     from actors.sharded_index import ShardedIndex, launch_settings
 
     t0 = time.perf_counter()
@@ -131,7 +135,9 @@ def retrieve_local(
         t2 = time.perf_counter()
         bar = progress_bar(len(questions), "retrieve", bar=progress, logger=log)
         for start in range(0, len(questions), SEARCH_BATCH):
-            res = index.search_sync(vecs[start : start + SEARCH_BATCH], k)
+            batch = vecs[start : start + SEARCH_BATCH]
+            texts = questions[start : start + len(batch)] if config.retrieval.mode == "hybrid" else None
+            res = index.search_sync(batch, k, texts, Fusion.of(config.retrieval))
             if res.coverage.degraded:
                 degraded += 1
                 log.warning("search batch at %d was degraded: %s", start, res.coverage.to_dict())
@@ -150,6 +156,7 @@ def retrieve_local(
     finally:
         index.kill()
     stats = {
+        "mode": config.retrieval.mode,
         "encode_mode": used_mode,
         "encode_s": round(encode_s, 3),
         "shard_load_s": round(load_s, 3),

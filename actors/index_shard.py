@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 import ray
 
-from longrag.index.artifacts import ArtifactStore, load_shard, load_shard_chunks
+from longrag.index.artifacts import ArtifactStore, load_shard, load_shard_chunks, load_shard_lexical
 from longrag.index.evidence import order_by_evidence
+from longrag.index.lexical import LexicalIndexMissing
 from longrag.types import Unit, UnitHit
 
 
@@ -58,6 +59,7 @@ class IndexShardImpl:
         self.index.set_search_params(search_params)
         self.search_params = search_params
         self.chunks = load_shard_chunks(store, shard_id, verify=verify)
+        self.lexical = load_shard_lexical(store, shard_id, verify=verify)  # None: built before hybrid retrieval
         _release_load_buffers()
         self.load_s = time.perf_counter() - t0
         self.loaded_at = time.time()
@@ -71,6 +73,22 @@ class IndexShardImpl:
             for h in row:
                 h.shard = self.shard_id
         return hits
+
+    def hybrid_search(self, queries: np.ndarray, texts: list[str], k: int) -> tuple[list[list[UnitHit]], list[list[UnitHit]]]:
+        """Per query, this shard's top-k units by MaxP (the vectors) and by BM25 (the texts, MaxP per
+        unit over the chunks' BM25 scores): both lists in one call, fused by the client after it has
+        merged every shard's (:func:`longrag.index.fusion.fuse`)."""
+        if self.lexical is None:
+            raise LexicalIndexMissing(f"shard {self.shard_id} of {self.store_uri} has no BM25 index (written before "
+                                      "hybrid retrieval): rebuild the index, or search with retrieval.mode=dense")
+        if len(texts) != len(queries):
+            raise ValueError(f"{len(texts)} query texts for {len(queries)} query vectors")
+        dense = self.search(queries, k)
+        lexical = [self.index.units_from_scores(self.lexical.scores(t), k) for t in texts]
+        for row in lexical:
+            for h in row:
+                h.shard = self.shard_id
+        return dense, lexical
 
     def get_units(self, unit_ids: list[str], best_chunk_ids: list[str] | None = None,
                   queries: np.ndarray | None = None) -> list[dict[str, Any]]:
@@ -111,6 +129,7 @@ class IndexShardImpl:
             "factory": self.index.factory,
             "search_params": self.search_params,
             "device": self.index.device,
+            "lexical": self.lexical is not None,
             "rss_bytes": _rss_bytes(),
             "loaded_at": self.loaded_at,
             "searches": self.n_searches,
@@ -171,6 +190,9 @@ class IndexShardReplica:
 
     async def search(self, queries: np.ndarray, k: int) -> list[list[UnitHit]]:
         return await self._run(self.impl.search, queries, k)
+
+    async def hybrid_search(self, queries: np.ndarray, texts: list[str], k: int) -> tuple[list[list[UnitHit]], list[list[UnitHit]]]:
+        return await self._run(self.impl.hybrid_search, queries, texts, k)
 
     async def get_units(self, unit_ids: list[str], best_chunk_ids: list[str] | None = None,
                         queries: np.ndarray | None = None) -> list[dict[str, Any]]:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from actors.sharded_index import ShardedIndex, actor_ask, launch_settings, placement_of, shard_actor_name
+from longrag.index.lexical import require_lexical
 
 if TYPE_CHECKING:
     from longrag.config import IndexConfig
@@ -244,8 +245,10 @@ class TieredIndex:
         self.index = self.tier.acquire()
         self.index.wait_ready(timeout_s=ready_timeout_s)
 
-    async def search(self, queries: Any, k: int) -> Any:
-        return await self.index.search(queries, k)
+    async def search(self, queries: Any, k: int, texts: list[str] | None = None, fusion: Any = None) -> Any:
+        if texts is not None:
+            require_lexical(self.manifest)  # a clear client error, not every replica failing in turn
+        return await self.index.search(queries, k, texts, fusion)
 
     async def retrieve_units(self, hits: list[Any], query: Any = None) -> list[Any]:
         return await self.index.retrieve_units(hits, query)

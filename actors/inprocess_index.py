@@ -20,6 +20,8 @@ import numpy as np
 from actors.index_shard import IndexShardImpl
 from actors.sharded_index import ShardedSearchResult
 from longrag.index.artifacts import ArtifactStore
+from longrag.index.fusion import Fusion, merge_shards
+from longrag.index.lexical import require_lexical
 from longrag.index.maxp import merge_topk
 from longrag.types import Coverage, RetrievedUnit, ShardRedundancy, UnitHit
 
@@ -37,18 +39,27 @@ class InProcessIndex:
                                       search_params=config.search_params, device=config.device)
                        for s in self.manifest.shards]
 
-    def search_sync(self, queries: np.ndarray, k: int) -> ShardedSearchResult:
+    def search_sync(self, queries: np.ndarray, k: int, texts: list[str] | None = None,
+                    fusion: Fusion | None = None) -> ShardedSearchResult:
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         if queries.ndim != 2:
             raise ValueError(f"queries must be 2-D (n, dim), got shape {queries.shape}")
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        per_shard, shard_ms = [], {}
+        fusion = fusion or Fusion()
+        if texts is not None:
+            require_lexical(self.manifest)
+        per_shard: list[Any] = []
+        shard_ms: dict[int, float] = {}
         for shard in self.shards:
             t0 = time.perf_counter()
-            per_shard.append(shard.search(queries, k))
+            per_shard.append(shard.search(queries, k) if texts is None
+                             else shard.hybrid_search(queries, list(texts), max(k, fusion.depth)))
             shard_ms[shard.shard_id] = round((time.perf_counter() - t0) * 1e3, 2)
-        hits = [merge_topk([rows[q] for rows in per_shard], k) for q in range(queries.shape[0])]
+        if texts is not None:
+            hits = merge_shards(per_shard, queries.shape[0], k, fusion)
+        else:
+            hits = [merge_topk([rows[q] for rows in per_shard], k) for q in range(queries.shape[0])]
         n = len(self.shards)
         coverage = Coverage(shards=n, answered=n, replicas=self.redundancy())
         return ShardedSearchResult(hits=hits, coverage=coverage, shard_ms=shard_ms)
@@ -66,8 +77,9 @@ class InProcessIndex:
     def redundancy(self) -> list[ShardRedundancy]:
         return [ShardRedundancy(shard=s.shard_id, live=1, replicas=1) for s in self.shards]
 
-    async def search(self, queries: np.ndarray, k: int) -> ShardedSearchResult:
-        return await asyncio.to_thread(self.search_sync, queries, k)
+    async def search(self, queries: np.ndarray, k: int, texts: list[str] | None = None,
+                     fusion: Fusion | None = None) -> ShardedSearchResult:
+        return await asyncio.to_thread(self.search_sync, queries, k, texts, fusion)
 
     async def retrieve_units(self, hits: list[UnitHit], query: np.ndarray | None = None) -> list[RetrievedUnit]:
         return await asyncio.to_thread(self.retrieve_units_sync, hits, query)

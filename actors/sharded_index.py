@@ -28,6 +28,8 @@ import ray
 
 from actors.index_shard import IndexShard
 from longrag.index.manifest import Manifest
+from longrag.index.fusion import Fusion, merge_shards
+from longrag.index.lexical import require_lexical
 from longrag.index.maxp import merge_topk
 from longrag.index.placement import ShardPlacement, describe_ask, shard_actor_resources
 from longrag.index.artifacts import ArtifactStore
@@ -109,13 +111,15 @@ class ShardedIndex:
     """Client over ``replicas[shard][replica]`` actor handles."""
 
     def __init__(
-        self, replicas: list[list[Any]], *, timeout_s: float = 10.0, actor_resources: dict[str, float] | None = None
+        self, replicas: list[list[Any]], *, timeout_s: float = 10.0, actor_resources: dict[str, float] | None = None,
+        manifest: Manifest | None = None,
     ) -> None:
         if not replicas or any(not r for r in replicas):
             raise ValueError("every shard needs at least one replica actor")
         self.replicas = replicas
         self.timeout_s = timeout_s
         self.actor_resources = actor_resources  # what each shard actor asks of Ray (for diagnostics)
+        self.manifest = manifest  # the build's (launch sets it): whether its shards have BM25 for hybrid searches
         self._next = [0] * len(replicas)
         # [shard][replica]: answered its last call or ping (launched replicas count as live until then)
         self.live: list[list[bool]] = [[True] * len(row) for row in replicas]
@@ -182,7 +186,7 @@ class ShardedIndex:
                 row.append(IndexShard.options(**opts).remote(store_uri, shard.shard_id, verify, threads, search_params,
                                                              device))
             handles.append(row)
-        return cls(handles, timeout_s=timeout_s, actor_resources=actor_ask(manifest, placement))
+        return cls(handles, timeout_s=timeout_s, actor_resources=actor_ask(manifest, placement), manifest=manifest)
 
     @property
     def n_shards(self) -> int:
@@ -273,18 +277,28 @@ class ShardedIndex:
             log.warning("shard %d %s failed: %s", shard, method, errors[-1])
         raise ShardUnavailable(shard, errors)
 
-    async def search(self, queries: np.ndarray, k: int) -> ShardedSearchResult:
-        """Exact top-k units per query over every answering shard."""
+    async def search(self, queries: np.ndarray, k: int, texts: list[str] | None = None,
+                     fusion: Fusion | None = None) -> ShardedSearchResult:
+        """Exact top-k units per query over every answering shard; with ``texts`` (one per query) the
+        hybrid search: each shard's MaxP and BM25 lists in one call, each merged over the shards, then
+        fused by reciprocal rank (:func:`longrag.index.fusion.merge_shards`)."""
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         if queries.ndim != 2:
             raise ValueError(f"queries must be 2-D (n, dim), got shape {queries.shape}")
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        fusion = fusion or Fusion()
+        if texts is not None:
+            if self.manifest is not None:
+                require_lexical(self.manifest)
+            call: tuple[Any, ...] = ("hybrid_search", queries, list(texts), max(k, fusion.depth))
+        else:
+            call = ("search", queries, k)
 
         async def one(shard: int) -> tuple[int, Any, float]:
             t0 = time.perf_counter()
             try:
-                res, failovers = await self._call(shard, "search", queries, k)
+                res, failovers = await self._call(shard, *call)
                 return shard, (res, failovers, None), (time.perf_counter() - t0) * 1e3
             except ShardUnavailable as exc:
                 return shard, (None, len(exc.errors), exc.errors[-1]), (time.perf_counter() - t0) * 1e3
@@ -303,9 +317,10 @@ class ShardedIndex:
             per_shard.append(res)
         coverage = Coverage(shards=self.n_shards, answered=len(per_shard), errors=errors, failovers=total_failovers,
                             replicas=self.redundancy())
-        hits = [
-            merge_topk([shard_rows[q] for shard_rows in per_shard], k) for q in range(queries.shape[0])
-        ]
+        if texts is not None:
+            hits = merge_shards(per_shard, queries.shape[0], k, fusion)
+        else:
+            hits = [merge_topk([shard_rows[q] for shard_rows in per_shard], k) for q in range(queries.shape[0])]
         return ShardedSearchResult(hits=hits, coverage=coverage, shard_ms=shard_ms)
 
     async def fetch_units(self, hits: list[UnitHit], queries: np.ndarray | None = None) -> dict[str, dict[str, Any]]:
@@ -345,8 +360,9 @@ class ShardedIndex:
         return [RetrievedUnit.from_hit(h, rows.get(h.unit_id)) for h in hits]
 
     # Sync wrappers for drivers and jobs (not for use inside a running event loop).
-    def search_sync(self, queries: np.ndarray, k: int) -> ShardedSearchResult:
-        return asyncio.run(self.search(queries, k))
+    def search_sync(self, queries: np.ndarray, k: int, texts: list[str] | None = None,
+                    fusion: Fusion | None = None) -> ShardedSearchResult:
+        return asyncio.run(self.search(queries, k, texts, fusion))
 
     def fetch_units_sync(self, hits: list[UnitHit], queries: np.ndarray | None = None) -> dict[str, dict[str, Any]]:
         return asyncio.run(self.fetch_units(hits, queries))

@@ -27,7 +27,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from longrag.cli import choice_list, int_list, job_setup, number
-from longrag.config import EmbeddingConfig
+from longrag.config import EmbeddingConfig, RetrievalConfig
 from longrag.eval import metrics as M
 from longrag.eval.corpus import pool_examples
 from longrag.eval.datasets import load_qa
@@ -36,7 +36,9 @@ from longrag.eval.plan import DATASET_FORMATS, LINK_METHODS
 from longrag.index.chunking import chunk_units
 from longrag.index.embedding import Embedder, tokenizer_dir
 from longrag.index.evidence import order_by_evidence
+from longrag.index.fusion import Fusion, rrf_scores
 from longrag.index.grouping import link_edges
+from longrag.index.lexical import LexicalIndex
 from longrag.index.units import make_units
 from longrag.mixpr.pagerank import personalized_pagerank
 from longrag.text.tokens import counter_for_model_dir
@@ -59,16 +61,6 @@ def maxp(chunk_scores: np.ndarray, chunk_unit: np.ndarray, n_units: int) -> np.n
 
 def ranks(scores: np.ndarray) -> np.ndarray:
     return np.argsort(-scores, axis=1, kind="stable")
-
-
-def rrf(rankings: list[np.ndarray], weights: list[float], c: int = 60) -> np.ndarray:
-    """Reciprocal-rank fusion of full rankings: sum of weight / (c + rank)."""
-    out = np.zeros(rankings[0].shape, dtype=np.float64)
-    inv = 1.0 / (c + np.arange(1, rankings[0].shape[1] + 1))
-    for r, w in zip(rankings, weights):
-        for q in range(r.shape[0]):
-            out[q, r[q]] += w * inv
-    return out
 
 
 def unit_graph(docs: list[Any], units: list[Any]) -> sp.csr_matrix:
@@ -167,24 +159,22 @@ def main(argv: list[str] | None = None) -> int:
         results.append(score("dense, documents in evidence order", done["dense"], units, texts, examples, args.k,
                              counter.truncate))
     if {"bm25", "rrf"} & set(args.signals):
-        import bm25s
-
-        tokens = bm25s.tokenize([c.text for c in chunks], stopwords="en", show_progress=False)
-        bm = bm25s.BM25()
-        bm.index(tokens, show_progress=False)
-        ids, vals = bm.retrieve(bm25s.tokenize(questions, stopwords="en", show_progress=False), k=len(chunks),
-                                show_progress=False)
-        lex_chunks = np.zeros(chunk_scores.shape)
-        for q in range(len(questions)):
-            lex_chunks[q, ids[q]] = vals[q]
-        lex = ranks(maxp(lex_chunks, chunk_unit, len(units)))
+        lexical = LexicalIndex.build([c.text for c in chunks])  # the shards' BM25, over one pooled corpus
+        lex_chunks = np.stack([lexical.scores(q) for q in questions]).astype(np.float64)
+        lex_units = maxp(lex_chunks, chunk_unit, len(units))
+        lex = ranks(lex_units)
         if "bm25" in args.signals:
             results.append(score("BM25 (bm25s) alone", [list(o) for o in lex], units, None, examples, args.k,
                                  counter.truncate))
-        if "rrf" in args.signals:
-            fused = ranks(rrf([order, lex], [1.0, 0.5]))
-            results.append(score("dense + 0.5 BM25, reciprocal rank", [list(o) for o in fused], units, None,
-                                 examples, args.k, counter.truncate))
+        if "rrf" in args.signals:  # retrieval.mode=hybrid as the Retriever fuses (its default settings)
+            fusion = Fusion.of(RetrievalConfig())
+            fused = []
+            for q in range(len(questions)):
+                matched = [u for u in lex[q][:fusion.depth] if lex_units[q, u] > 0]
+                rrf = rrf_scores([list(order[q][:fusion.depth]), matched], [1.0, fusion.lexical_weight], fusion.c)
+                fused.append(sorted(rrf, key=lambda u: (-rrf[u], u)))
+            results.append(score(f"hybrid: dense + {fusion.lexical_weight:g} BM25, reciprocal rank (top {fusion.depth} "
+                                 "each)", fused, units, None, examples, args.k, counter.truncate))
     if "ppr" in args.signals:
         graph = unit_graph(docs, units)
         log(f"unit graph: {graph.nnz // 2} edges, {(np.diff(graph.indptr) > 0).sum()} of {len(units)} units linked")

@@ -5,21 +5,17 @@
 
 Deploys ``--config`` (default ``serve/configs/cpu.yaml``, what ``make serve`` runs) on a local Ray
 (2 logical CPUs) over ``--index`` (default: the bundled sample, indexed first into
-``artifacts/bench-serve``), on 127.0.0.1 only. Then, level by level:
-
-* ``POST /v1/retrieve`` at each ``--levels`` concurrency, beside the same work in this process
-  (the query encoder with one torch thread, ``InProcessIndex``: the shards' search code, MaxP merge,
-  unit fetch) and beside Serve's floor (``serve/floor.py``); with separate deployments also the
-  Ingress' two deployment calls made from here through Serve handles (no HTTP, proxy or Ingress);
-* ``POST /v1/chat/completions`` (retrieve + the bundled reader) at each ``--chat-levels``, beside
-  ``LongReader`` over an in-process llama.cpp on the units the in-process search found, each level
-  its own questions; ``--skip-chat`` leaves it out (~10 s per answer on 2 cores); then
-  ``--stream-requests`` streamed completions: time to the first token over HTTP vs in process.
-
-Per level: throughput, p50/p99 latency, errors, the overhead of serving (served minus in process,
-in ms, and served / in process), and for ``/v1/retrieve`` the medians of the app's own trace and of
-what lies outside the Ingress. The measuring is :mod:`lab.bench`. Ray's and Serve's output goes
-to ``--log``; the terminal gets progress lines and, last, one JSON line.
+``artifacts/bench-serve``), on 127.0.0.1 only. Then, level by level: ``POST /v1/retrieve`` (in
+``--mode``) at each ``--levels`` concurrency, beside the same work in this process (the query
+encoder with one torch thread, ``InProcessIndex``) and beside Serve's floor (``serve/floor.py``),
+with separate deployments also the Ingress' two deployment calls made through Serve handles;
+``POST /v1/chat/completions`` at each ``--chat-levels``, beside ``LongReader`` over an in-process
+llama.cpp (``--skip-chat`` leaves it out: ~10 s per answer on 2 cores); then ``--stream-requests``
+streamed completions: time to the first token over HTTP vs in process. Per level: throughput,
+p50/p99 latency, errors, the overhead of serving (served minus in process, and served / in
+process), and for ``/v1/retrieve`` the medians of the app's own trace. The measuring is
+:mod:`lab.bench`. Ray's and Serve's output goes to ``--log``; the terminal gets progress lines
+and, last, one JSON line.
 """
 
 from __future__ import annotations
@@ -42,6 +38,7 @@ from lab.bench.serving import (QUESTIONS, brief, chat_check, first_token_summary
                                    reader_first_token, retrieve_check, summary)
 from longrag.cli import int_list, job_setup, number, transcript
 from longrag.config import LongRAGConfig
+from longrag.index.fusion import Fusion
 from longrag.types import Retrieval
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,10 +49,8 @@ log = logging.getLogger("jobs.bench_serve")
 
 
 def serve_config(index: str, port: int, one_replica: bool = False, path: Path = CPU_YAML) -> dict[str, Any]:
-    """The Serve config at ``path`` (default ``cpu.yaml``) with the benchmark's build and port
-    (everything else as ``make serve`` runs it); ``one_replica``: every autoscaled deployment held at
-    one replica, so a level's figures are what one replica does at that many requests (what an
-    autoscaling target is chosen from)."""
+    """The Serve config at ``path`` with the benchmark's build and port; ``one_replica``: every
+    autoscaled deployment held at one replica (what an autoscaling target is chosen from)."""
     config = yaml.safe_load(path.read_text())
     config["http_options"].update(host="127.0.0.1", port=port)
     (app,) = config["applications"]
@@ -88,24 +83,27 @@ class InProcessRetrieval:
         torch.set_num_threads(1)  # as the QueryEncoder (torch_threads=1)
         self.embedder = Embedder(cfg.embedding)
         self.index = InProcessIndex(index, cfg.index)
+        self.fusion = Fusion.of(cfg.retrieval)
 
-    def __call__(self, question: str, k: int) -> Retrieval:
-        found = self.index.search_sync(self.embedder.encode_queries([question]), k)
+    def __call__(self, question: str, k: int, mode: str = "dense") -> Retrieval:
+        found = self.index.search_sync(self.embedder.encode_queries([question]), k,
+                                       [question] if mode == "hybrid" else None, self.fusion)
         return Retrieval(units=self.index.retrieve_units_sync(found.hits[0]), coverage=found.coverage)
 
 
 async def bench_retrieve(client: httpx.AsyncClient, local: InProcessRetrieval, levels: list[int], requests: int,
-                         k: int, say, floor: str = "/floor") -> list[dict[str, Any]]:
+                         k: int, say, floor: str = "/floor", mode: str = "dense") -> list[dict[str, Any]]:
     """``floor``: the floor app's URL prefix (its own port under direct ingress)."""
     async def call(i: int, prefix: str = "") -> tuple[httpx.Response, float]:
         t0 = time.perf_counter()
-        r = await client.post(f"{prefix}/v1/retrieve", json={"question": QUESTIONS[i % len(QUESTIONS)], "k": k})
+        body = {"question": QUESTIONS[i % len(QUESTIONS)], "k": k, **({"mode": mode} if prefix == "" else {})}
+        r = await client.post(f"{prefix}/v1/retrieve", json=body)
         return r, (time.perf_counter() - t0) * 1e3
 
     def floor_check(res: tuple[httpx.Response, float]) -> str | None:
         return None if res[0].status_code == 200 else f"HTTP {res[0].status_code}"
 
-    local_call = lambda i: local(QUESTIONS[i % len(QUESTIONS)], k)  # noqa: E731
+    local_call = lambda i: local(QUESTIONS[i % len(QUESTIONS)], k, mode)  # noqa: E731
 
     def local_check(found: Retrieval) -> str | None:
         return None if len(found.units) == k else f"{len(found.units)} units (asked {k})"
@@ -118,8 +116,8 @@ async def bench_retrieve(client: httpx.AsyncClient, local: InProcessRetrieval, l
 
     async def handles_call(i: int) -> Retrieval:
         # The Ingress' two calls from here: no HTTP, proxy or Ingress (the rest of the overhead)
-        vector = await encoder.encode.remote(QUESTIONS[i % len(QUESTIONS)])
-        return await retriever.retrieve.remote(vector, k)
+        q = QUESTIONS[i % len(QUESTIONS)]
+        return await retriever.retrieve.remote(await encoder.encode.remote(q), k, q if mode == "hybrid" else None)
 
     for i in range(len(QUESTIONS)):  # warm every path (model, tokenizer caches, connections, replicas)
         await call(i)
@@ -213,7 +211,8 @@ async def _bench(args: argparse.Namespace, index: str, config: dict[str, Any], s
     result: dict[str, Any] = {}
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{args.port}", timeout=600, limits=limits) as client:
         floor = f"http://127.0.0.1:{args.port + 1}/floor" if args.direct_ingress else "/floor"
-        result["retrieve"] = await bench_retrieve(client, local, args.levels, args.requests, args.k, say, floor)
+        result["retrieve"] = await bench_retrieve(client, local, args.levels, args.requests, args.k, say, floor,
+                                                  args.mode)
         if not args.skip_chat:
             result["chat"], result["stream"] = await bench_chat(
                 client, local, cfg, args.chat_levels, args.chat_requests, args.chat_k, args.stream_requests, say)
@@ -254,7 +253,7 @@ def run(args: argparse.Namespace, terminal: TextIO) -> dict[str, Any]:
                 serve.shutdown()
             finally:
                 handle.shutdown()
-    return {"bench": "serve", "config": args.config, "direct_ingress": args.direct_ingress,
+    return {"bench": "serve", "config": args.config, "direct_ingress": args.direct_ingress, "mode": args.mode,
             "machine": {**before, "loadavg_after": machine()["loadavg"]}, "index": index, "k": args.k,
             "chat_k": args.chat_k, **result, "summary": summary(result), "wall_s": round(time.perf_counter() - t0, 1)}
 
@@ -268,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--levels", type=int_list(), default=[1, 8, 32], help="retrieve concurrency levels")
     p.add_argument("--requests", type=number(int, min_value=1), default=200, help="retrieve requests per level (at least its concurrency)")
     p.add_argument("--k", type=number(int, min_value=1), default=4)
+    p.add_argument("--mode", choices=["dense", "hybrid"], default="dense", help="retrieval mode (HTTP and in process)")
     p.add_argument("--chat-levels", type=int_list(), default=[1, 8])
     p.add_argument("--chat-requests", type=number(int, min_value=1), default=4, help="chat requests per level (at least its concurrency)")
     p.add_argument("--chat-k", type=number(int, min_value=1), default=2)

@@ -131,10 +131,17 @@ class RetrievalConfig(_Section):
         "questions: F1 22.0 against 22.8, given 60% of the gold paragraphs against 44%; docs/evaluation.md, "
         "multi-hop evidence), so the default stays stored.",
     )
-    mode: Literal["dense", "iterative"] = Field(
-        "dense", description="dense: one MaxP search. iterative: after it, up to max_hops - 1 more, each made by one "
+    mode: Literal["dense", "hybrid", "iterative"] = Field(
+        "dense", description="dense: one MaxP search. hybrid: the MaxP search and BM25 over the same chunks (MaxP "
+        "per unit too), each searched on every shard, merged over the shards, then fused by reciprocal rank "
+        "(longrag.index.fusion). iterative: after the dense search, up to max_hops - 1 more, each made by one "
         "short LLM call naming the bridge entity from the best evidence so far (longrag.retrieval.hops).",
     )
+    hybrid_weight: float = Field(
+        0.5, ge=0, description="hybrid: BM25's weight in the reciprocal-rank fusion (the dense list's is 1).")
+    hybrid_depth: int = Field(
+        50, ge=1, le=1000, description="hybrid: units each signal contributes to the fusion (its global top-n).")
+    rrf_c: int = Field(60, ge=0, description="hybrid: the reciprocal-rank constant c in w / (c + rank).")
     max_hops: int = Field(2, ge=1, le=4, description="iterative: searches per question, the first included.")
     bridge_max_tokens: int = Field(16, ge=1, le=64, description="iterative: tokens the bridge reply may use.")
     evidence_units: int = Field(

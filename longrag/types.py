@@ -103,6 +103,7 @@ class UnitHit:
     score: float
     best_chunk_id: str
     shard: int = -1
+    found_by: str | None = None  # retrieval.mode=hybrid: "dense", "bm25" or "dense+bm25" (longrag.index.fusion)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -183,8 +184,8 @@ class RetrievedUnit(BaseModel):
         None, description="Each document's best chunk score, in ``doc_ids`` order, when the documents were put "
         "best first (retrieval.document_order=evidence); None: the stored order.")
     found_by: str | None = Field(
-        None, description="Which search found the unit: 'hop 1' (the question), 'hop 2: <bridge>' ... "
-        "(retrieval.mode=iterative); None: the one dense search.")
+        None, description="Which search found the unit: 'dense', 'bm25' or 'dense+bm25' (retrieval.mode=hybrid); "
+        "'hop 1' (the question), 'hop 2: <bridge>' ... (retrieval.mode=iterative); None: the one dense search.")
     text: SkipJsonSchema[str | None] = Field(None, exclude=True, repr=False)
 
     @classmethod
@@ -192,9 +193,10 @@ class RetrievedUnit(BaseModel):
         """A hit joined with its unit row (``Unit.to_row()`` plus ``best_chunk_text``); ``row``
         None: the unit could not be fetched (no titles, no text)."""
         if row is None:
-            return cls(unit_id=hit.unit_id, score=hit.score, shard=hit.shard, best_chunk_id=hit.best_chunk_id)
+            return cls(unit_id=hit.unit_id, score=hit.score, shard=hit.shard, best_chunk_id=hit.best_chunk_id,
+                       found_by=hit.found_by)
         return cls(
-            unit_id=hit.unit_id, score=hit.score, shard=hit.shard, best_chunk_id=hit.best_chunk_id,
+            unit_id=hit.unit_id, score=hit.score, shard=hit.shard, best_chunk_id=hit.best_chunk_id, found_by=hit.found_by,
             titles=list(row["titles"]), doc_ids=list(row["doc_ids"]), n_tokens=int(row["n_tokens"]),
             best_chunk=row.get("best_chunk_text"), text=str(row["text"]), doc_scores=row.get("doc_scores"),
         )

@@ -32,6 +32,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from longrag.config import EmbeddingConfig, IndexConfig, LLMConfig, ReaderConfig, RetrievalConfig
+from longrag.index.fusion import Fusion
 from longrag.llm.base import LLM, ChatResult
 from longrag.types import InvalidRequest
 from longrag.mixpr.config import MixPRConfig
@@ -164,14 +165,19 @@ class Retriever:
         ctx = serve.get_replica_context()
         return self.index_cls(build_uri, self.config, app_name=ctx.app_name, holder=str(ctx.replica_id))
 
-    async def retrieve(self, vector: np.ndarray, k: int) -> Retrieval:
+    async def retrieve(self, vector: np.ndarray, k: int, text: str | None = None) -> Retrieval:
+        """The top ``k`` units for the question's vector; with its ``text``, the hybrid search (MaxP and
+        BM25 fused, ``retrieval.hybrid_*``)."""
         self._watch()
         backend = self.index  # this request finishes on the build it started on, even across a switch
         self.inflight[id(backend)] = self.inflight.get(id(backend), 0) + 1
         try:
             t0 = time.perf_counter()
             query = np.asarray(vector, dtype=np.float32)
-            res = await backend.search(query[None, :], k)
+            if text is None:
+                res = await backend.search(query[None, :], k)
+            else:
+                res = await backend.search(query[None, :], k, [text], Fusion.of(self.retrieval))
             t1 = time.perf_counter()
             evidence_first = self.retrieval.document_order == "evidence"
             units = await backend.retrieve_units(res.hits[0], query if evidence_first else None)

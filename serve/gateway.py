@@ -76,9 +76,10 @@ class Gateway:
     async def retrieve(self, question: str, k: int, mode: str | None = None) -> tuple[Retrieval, dict[str, Any]]:
         """Encode + retrieve; ``mode`` (None: ``retrieval.mode``) iterative runs the hop loop
         (:func:`longrag.retrieval.hops.iterate`) over the same two stages and the LLM."""
-        if (mode or self.config.retrieval.mode) == "iterative":
+        mode = mode or self.config.retrieval.mode
+        if mode == "iterative":
             return await self._iterate(question, k)
-        return await self._search(question, k)
+        return await self._search(question, k, hybrid=mode == "hybrid")
 
     async def _iterate(self, question: str, k: int) -> tuple[Retrieval, dict[str, Any]]:
         r, t = self.config.retrieval, self.config.serve.timeouts
@@ -101,7 +102,7 @@ class Gateway:
                  "hops": [h.to_dict() for h in res.hops]}
         return Retrieval(units=res.units, coverage=worst.coverage, trace=worst.trace), trace
 
-    async def _search(self, question: str, k: int) -> tuple[Retrieval, dict[str, Any]]:
+    async def _search(self, question: str, k: int, hybrid: bool = False) -> tuple[Retrieval, dict[str, Any]]:
         trace: dict[str, Any] = {}
         t0 = time.perf_counter()
         t = self.config.serve.timeouts
@@ -112,8 +113,12 @@ class Gateway:
             raise ApiError(422, stages.one_line(exc), [f"question: {stages.one_line(exc)}"]) from None
         trace["encode_ms"] = ms(t0)
         t1 = time.perf_counter()
-        found: Retrieval = await stages.run_stage("retrieve", t.retrieve_s,
-                                                  lambda: self.retriever.retrieve.remote(vector, k), trace=trace)
+        text = question if hybrid else None
+        try:
+            found: Retrieval = await stages.run_stage("retrieve", t.retrieve_s,
+                                                      lambda: self.retriever.retrieve.remote(vector, k, text), trace=trace)
+        except InvalidRequest as exc:  # longrag.index.lexical.LexicalIndexMissing: hybrid on a build without BM25
+            raise ApiError(422, stages.one_line(exc), [f"mode: {stages.one_line(exc)}"]) from None
         trace["retrieve_ms"] = ms(t1)
         trace.update({f"retrieve.{key}": v for key, v in found.trace.items()})
         self.metrics.retrieval(found.coverage)

@@ -61,8 +61,8 @@ class ChatCompletionRequest(BaseModel):
     k: StrictInt | None = Field(None, ge=1, description="Units to retrieve (1..serve.max_k); default serve.default_k.")
     compression: Literal["truncate", "mixpr"] | None = None
     strategy: DualStrategy | None = Field(None, description="longrag-dual only: R&B, R&L, Ext, Fil or E&F.")
-    mode: Literal["dense", "iterative"] | None = Field(
-        None, description="Retrieval mode (as /v1/retrieve's): dense or iterative; default retrieval.mode.",
+    mode: Literal["dense", "hybrid", "iterative"] | None = Field(
+        None, description="Retrieval mode (as /v1/retrieve's): dense, hybrid or iterative; default retrieval.mode.",
     )
     # Accepted for compatibility, not used:
     temperature: float | None = None

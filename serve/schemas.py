@@ -51,8 +51,9 @@ class RetrieveRequest(_Strict):
         None, ge=1, description="Number of units to return (a JSON integer, 1..serve.max_k); "
         "default serve.default_k."
     )
-    mode: Literal["dense", "iterative"] | None = Field(
-        None, description="dense: one MaxP search; iterative: up to retrieval.max_hops searches, each next one "
+    mode: Literal["dense", "hybrid", "iterative"] | None = Field(
+        None, description="dense: one MaxP search; hybrid: MaxP and BM25 fused by reciprocal rank (each unit's "
+        "found_by says which found it); iterative: up to retrieval.max_hops searches, each next one "
         "with the bridge entity a short LLM call names from the evidence so far (trace.hops shows them). "
         "Default retrieval.mode.",
     )

@@ -213,7 +213,7 @@ class FakeActorsIndex:
             impl = IndexShardImpl(index_uri, shard.shard_id)
             rows.append([_LocalActor(impl, dead=(shard.shard_id, r) in self.dead, flaky=(shard.shard_id, r) in self.flaky)
                          for r in range(config.replicas)])
-        self.index = ShardedIndex(rows, timeout_s=config.search_timeout_s)
+        self.index = ShardedIndex(rows, timeout_s=config.search_timeout_s, manifest=self.manifest)
 
     @classmethod
     def with_dead(cls, *pairs: tuple[int, int]) -> type:
@@ -225,8 +225,8 @@ class FakeActorsIndex:
         """A subclass whose given ``(shard, replica)`` replicas fail searches with ``k == FLAKY_K``."""
         return type("FakeActorsIndexWithFlaky", (cls,), {"flaky": frozenset(pairs), "__module__": __name__})
 
-    async def search(self, queries, k: int):
-        return await self.index.search(queries, k)
+    async def search(self, queries, k: int, texts=None, fusion=None):
+        return await self.index.search(queries, k, texts, fusion)
 
     async def retrieve_units(self, hits, query=None):
         return await self.index.retrieve_units(hits, query)

@@ -8,6 +8,7 @@ Layout of a build (README, Architecture: "Artifacts, not pickles")::
         units.parquet             Unit rows (unit_id, doc_ids, titles, text, n_tokens)
         chunks.parquet            Chunk rows (chunk_id, unit_id, position, text, n_tokens)
         index.faiss, chunk_units.npy, chunk_ids.parquet, unit_ids.parquet, maxp.json   (MaxPIndex)
+        bm25/*                    LexicalIndex: BM25 over the same chunks in FAISS order (hybrid mode)
         shard.json                ShardEntry, written last: the shard is complete when it exists
 
 Everything is read and written as bytes through a :class:`Storage`, so loading reads each file
@@ -23,6 +24,7 @@ from typing import Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from longrag.index.lexical import LexicalIndex, lexical_file_names
 from longrag.index.manifest import FileEntry, Manifest, ShardEntry
 from longrag.index.maxp import INDEX_FILES, MaxPIndex
 from longrag.store import (
@@ -115,7 +117,8 @@ class ArtifactStore:
 def write_shard(
     store: ArtifactStore, shard_id: int, units: list[Unit], chunks: list[Chunk], index: MaxPIndex
 ) -> ShardEntry:
-    """Write one shard (units, chunks, index files, then the ``shard.json`` marker).
+    """Write one shard (units, chunks, index files, the BM25 index of the same chunks, then the
+    ``shard.json`` marker).
 
     Checks that ``index`` covers exactly ``chunks`` with the same chunk -> unit map, and that every
     chunk's unit is in ``units``. The caller adds the returned entry to the manifest.
@@ -135,8 +138,11 @@ def write_shard(
                 f"shard {shard_id}: chunk {chunk.chunk_id} is indexed under unit {indexed.get(chunk.chunk_id)!r}, "
                 f"expected {chunk.unit_id!r}"
             )
+    text_of = {c.chunk_id: c.text for c in chunks}
+    lexical = LexicalIndex.build([text_of[str(c)] for c in index.chunk_ids])  # FAISS row order
     store.storage.delete(store.shard_key(shard_id, SHARD_MARKER))  # incomplete until rewritten
-    files = {UNITS_FILE: units_to_parquet(units), CHUNKS_FILE: chunks_to_parquet(chunks), **index.to_files()}
+    files = {UNITS_FILE: units_to_parquet(units), CHUNKS_FILE: chunks_to_parquet(chunks), **index.to_files(),
+             **lexical.to_files()}
     entries: dict[str, FileEntry] = {}
     for name, data in files.items():
         store.storage.write_bytes(store.shard_key(shard_id, name), data)
@@ -214,6 +220,21 @@ def load_shard(
         raise ValueError(f"shard {shard_id}: files hold {index.ntotal} chunks / {len(units)} units, entry says "
                          f"{entry.n_chunks} / {entry.n_units}")
     return index, units
+
+
+def load_shard_lexical(
+    store: ArtifactStore, shard_id: int, *, verify: bool = True, require_complete: bool = True
+) -> LexicalIndex | None:
+    """One shard's BM25 index, or None when the shard was written without one (a build made before
+    hybrid retrieval: rebuild it, or ``jobs.update`` rewrites the shards it touches)."""
+    entry, _ = _shard_entry(store, shard_id, require_complete)
+    names = lexical_file_names(list(entry.files))
+    if not names:
+        return None
+    lexical = LexicalIndex.from_files(_read_files(store, entry, names, verify))
+    if lexical.n_chunks != entry.n_chunks:
+        raise ValueError(f"shard {shard_id}: BM25 index holds {lexical.n_chunks} chunks, entry says {entry.n_chunks}")
+    return lexical
 
 
 def load_shard_chunks(

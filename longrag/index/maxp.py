@@ -353,6 +353,28 @@ class MaxPIndex:
         ]
         return hits, True
 
+    def units_from_scores(self, scores: np.ndarray, k: int) -> list[UnitHit]:
+        """The MaxP rule over another signal's score of every chunk (row order = this index's, e.g.
+        :meth:`longrag.index.lexical.LexicalIndex.scores`): the top ``k`` units by their best chunk,
+        ties as :meth:`search` breaks them (unit_id; the chunk added first). Chunks scoring 0 or
+        less match nothing and find no unit."""
+        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        scores = np.asarray(scores)
+        if scores.shape != (self.ntotal,):
+            raise ValueError(f"expected one score per chunk ({self.ntotal}), got shape {scores.shape}")
+        hit = np.flatnonzero(scores > 0)
+        if not len(hit):
+            return []
+        # best first, the first-added chunk among equals; then each unit's first row is its best chunk
+        hit = hit[np.lexsort((hit, -scores[hit].astype(np.float64)))]
+        units, first = np.unique(self.chunk_units[hit], return_index=True)
+        best = hit[first]
+        ranked = sorted(zip(units.tolist(), best.tolist()),
+                        key=lambda uc: (-float(scores[uc[1]]), self.unit_ids[uc[0]]))[:int(k)]
+        return [UnitHit(unit_id=str(self.unit_ids[u]), score=float(scores[c]), best_chunk_id=str(self.chunk_ids[c]))
+                for u, c in ranked]
+
     # ------------------------------------------------------------------ persistence
     def to_files(self) -> dict[str, bytes]:
         """Serialize to ``{file name: bytes}`` (FAISS index, npy and parquet maps, JSON meta)."""

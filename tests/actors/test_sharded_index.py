@@ -29,15 +29,21 @@ def cluster():
     handle.shutdown()
 
 
-def _make_build(root, seed: int = 0, n_units: int = 40):
-    """Random units with 1..12 chunks each, written as N_SHARDS shards of a complete build."""
+WORDS = ("river", "castle", "violin", "comet", "harbor", "glacier", "falcon", "meadow", "lantern", "orchard")
+
+
+def _make_build(root, seed: int = 0, n_units: int = 40, words: bool = False):
+    """Random units with 1..12 chunks each, written as N_SHARDS shards of a complete build; with
+    ``words`` each chunk's text also holds three random words of WORDS (for BM25)."""
     rng = np.random.default_rng(seed)
+    wrng = np.random.default_rng(seed + 1000)
     units, chunks, vecs = [], [], []
     for u in range(n_units):
         uid = f"u{u:03d}"
         units.append(Unit(unit_id=uid, doc_ids=[str(u)], titles=[f"Title {u}"], text=f"text of unit {u}", n_tokens=10))
         for c in range(int(rng.integers(1, 13))):
-            chunks.append(Chunk(chunk_id=f"{uid}:{c:04d}", unit_id=uid, position=c, text=f"chunk {c} of {uid}", n_tokens=5))
+            text = f"chunk {c} of {uid}" + ("".join(f" {w}" for w in wrng.choice(WORDS, 3)) if words else "")
+            chunks.append(Chunk(chunk_id=f"{uid}:{c:04d}", unit_id=uid, position=c, text=text, n_tokens=5))
             vecs.append(rng.standard_normal(DIM))
     vectors = np.asarray(vecs, dtype=np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
@@ -396,3 +402,68 @@ def test_launch_bounds_each_replicas_queue(cluster, tmp_path):
         assert refused >= 10 and len(refs) + refused == 20  # unbounded, none would be refused
         ray.get(refs)
     first.kill()
+
+
+def _hybrid_reference(queries, texts, chunks, vectors, k, fusion):
+    """Hybrid by hand over the whole build: dense MaxP and BM25 MaxP (one LexicalIndex per shard,
+    as the build writes them), each a global ranking, fused by reciprocal rank."""
+    from longrag.index.lexical import LexicalIndex
+
+    dense = _brute_force(queries, chunks, vectors, fusion.depth)
+    shard_of = {}
+    for c in chunks:
+        shard_of.setdefault(c.unit_id, len(shard_of) % N_SHARDS)
+    per_chunk = np.zeros((len(texts), len(chunks)))
+    for s in range(N_SHARDS):
+        idx = [i for i, c in enumerate(chunks) if shard_of[c.unit_id] == s]
+        lexical = LexicalIndex.build([chunks[i].text for i in idx])
+        for q, t in enumerate(texts):
+            per_chunk[q, idx] = lexical.scores(t)
+    out = []
+    for q in range(len(texts)):
+        best: dict[str, float] = {}
+        for j, c in enumerate(chunks):
+            if per_chunk[q, j] > 0:
+                best[c.unit_id] = max(best.get(c.unit_id, 0.0), per_chunk[q, j])
+        lex = [u for u, _ in sorted(best.items(), key=lambda kv: (-kv[1], kv[0]))[:fusion.depth]]
+        rrf: dict[str, float] = {}
+        for rank, (u, _) in enumerate(dense[q], 1):
+            rrf[u] = rrf.get(u, 0.0) + 1.0 / (fusion.c + rank)
+        for rank, u in enumerate(lex, 1):
+            rrf[u] = rrf.get(u, 0.0) + fusion.lexical_weight / (fusion.c + rank)
+        out.append(sorted(rrf, key=lambda u: (-rrf[u], u))[:k])
+    return out
+
+
+def test_hybrid_search_over_shards_and_replicas_survives_a_killed_replica(cluster, tmp_path):
+    """Hybrid (MaxP + BM25 fused) over 3 shards x 2 replicas equals the fusion done by hand over the
+    whole build, in a Ray cluster and in process, and keeps answering when a replica dies mid-run."""
+    from actors.inprocess_index import InProcessIndex
+    from longrag.index.fusion import Fusion
+
+    units, chunks, vectors, _ = _make_build(tmp_path, seed=11, words=True)
+    fusion = Fusion(lexical_weight=1.0, depth=10)  # weight 1: a unit only BM25 finds can reach the top 8
+    queries = _queries(n=6, seed=12)
+    texts = ["river castle", "violin", "comet harbor glacier", "the of", "falcon meadow", "lantern orchard river"]
+    want = _hybrid_reference(queries, texts, chunks, vectors, 8, fusion)
+    local = InProcessIndex(str(tmp_path), LongRAGConfig().index)
+    got = local.search_sync(queries, 8, texts, fusion)
+    assert [[h.unit_id for h in row] for row in got.hits] == want
+    assert {h.found_by for row in got.hits for h in row} == {"dense", "bm25", "dense+bm25"}
+
+    client = ShardedIndex.launch(str(tmp_path), replicas=2, num_cpus=0.1, timeout_s=20)
+    client.wait_ready()
+    for i in range(6):
+        if i == 2:
+            dead = client.replicas[1][0]
+            ray.kill(dead, no_restart=True)
+            _wait_dead(dead)
+        res = client.search_sync(queries, 8, texts, fusion)
+        assert res.coverage.answered == N_SHARDS and not res.coverage.degraded, res.coverage
+        assert [[h.unit_id for h in row] for row in res.hits] == want
+        assert [[h.found_by for h in row] for row in res.hits] == [[h.found_by for h in row] for row in got.hits]
+    assert res.coverage.redundancy_degraded
+    # the units come back from their shards with the best chunk of whichever signal found them
+    rows = client.fetch_units_sync(res.hits[0])
+    assert set(rows) == {h.unit_id for h in res.hits[0]}
+    client.kill()

@@ -29,11 +29,7 @@ def test_all_signals_on_a_small_pool(tmp_path, capsys):
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("{")
 
 
-def test_rrf_and_unit_graph_by_hand():
-    r1 = np.array([[0, 1, 2]])
-    r2 = np.array([[2, 1, 0]])
-    fused = B.rrf([r1, r2], [1.0, 1.0], c=0)  # 1/rank: unit 0 = 1 + 1/3, unit 1 = 1/2 + 1/2, unit 2 = 1/3 + 1
-    np.testing.assert_allclose(fused, [[4 / 3, 1.0, 4 / 3]])
+def test_unit_graph_by_hand():
     docs = [Document("a", "A", "x", ["B"]), Document("b", "B", "y", ["C"]), Document("c", "C", "z")]
     units = [Unit("u0", ["a", "b"], ["A", "B"], "", 1), Unit("u1", ["c"], ["C"], "", 1)]
     g = B.unit_graph(docs, units)

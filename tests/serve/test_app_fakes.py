@@ -131,6 +131,23 @@ def test_iterative_retrieval_asks_the_llm_for_a_bridge(client):
     assert chat.status_code == 200 and len(chat.json()["longrag"]["trace"]["hops"]) == 1
 
 
+def test_hybrid_retrieval_fuses_bm25_on_both_index_backends(client):
+    """mode=hybrid reaches the shards (actors with a dead replica, and in process) with the question's
+    text: BM25 finds the unit whose words the question shares, each unit says which signal found it,
+    and both backends fuse to the same list."""
+    q = "Which country lies within the Kingdom of the Netherlands?"
+    body = client.post("/v1/retrieve", json={"question": q, "k": 3, "mode": "hybrid"}).json()
+    units = body["units"]
+    assert units[0]["titles"] == ["Aruba"] and "bm25" in units[0]["found_by"], units
+    assert all(u["found_by"] in ("dense", "bm25", "dense+bm25") for u in units)
+    assert not body["coverage"]["degraded"]
+    local = client.post("/local/v1/retrieve", json={"question": q, "k": 3, "mode": "hybrid"}).json()
+    assert [(u["unit_id"], u["found_by"]) for u in local["units"]] == [(u["unit_id"], u["found_by"]) for u in units]
+    chat = client.post("/v1/chat/completions", json={"model": "longrag", "k": 2, "mode": "hybrid",
+                                                     "messages": [{"role": "user", "content": q}]})
+    assert chat.status_code == 200, chat.text
+
+
 def test_a_dead_replica_fails_over_and_shows_in_healthz(client):
     """Replica 0 of shard 1 is dead: a call that starts there fails over to replica 1 (counted) and
     the dead one is tried last from then on; the results stay complete, and /readyz and every

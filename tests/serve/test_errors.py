@@ -55,3 +55,34 @@ def test_an_oversized_body_is_refused_whether_declared_or_chunked(declared):
     with TestClient(_api()) as client:
         r = client.post("/v1/retrieve", content=content, headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+
+
+def test_hybrid_on_a_build_without_bm25_is_a_422_that_says_what_to_do():
+    """A build written before hybrid retrieval: the index raises LexicalIndexMissing (an InvalidRequest),
+    the gateway answers 422 with its message (not a retried 503, not a degraded result)."""
+    import numpy as np
+
+    from longrag.index.lexical import LexicalIndexMissing
+    from serve.gateway import InProcess
+
+    class Encoder:
+        def encode(self, question):
+            return np.ones(4, dtype=np.float32)
+
+    class OldBuild:
+        calls = 0
+
+        def retrieve(self, vector, k, text=None):
+            OldBuild.calls += 1
+            if text is not None:
+                raise LexicalIndexMissing("retrieval.mode=hybrid needs the BM25 index of every shard (...): rebuild it")
+            raise AssertionError("the dense path is not under test here")
+
+    config = LongRAGConfig()
+    gw = Gateway(config=config, encoder=InProcess(Encoder()), retriever=InProcess(OldBuild()))
+    with TestClient(create_api(gw, Guard(config, environ={})), raise_server_exceptions=False) as client:
+        r = client.post("/v1/retrieve", json={"question": "Who wrote Animal Farm?", "mode": "hybrid"})
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert "needs the BM25 index" in error["message"] and "rebuild" in error["message"]
+    assert OldBuild.calls == 1  # a client error is not retried
