@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from longrag.index.maxp import INDEX_FILES
+from longrag.index.lexical import LEXICAL_PREFIX
 
 if TYPE_CHECKING:
     from longrag.config import IndexConfig
@@ -50,11 +51,12 @@ class ShardPlacement:
 
 
 def shard_memory_bytes(entry: "ShardEntry") -> int:
-    """Estimated resident bytes of one loaded shard: the FAISS index and maps as stored (their
-    in-memory size), the unit and chunk records at :data:`TEXT_EXPANSION` times their parquet size,
-    plus the process base :data:`BASE_BYTES`."""
-    index = sum(f.bytes for name, f in entry.files.items() if name in INDEX_FILES)
-    records = sum(f.bytes for name, f in entry.files.items() if name not in INDEX_FILES)
+    """Estimated resident bytes of one loaded shard: the FAISS index, its maps and the BM25 arrays
+    as stored (their in-memory size), the unit and chunk records at :data:`TEXT_EXPANSION` times
+    their parquet size, plus the process base :data:`BASE_BYTES`."""
+    as_stored = [name for name in entry.files if name in INDEX_FILES or name.startswith(LEXICAL_PREFIX)]
+    index = sum(entry.files[name].bytes for name in as_stored)
+    records = sum(f.bytes for name, f in entry.files.items() if name not in as_stored)
     return int(BASE_BYTES + index + TEXT_EXPANSION * records)
 
 
