@@ -278,5 +278,9 @@ class TieredIndex:
         self.index.replace_replicas(fresh.replicas, live)
         return gone
 
+    async def retire(self) -> None:
+        """A newer build took over (the Retriever has drained this one): as :meth:`release`."""
+        await self.release()
+
     async def release(self) -> None:
         await self.tier.release()

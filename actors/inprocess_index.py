@@ -93,5 +93,9 @@ class InProcessIndex:
     async def repair(self) -> list[tuple[int, int]]:
         return []
 
+    async def retire(self) -> None:
+        """A newer build took over (the Retriever has drained this one): as :meth:`release`."""
+        await self.release()
+
     async def release(self) -> None:
         self.shards = []

@@ -77,14 +77,25 @@ def describe_error(exc: BaseException, limit: int = 400) -> str:
     return f"{type(exc).__name__}: {text.strip().splitlines()[0] if text.strip() else ''}"[:limit]
 
 
-async def _await_ref(ref: ray.ObjectRef, timeout_s: float) -> Any:
-    """The call's result within ``timeout_s``; past it the Ray task is cancelled too (a replica
-    does not keep working, nor keep a queued call, for a client that stopped waiting)."""
+async def _await_ref(ref: Any, timeout_s: float) -> Any:
+    """The call's result within ``timeout_s``; past it the call is cancelled too (a replica does not
+    keep working, nor keep a queued call, for a client that stopped waiting). ``ref``: an actor
+    call's ObjectRef, or a Serve ``DeploymentResponse`` (the shards as Serve deployments)."""
+    if not hasattr(ref, "future"):  # a DeploymentResponse: awaitable, cancelled by its own cancel()
+        try:
+            return await asyncio.wait_for(_response(ref), timeout_s)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            ref.cancel()
+            raise
     try:
         return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout_s)
     except (asyncio.TimeoutError, asyncio.CancelledError):
         ray.cancel(ref)
         raise
+
+
+async def _response(response: Any) -> Any:
+    return await response
 
 
 def launch_settings(config: "IndexConfig") -> dict[str, Any]:

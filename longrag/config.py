@@ -118,6 +118,23 @@ class IndexConfig(_Section):
         10.0, ge=0, description="How often a Retriever serving a build alias re-reads its current.json; on a new "
         "build it loads the new shards, switches once every shard answers, then releases the old ones. 0: never.",
     )
+    backend: Literal["actors", "serve"] = Field(
+        "actors", description="Where the Retriever's shards run: actors = the shared tier of IndexShard actors "
+        "(actors.index_tier); serve = one Serve application per build, a deployment per shard (serve.index_app: "
+        "Serve restarts, routes, bounds, places, scales and drains the replicas).",
+    )
+    autoscaling: dict[str, Any] | None = Field(
+        None, description="backend=serve: Serve's autoscaling_config for every shard deployment (min_replicas, "
+        "max_replicas, target_ongoing_requests, ...); None: index.replicas replicas each.",
+    )
+    max_replicas_per_node: int | None = Field(
+        None, ge=1, description="backend=serve: at most this many replicas of one shard per node (1 on a cluster: a "
+        "node's loss then leaves the other replicas of every shard); None: no limit (one machine).",
+    )
+    retire_after_s: float = Field(
+        60.0, ge=0, description="backend=serve: a superseded build's application is deleted this long after the "
+        "switch (every Retriever replica follows the alias within index.refresh_s).",
+    )
 
 
 class RetrievalConfig(_Section):

@@ -146,7 +146,11 @@ class Retriever:
                  retrieval: RetrievalConfig | None = None) -> None:
         from longrag.index.alias import resolve_build
 
-        if index_cls is None:
+        if index_cls is None and index.backend == "serve":
+            from serve.index_app import ServeIndex
+
+            index_cls = ServeIndex
+        elif index_cls is None:
             from actors.index_tier import TieredIndex
 
             index_cls = TieredIndex
@@ -225,7 +229,7 @@ class Retriever:
                                 old.manifest.build_id, self.inflight[id(old)], warned - waited)
                 await asyncio.sleep(0.05)
             self.inflight.pop(id(old), None)
-            await old.release()
+            await old.retire()
             return self.manifest.build_id
 
     async def describe(self) -> IndexDescription:
@@ -251,7 +255,9 @@ class Retriever:
 
     async def __del__(self) -> None:
         """Serve's graceful shutdown: release this replica's hold on the shared index tier."""
-        await self.index.release()
+        index = getattr(self, "index", None)  # None: the constructor failed
+        if index is not None:
+            await index.release()
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=8)

@@ -243,6 +243,9 @@ class FakeActorsIndex:
     async def release(self) -> None:
         pass
 
+    async def retire(self) -> None:
+        pass
+
 
 def _first_title(text: str) -> str:
     m = re.search(r"Title: ([^\n;]+)", text)

@@ -1,0 +1,163 @@
+"""The shard tier as Serve deployments (``index.backend=serve``, serve/index_app.py): the real app
+(deployments, ingress, Retriever) over a tiny build whose shards are one Serve application,
+``index-<build_id>``, of 2 shard deployments x 2 replicas; a hashing encoder and a scripted reader
+(tests/fakes.py). Exactness against the in-process index, a replica killed under load (no failed
+request, coverage "1 of 2", back to "2 of 2" by Serve alone), and the swap to a new build over an
+alias (no failed request, the old build's application deleted after ``index.retire_after_s``)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import ray
+from ray import serve
+
+from actors.inprocess_index import InProcessIndex
+from cluster.local import WORKER_ENV
+from longrag.config import LongRAGConfig
+from longrag.index.alias import publish
+from longrag.index.artifacts import ArtifactStore
+from serve.app import build_app
+from serve.index_app import index_app_name, shard_deployment_name
+from tests.fakes import HashEncoder, TitleReader, write_tiny_build
+from tests.serve.test_app_fakes import DOCS, serve_status_wait
+
+ROOT = Path(__file__).resolve().parents[2]
+PORT = 8440
+NEW_DOC = ("Zanzibar", "Zanzibar is an island off the coast of Tanzania. Its capital is Stone Town.")
+QUESTIONS = ["Who wrote the novel Animal Farm?", "What is the capital of Angola?", "Which spaceflight landed on the Moon?",
+             "Which country lies within the Kingdom of the Netherlands?", "Who composed Rhapsody in Blue?"]
+OVERRIDES = ["index.backend=serve", "index.replicas=2", "index.shard_num_cpus=0.1", "index.refresh_s=0.5",
+             "index.retire_after_s=3", "serve.readyz_cache_s=0"]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    alias = tmp_path_factory.mktemp("alias")
+    first = write_tiny_build(alias / "builds" / "first", DOCS, shards=2)
+    publish(str(alias), first)
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="longrag-serve-index",
+             runtime_env={"env_vars": {**WORKER_ENV, "PYTHONPATH": path}})
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+        cfg = LongRAGConfig().with_overrides(OVERRIDES)
+        app = build_app(cfg, str(alias), encoder_cls=HashEncoder, index_cls=None, engine_cls=TitleReader)
+        serve.run(app, name="served", route_prefix="/", blocking=False)
+        serve_status_wait(["served"], timeout_s=180)
+        with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as client:
+            yield client, alias, first, cfg
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _replicas(app: str, deployment: str) -> dict[str, int]:
+    dep = serve.status().applications[app].deployments[deployment]
+    return {str(getattr(k, "value", k)): n for k, n in dep.replica_states.items() if n}
+
+
+def _wait_for(condition, what: str, timeout_s: float = 90.0) -> None:
+    deadline = time.time() + timeout_s
+    while not condition():
+        assert time.time() < deadline, f"waited {timeout_s} s for {what}"
+        time.sleep(0.1)
+
+
+def test_shards_are_one_serve_application_and_search_exactly(served):
+    client, _, first, cfg = served
+    build_id = ArtifactStore.open(first).read_manifest().build_id
+    app = index_app_name(build_id)
+    for s in (0, 1):
+        assert _replicas(app, shard_deployment_name(s)) == {"RUNNING": 2}
+    local = InProcessIndex(first, cfg.index)
+    for q in QUESTIONS:
+        body = client.post("/v1/retrieve", json={"question": q, "k": 3}).json()
+        want = local.search_sync(HashEncoder().encode_queries([q]), 3).hits[0]
+        assert [(u["unit_id"], round(u["score"], 5)) for u in body["units"]] == \
+            [(h.unit_id, round(h.score, 5)) for h in want]
+        assert body["coverage"]["redundancy"] == "shard 0: 2 of 2 replicas; shard 1: 2 of 2 replicas"
+        hybrid = client.post("/v1/retrieve", json={"question": q, "k": 3, "mode": "hybrid"}).json()
+        got = local.search_sync(HashEncoder().encode_queries([q]), 3, [q], None).hits[0]
+        assert [u["unit_id"] for u in hybrid["units"]] == [h.unit_id for h in got]
+    ready = client.get("/readyz").json()
+    assert ready["build_id"] == build_id
+
+
+def test_a_replica_killed_under_load_fails_no_request_and_serve_replaces_it(served):
+    client, _, first, _ = served
+    app = index_app_name(ArtifactStore.open(first).read_manifest().build_id)
+    results: list[int] = []
+    redundancy: list[str] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as c:
+            i = 0
+            while not stop.is_set() and len(results) < 3000:  # bounded
+                r = c.post("/v1/retrieve", json={"question": QUESTIONS[i % len(QUESTIONS)], "k": 2})
+                results.append(r.status_code)
+                if r.status_code == 200:
+                    redundancy.append(r.json()["coverage"]["redundancy"])
+                i += 1
+
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+             if f"{app}#{shard_deployment_name(0)}#" in a["name"]]
+    assert len(names) == 2, names
+    workers = [threading.Thread(target=loop) for _ in range(3)]
+    for w in workers:
+        w.start()
+    try:
+        _wait_for(lambda: len(results) >= 20, "requests before the kill")
+        ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
+        _wait_for(lambda: any("shard 0: 1 of 2" in r for r in redundancy[-50:]) or
+                  _replicas(app, shard_deployment_name(0)) != {"RUNNING": 2}, "Serve to see the lost replica")
+        _wait_for(lambda: _replicas(app, shard_deployment_name(0)) == {"RUNNING": 2}, "Serve to replace it")
+        n = len(results)
+        _wait_for(lambda: len(results) >= n + 20, "requests after the replacement")
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()
+    assert results.count(200) == len(results), [c for c in results if c != 200][:5]
+    assert redundancy[-1] == "shard 0: 2 of 2 replicas; shard 1: 2 of 2 replicas"
+
+
+def test_the_swap_to_a_new_build_fails_no_request_and_retires_the_old_application(served):
+    client, alias, first, _ = served
+    first_id = ArtifactStore.open(first).read_manifest().build_id
+    results: list[tuple[int, str | None]] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as c:
+            while not stop.is_set() and len(results) < 3000:  # bounded
+                r = c.post("/v1/retrieve", json={"question": "Which island is off Tanzania?", "k": 1})
+                results.append((r.status_code, r.json().get("trace", {}).get("retrieve.build_id")
+                                if r.status_code == 200 else None))
+
+    workers = [threading.Thread(target=loop) for _ in range(3)]
+    for w in workers:
+        w.start()
+    try:
+        _wait_for(lambda: len(results) >= 10, "queries on the first build")
+        second = write_tiny_build(alias / "builds" / "second", [*DOCS, NEW_DOC], shards=2)
+        second_id = ArtifactStore.open(second).read_manifest().build_id
+        publish(str(alias), second, expect_build_id=first_id)
+        _wait_for(lambda: any(b == second_id for _, b in results[-5:]), "the switch to the new build", 180)
+        _wait_for(lambda: sum(b == second_id for _, b in results) >= 10, "queries on the new build")
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()
+    codes = [c for c, _ in results]
+    assert codes.count(200) == len(codes), [c for c in codes if c != 200][:5]
+    assert {b for _, b in results} == {first_id, second_id}
+    apps = lambda: set(serve.status().applications)  # noqa: E731
+    assert index_app_name(second_id) in apps()
+    _wait_for(lambda: index_app_name(first_id) not in apps(), "the old build's application to be deleted", 60)
