@@ -161,3 +161,51 @@ def test_the_swap_to_a_new_build_fails_no_request_and_retires_the_old_applicatio
     apps = lambda: set(serve.status().applications)  # noqa: E731
     assert index_app_name(second_id) in apps()
     _wait_for(lambda: index_app_name(first_id) not in apps(), "the old build's application to be deleted", 60)
+
+
+def test_a_shard_deployment_scales_1_to_2_to_1_under_a_burst(served, tmp_path):
+    """index.autoscaling: a shard deployment of 1 replica grows to 2 while a burst keeps more
+    searches in flight than the target, and shrinks back to 1 after it (Serve's autoscaler alone)."""
+    import asyncio
+
+    import numpy as np
+
+    from lab.synthetic.vectors import write_synthetic_build
+    from serve.index_app import ServeShards, ensure_index_app
+
+    write_synthetic_build(str(tmp_path), [150_000], dim=64, chunk_chars=20, chunks_per_unit=4, seed=0)
+    manifest = ArtifactStore.open(str(tmp_path)).read_manifest()
+    config = LongRAGConfig().with_overrides(["index.backend=serve", "index.shard_num_cpus=0.1"]).index
+    config = config.model_copy(update={"autoscaling": {
+        "min_replicas": 1, "max_replicas": 2, "initial_replicas": 1, "target_ongoing_requests": 1,
+        "metrics_interval_s": 0.5, "look_back_period_s": 2, "upscale_delay_s": 1, "downscale_delay_s": 3}})
+    app = ensure_index_app(str(tmp_path), manifest, config, ready_timeout_s=180)
+    shard = shard_deployment_name(0)
+    assert _replicas(app, shard) == {"RUNNING": 1}
+    shards = ServeShards(app, manifest, config)
+    queries = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
+    stop = threading.Event()
+    failures: list[str] = []
+
+    def burst() -> None:
+        async def one_client() -> None:
+            while not stop.is_set():
+                res = await shards.search(queries, 5)
+                if res.coverage.degraded:
+                    failures.append(str(res.coverage.errors))
+
+        async def clients() -> None:
+            await asyncio.gather(*(one_client() for _ in range(6)))
+
+        asyncio.run(clients())
+
+    loader = threading.Thread(target=burst)
+    loader.start()
+    try:
+        _wait_for(lambda: _replicas(app, shard).get("RUNNING", 0) == 2, "the burst to add a replica", 120)
+    finally:
+        stop.set()
+        loader.join()
+    _wait_for(lambda: _replicas(app, shard) == {"RUNNING": 1}, "the quiet to remove it", 120)
+    assert not failures, failures[:3]
+    serve.delete(app)
