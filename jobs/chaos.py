@@ -2,8 +2,9 @@
 
 Starts a local Ray, indexes the bundled enwiki sample (or serves ``--index``), deploys
 ``serve/configs/cpu-cluster.yaml`` on 127.0.0.1 (2 replicas per shard, the small bundled reader
-``--llm``), then kills parts of it from outside while it answers (:mod:`lab.chaos` has the
-scenarios and their expectations, :mod:`serve.faults` the kills):
+``--llm``; ``--backend serve``: the shards as a Serve application, ``index.backend=serve``), then
+kills parts of it from outside while it answers (:mod:`lab.chaos` has the scenarios and their
+expectations, :mod:`serve.faults` the kills):
 
 1. ``replica``: ``--requests`` /v1/retrieve at ``--concurrency`` while one replica of a shard is killed;
 2. ``shard``: both replicas of the shard killed a quarter into ``--shard-requests`` requests;
@@ -33,13 +34,14 @@ from lab.chaos import (ChaosPlan, Outcome, ScenarioResult, LoadResult, judge_llm
                        retrieve_load, summarize, wait_recovered)
 from longrag.cli import job_setup
 from longrag.data import SAMPLE_WIKI, data_path
+from longrag.index.artifacts import ArtifactStore
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "longrag"
 log = logging.getLogger("jobs.chaos")
 
 
-def serve_config(index: str, port: int, llm: str, read_timeout_s: float) -> dict[str, Any]:
+def serve_config(index: str, port: int, llm: str, read_timeout_s: float, backend: str = "actors") -> dict[str, Any]:
     """cpu-cluster.yaml on ``port`` over ``index``: 2 replicas per shard, fixed replica counts; the Retriever's
     health check (which has the tier re-create dead shard replicas) at Serve's default period, 10 s,
     the LLMServer's every 2 s (Serve replaces a killed replica sooner)."""
@@ -49,7 +51,7 @@ def serve_config(index: str, port: int, llm: str, read_timeout_s: float) -> dict
     app["name"] = APP
     app["args"]["index"] = index
     app["args"]["overrides"] = ["index.replicas=2", "index.shard_num_cpus=0.1", f"llm.model={llm}",
-                                f"serve.timeouts.read_s={read_timeout_s}"]
+                                f"serve.timeouts.read_s={read_timeout_s}", f"index.backend={backend}"]
     for dep in app["deployments"]:
         if "autoscaling_config" in dep:
             dep.pop("autoscaling_config")
@@ -59,15 +61,13 @@ def serve_config(index: str, port: int, llm: str, read_timeout_s: float) -> dict
     return config
 
 
-async def replica_scenario(client: httpx.AsyncClient, plan: ChaosPlan) -> ScenarioResult:
-    from serve.faults import kill_shard_replicas
-
+async def replica_scenario(client: httpx.AsyncClient, plan: ChaosPlan, kill_replicas: Any) -> ScenarioResult:
     killed: list[str] = []
     recovery: list[asyncio.Future] = []
 
     async def fault() -> None:
         t_kill = time.perf_counter()
-        killed.extend(await asyncio.to_thread(kill_shard_replicas, APP, plan.shard, [0]))
+        killed.extend(await asyncio.to_thread(kill_replicas, plan.shard, 1))
         recovery.append(asyncio.ensure_future(wait_recovered(client, plan, t_kill)))  # watched during the load
 
     outcomes = await retrieve_load(client, plan, plan.requests, at=int(plan.requests * plan.kill_at), fault=fault)
@@ -75,15 +75,13 @@ async def replica_scenario(client: httpx.AsyncClient, plan: ChaosPlan) -> Scenar
     return judge_replica(res, plan)
 
 
-async def shard_scenario(client: httpx.AsyncClient, plan: ChaosPlan) -> ScenarioResult:
-    from serve.faults import kill_shard_replicas
-
+async def shard_scenario(client: httpx.AsyncClient, plan: ChaosPlan, kill_replicas: Any) -> ScenarioResult:
     killed: list[str] = []
     recovery: list[asyncio.Future] = []
 
     async def fault() -> None:  # both replicas at once, while requests are in flight
         t_kill = time.perf_counter()
-        killed.extend(await asyncio.to_thread(kill_shard_replicas, APP, plan.shard, [0, 1]))
+        killed.extend(await asyncio.to_thread(kill_replicas, plan.shard, 2))
         recovery.append(asyncio.ensure_future(wait_recovered(client, plan, t_kill)))
 
     outcomes = await retrieve_load(client, plan, plan.shard_requests, at=plan.shard_requests // 4, fault=fault)
@@ -142,12 +140,22 @@ async def llm_scenario(client: httpx.AsyncClient, plan: ChaosPlan) -> ScenarioRe
     return judge_llm(res)
 
 
-async def scenarios(base: str, plan: ChaosPlan) -> list[ScenarioResult]:
+def shard_killer(backend: str, index: str) -> Any:
+    """``kill(shard, n)``: kill n replicas of a shard for good, on the app's shard tier."""
+    from serve.faults import kill_index_replicas, kill_shard_replicas
+
+    if backend == "serve":
+        build_id = ArtifactStore.open(index).read_manifest().build_id
+        return lambda shard, n: kill_index_replicas(build_id, shard, n)
+    return lambda shard, n: kill_shard_replicas(APP, shard, list(range(n)))
+
+
+async def scenarios(base: str, plan: ChaosPlan, kill_replicas: Any) -> list[ScenarioResult]:
     limits = httpx.Limits(max_connections=plan.concurrency + 2)
     async with httpx.AsyncClient(base_url=base, timeout=plan.request_timeout_s * 5, limits=limits) as client:
-        out = [await replica_scenario(client, plan)]
+        out = [await replica_scenario(client, plan, kill_replicas)]
         log.warning("replica scenario: %s", out[-1].model_dump_json())
-        out.append(await shard_scenario(client, plan))
+        out.append(await shard_scenario(client, plan, kill_replicas))
         log.warning("shard scenario: %s", out[-1].model_dump_json())
         out.append(await llm_scenario(client, plan))
         return out
@@ -195,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
             config = load_config(None, ["units.kind=grouped", "units.text_mode=lead", "index.shards=2"])
             build_corpus_index(str(data_path(SAMPLE_WIKI)), "wikixml", index, config, overwrite=True,
                                command=["python", "-m", "jobs.chaos"])
-        deploy(serve_config(index, args.port, args.llm, args.read_timeout_s))
+        deploy(serve_config(index, args.port, args.llm, args.read_timeout_s, args.backend))
         # a replica whose worker starts slowly on a loaded machine is reported "not scheduled": give it time
         reason = wait_running([APP], schedule_timeout_s=args.recovery_timeout_s,
                               ready_timeout_s=args.recovery_timeout_s * 5)
@@ -203,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
             raise RuntimeError(reason)
         base = f"http://127.0.0.1:{args.port}"
         wait_ok(base, args.recovery_timeout_s)
-        results = asyncio.run(scenarios(base, plan))
+        results = asyncio.run(scenarios(base, plan, shard_killer(args.backend, index)))
     except Exception as exc:  # reported in the JSON line (and its traceback in the log)
         log.exception("chaos failed")
         error = f"{type(exc).__name__}: {exc}"[:1000]
@@ -234,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                    "killed a quarter in)")
     p.add_argument("--shard", type=int, default=0, help="the shard whose replicas are killed")
     p.add_argument("--llm", default="smollm2-135m-instruct", help="the reader model (a small bundled one)")
+    p.add_argument("--backend", choices=["actors", "serve"], default="actors", help="index.backend: the shard tier")
     p.add_argument("--read-timeout-s", type=float, default=120.0, help="serve.timeouts.read_s of the app")
     p.add_argument("--recovery-timeout-s", type=float, default=120.0)
     p.add_argument("--port", type=int, default=8000, help="HTTP port on 127.0.0.1")

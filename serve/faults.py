@@ -3,7 +3,8 @@
 
 * the index tier's shard actors: ``{build}-{settings}-s{shard}-r{replica}`` in the namespace
   ``longrag-index-{app}`` (:mod:`actors.index_tier`);
-* Serve's replica actors: ``SERVE_REPLICA::{app}#{deployment}#{id}`` in Serve's namespace.
+* Serve's replica actors: ``SERVE_REPLICA::{app}#{deployment}#{id}`` in Serve's namespace (the
+  shard replicas of ``index.backend=serve`` too: application ``index-{build_id}``, ``shard-{id}``).
 
 ``ray.kill(..., no_restart=True)`` ends an actor for good: Ray does not restart it, whatever its
 ``max_restarts`` (the shard actors are then re-created by the tier, Serve replaces its replicas).
@@ -64,6 +65,17 @@ def kill_shard_replicas(app: str, shard: int, replicas: list[int]) -> list[str]:
         raise ValueError(f"app {app!r} has no live replica(s) {missing} of shard {shard}; "
                          f"it has {sorted(actors)} (shard, replica)")
     return kill(*(actors[(shard, r)] for r in replicas))
+
+
+def kill_index_replicas(build_id: str, shard: int, count: int) -> list[str]:
+    """Kill ``count`` replicas of one shard deployment of a build's Serve application
+    (``index.backend=serve``, :mod:`serve.index_app`) for good; their names. Serve starts new ones."""
+    from serve.index_app import index_app_name, shard_deployment_name
+
+    replicas = serve_replicas(index_app_name(build_id), shard_deployment_name(shard))
+    if len(replicas) < count:
+        raise ValueError(f"build {build_id!r} shard {shard} has {len(replicas)} replica(s), asked to kill {count}")
+    return kill(*replicas[:count])
 
 
 def kill_serve_replica(app: str, deployment: str) -> str:

@@ -119,8 +119,18 @@ class ServeShards(ShardedIndex):
         super().__init__([[h, h] for h in handles], timeout_s=config.search_timeout_s, manifest=manifest)
         self.counts: list[tuple[int, int]] = [(config.replicas, config.replicas)] * len(handles)
 
+        self._recount: asyncio.Task | None = None
+
     def redundancy(self) -> list[ShardRedundancy]:
         return [ShardRedundancy(shard=s, live=live, replicas=n) for s, (live, n) in enumerate(self.counts)]
+
+    async def search(self, queries: Any, k: int, texts: list[str] | None = None, fusion: Any = None) -> Any:
+        """As :meth:`ShardedIndex.search`; a call that failed over has Serve's replica counts read
+        again (in the background), so the next responses show a lost replica as soon as Serve does."""
+        res = await super().search(queries, k, texts, fusion)
+        if res.coverage.failovers and (self._recount is None or self._recount.done()):
+            self._recount = asyncio.get_running_loop().create_task(self.liveness())
+        return res
 
     async def liveness(self, timeout_s: float = 5.0) -> list[list[bool]]:
         from serve.run import serve_status

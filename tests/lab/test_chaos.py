@@ -45,5 +45,11 @@ def test_verdicts_name_what_was_not_met():
                           Outcome.of(httpx.Response(502, text="bad gateway"), 1.0)])
     res = judge_shard(ScenarioResult(name="shard", killed=["a", "b"], load=five, recovery=back), plan)
     assert res.problems == ["1 server errors (5xx or no response): ['bad gateway']"]
+    # the Serve shard tier holds the calls until the shard's new replicas run: nothing degraded, nothing failed
+    waited = LoadResult.of([Outcome.of(httpx.Response(200, json=_cov(lost=True)), 900.0) for _ in range(3)])
+    assert judge_shard(ScenarioResult(name="shard", killed=["a", "b"], load=waited, recovery=back), plan).passed
+    lost = LoadResult.of([Outcome.of(httpx.Response(200, json=_cov()), 1.0), Outcome(status=0, ms=1.0, error="x")])
+    res2 = judge_shard(ScenarioResult(name="shard", killed=["a", "b"], load=lost, recovery=back), plan)
+    assert "no response was flagged degraded while shard 1 had no replica" in res2.problems
     summary = summarize([res], plan, 1.0, {})
     assert summary.passed is False and summary.line().startswith('{"job":"chaos","passed":false')
