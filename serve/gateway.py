@@ -113,10 +113,10 @@ class Gateway:
             raise ApiError(422, stages.one_line(exc), [f"question: {stages.one_line(exc)}"]) from None
         trace["encode_ms"] = ms(t0)
         t1 = time.perf_counter()
-        text = question if hybrid else None
+        args = (vector, k, question) if hybrid else (vector, k)  # the question's text: the BM25 half
         try:
             found: Retrieval = await stages.run_stage("retrieve", t.retrieve_s,
-                                                      lambda: self.retriever.retrieve.remote(vector, k, text), trace=trace)
+                                                      lambda: self.retriever.retrieve.remote(*args), trace=trace)
         except InvalidRequest as exc:  # longrag.index.lexical.LexicalIndexMissing: hybrid on a build without BM25
             raise ApiError(422, stages.one_line(exc), [f"mode: {stages.one_line(exc)}"]) from None
         trace["retrieve_ms"] = ms(t1)

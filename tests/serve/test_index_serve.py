@@ -7,10 +7,8 @@ alias (no failed request, the old build's application deleted after ``index.reti
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -18,7 +16,6 @@ import ray
 from ray import serve
 
 from actors.inprocess_index import InProcessIndex
-from cluster.local import WORKER_ENV
 from longrag.config import LongRAGConfig
 from longrag.index.alias import publish
 from longrag.index.artifacts import ArtifactStore
@@ -26,10 +23,9 @@ from serve.app import build_app
 from serve.index_app import index_app_name, shard_deployment_name
 from tests.fakes import HashEncoder, TitleReader, write_tiny_build
 from tests.serve.test_app_fakes import DOCS, serve_status_wait
+from tests.serve.test_index_swap import ray_serve, swap_under_load
 
-ROOT = Path(__file__).resolve().parents[2]
 PORT = 8440
-NEW_DOC = ("Zanzibar", "Zanzibar is an island off the coast of Tanzania. Its capital is Stone Town.")
 QUESTIONS = ["Who wrote the novel Animal Farm?", "What is the capital of Angola?", "Which spaceflight landed on the Moon?",
              "Which country lies within the Kingdom of the Netherlands?", "Who composed Rhapsody in Blue?"]
 OVERRIDES = ["index.backend=serve", "index.replicas=2", "index.shard_num_cpus=0.1", "index.refresh_s=0.5",
@@ -41,20 +37,13 @@ def served(tmp_path_factory):
     alias = tmp_path_factory.mktemp("alias")
     first = write_tiny_build(alias / "builds" / "first", DOCS, shards=2)
     publish(str(alias), first)
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="longrag-serve-index",
-             runtime_env={"env_vars": {**WORKER_ENV, "PYTHONPATH": path}})
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    with ray_serve("longrag-serve-index", PORT):
         cfg = LongRAGConfig().with_overrides(OVERRIDES)
         app = build_app(cfg, str(alias), encoder_cls=HashEncoder, index_cls=None, engine_cls=TitleReader)
         serve.run(app, name="served", route_prefix="/", blocking=False)
         serve_status_wait(["served"], timeout_s=180)
         with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as client:
             yield client, alias, first, cfg
-    finally:
-        serve.shutdown()
-        ray.shutdown()
 
 
 def _replicas(app: str, deployment: str) -> dict[str, int]:
@@ -129,35 +118,12 @@ def test_a_replica_killed_under_load_fails_no_request_and_serve_replaces_it(serv
 
 
 def test_the_swap_to_a_new_build_fails_no_request_and_retires_the_old_application(served):
-    client, alias, first, _ = served
+    _, alias, first, _ = served
     first_id = ArtifactStore.open(first).read_manifest().build_id
-    results: list[tuple[int, str | None]] = []
-    stop = threading.Event()
-
-    def loop() -> None:
-        with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as c:
-            while not stop.is_set() and len(results) < 3000:  # bounded
-                r = c.post("/v1/retrieve", json={"question": "Which island is off Tanzania?", "k": 1})
-                results.append((r.status_code, r.json().get("trace", {}).get("retrieve.build_id")
-                                if r.status_code == 200 else None))
-
-    workers = [threading.Thread(target=loop) for _ in range(3)]
-    for w in workers:
-        w.start()
-    try:
-        _wait_for(lambda: len(results) >= 10, "queries on the first build")
-        second = write_tiny_build(alias / "builds" / "second", [*DOCS, NEW_DOC], shards=2)
-        second_id = ArtifactStore.open(second).read_manifest().build_id
-        publish(str(alias), second, expect_build_id=first_id)
-        _wait_for(lambda: any(b == second_id for _, b in results[-5:]), "the switch to the new build", 180)
-        _wait_for(lambda: sum(b == second_id for _, b in results) >= 10, "queries on the new build")
-    finally:
-        stop.set()
-        for w in workers:
-            w.join()
-    codes = [c for c, _ in results]
+    results, second_id = swap_under_load(PORT, alias, first_id)
+    codes = [c for c, _, _ in results]
     assert codes.count(200) == len(codes), [c for c in codes if c != 200][:5]
-    assert {b for _, b in results} == {first_id, second_id}
+    assert {b for _, b, _ in results} == {first_id, second_id}
     apps = lambda: set(serve.status().applications)  # noqa: E731
     assert index_app_name(second_id) in apps()
     _wait_for(lambda: index_app_name(first_id) not in apps(), "the old build's application to be deleted", 60)
