@@ -183,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
     from serve.run import deploy, wait_running
 
     plan = ChaosPlan(requests=args.requests, concurrency=args.concurrency, shard_requests=args.shard_requests,
-                     shard=args.shard, recovery_timeout_s=args.recovery_timeout_s)
+                     shard=args.shard, recovery_timeout_s=args.recovery_timeout_s,
+                     wait_for_loss=args.backend == "serve")
     t0, load0 = time.perf_counter(), list(os.getloadavg())
     Path(args.log).parent.mkdir(parents=True, exist_ok=True)
     logfile = open(args.log, "w", encoding="utf-8")  # Ray's and Serve's output: not the JSON line's stdout

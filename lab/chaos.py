@@ -52,6 +52,9 @@ class ChaosPlan(BaseModel):
     shard: int = Field(0, ge=0, description="The shard whose replica(s) are killed.")
     shard_requests: int = Field(100, ge=10, description="Requests of the shard scenario (the kill a quarter in).")
     recovery_timeout_s: float = Field(120.0, gt=0, description="How long re-creation may take.")
+    wait_for_loss: bool = Field(False, description="Recovery counts only after a /readyz that showed the loss: "
+                                "the shard tier reports a kill late (index.backend=serve: Serve's replica counts lag "
+                                "it by a health-check period), so an early 'ok' is the state before the kill.")
     request_timeout_s: float = Field(60.0, gt=0)
     answer_question: str = "Who wrote the novel Animal Farm?"
     questions: tuple[str, ...] = SAMPLE_QUESTIONS
@@ -196,10 +199,10 @@ async def retrieve_load(client: httpx.AsyncClient, plan: ChaosPlan, n: int, *,
 async def wait_recovered(client: httpx.AsyncClient, plan: ChaosPlan, t_kill: float) -> Recovery:
     """Poll /readyz until it is ok (every replica of every shard live) in a report built after the
     kill (/readyz is cached for serve.readyz_cache_s: an older report still shows the replica
-    before it died) and after one that showed the loss (Serve's replica counts, index.backend=serve,
-    lag a kill by up to a health-check period), then check one retrieve."""
+    before it died) and, with ``plan.wait_for_loss``, after one that showed the loss; then check
+    one retrieve."""
     deadline = t_kill + plan.recovery_timeout_s
-    redundancy, seen_loss = "", False
+    redundancy, seen_loss = "", not plan.wait_for_loss
     while time.perf_counter() < deadline:
         try:
             r = await client.get("/readyz")
