@@ -52,9 +52,9 @@ class ChaosPlan(BaseModel):
     shard: int = Field(0, ge=0, description="The shard whose replica(s) are killed.")
     shard_requests: int = Field(100, ge=10, description="Requests of the shard scenario (the kill a quarter in).")
     recovery_timeout_s: float = Field(120.0, gt=0, description="How long re-creation may take.")
-    wait_for_loss: bool = Field(False, description="Recovery counts only after a /readyz that showed the loss: "
-                                "the shard tier reports a kill late (index.backend=serve: Serve's replica counts lag "
-                                "it by a health-check period), so an early 'ok' is the state before the kill.")
+    report_lag_s: float = Field(0.0, ge=0, description="Only /readyz reports built this long after the kill count "
+                                "for recovery: a shard tier that learns of a kill late (index.backend=serve: Serve's "
+                                "replica counts lag it by up to a health-check period) still says 'ok' before.")
     request_timeout_s: float = Field(60.0, gt=0)
     answer_question: str = "Who wrote the novel Animal Farm?"
     questions: tuple[str, ...] = SAMPLE_QUESTIONS
@@ -199,18 +199,16 @@ async def retrieve_load(client: httpx.AsyncClient, plan: ChaosPlan, n: int, *,
 async def wait_recovered(client: httpx.AsyncClient, plan: ChaosPlan, t_kill: float) -> Recovery:
     """Poll /readyz until it is ok (every replica of every shard live) in a report built after the
     kill (/readyz is cached for serve.readyz_cache_s: an older report still shows the replica
-    before it died) and, with ``plan.wait_for_loss``, after one that showed the loss; then check
-    one retrieve."""
+    before it died), ``plan.report_lag_s`` after it at least; then check one retrieve."""
     deadline = t_kill + plan.recovery_timeout_s
-    redundancy, seen_loss = "", not plan.wait_for_loss
+    redundancy = ""
     while time.perf_counter() < deadline:
         try:
             r = await client.get("/readyz")
             body = readiness(r)
             redundancy = body.get("redundancy", "")
-            fresh = time.perf_counter() - float(body.get("age_s", 0.0)) > t_kill
-            seen_loss = seen_loss or (fresh and (r.status_code != 200 or body.get("status") != "ok"))
-            if r.status_code == 200 and body.get("status") == "ok" and fresh and seen_loss:
+            fresh = time.perf_counter() - float(body.get("age_s", 0.0)) > t_kill + plan.report_lag_s
+            if r.status_code == 200 and body.get("status") == "ok" and fresh:
                 seconds = round(time.perf_counter() - t_kill, 1)
                 check = (await retrieve_load(client, plan.model_copy(update={"concurrency": 1}), 1))[0]
                 full = check.status == 200 and not check.degraded and not check.redundancy_degraded
