@@ -20,9 +20,8 @@ import numpy as np
 from actors.index_shard import IndexShardImpl
 from actors.sharded_index import ShardedSearchResult
 from longrag.index.artifacts import ArtifactStore
-from longrag.index.fusion import Fusion, merge_shards
+from longrag.index.fusion import Fusion, merge_answers
 from longrag.index.lexical import require_lexical
-from longrag.index.maxp import merge_topk
 from longrag.types import Coverage, RetrievedUnit, ShardRedundancy, UnitHit
 
 if TYPE_CHECKING:
@@ -56,10 +55,7 @@ class InProcessIndex:
             per_shard.append(shard.search(queries, k) if texts is None
                              else shard.hybrid_search(queries, list(texts), max(k, fusion.depth)))
             shard_ms[shard.shard_id] = round((time.perf_counter() - t0) * 1e3, 2)
-        if texts is not None:
-            hits = merge_shards(per_shard, queries.shape[0], k, fusion)
-        else:
-            hits = [merge_topk([rows[q] for rows in per_shard], k) for q in range(queries.shape[0])]
+        hits = merge_answers(per_shard, queries.shape[0], k, fusion if texts is not None else None)
         n = len(self.shards)
         coverage = Coverage(shards=n, answered=n, replicas=self.redundancy())
         return ShardedSearchResult(hits=hits, coverage=coverage, shard_ms=shard_ms)

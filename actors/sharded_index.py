@@ -28,9 +28,8 @@ import ray
 
 from actors.index_shard import IndexShard
 from longrag.index.manifest import Manifest
-from longrag.index.fusion import Fusion, merge_shards
+from longrag.index.fusion import Fusion, merge_answers
 from longrag.index.lexical import require_lexical
-from longrag.index.maxp import merge_topk
 from longrag.index.placement import ShardPlacement, describe_ask, shard_actor_resources
 from longrag.index.artifacts import ArtifactStore
 from longrag.types import Coverage, RetrievedUnit, ShardRedundancy, UnitHit
@@ -83,7 +82,7 @@ async def _await_ref(ref: Any, timeout_s: float) -> Any:
     call's ObjectRef, or a Serve ``DeploymentResponse`` (the shards as Serve deployments)."""
     if not hasattr(ref, "future"):  # a DeploymentResponse: awaitable, cancelled by its own cancel()
         try:
-            return await asyncio.wait_for(_response(ref), timeout_s)
+            return await asyncio.wait_for(ref, timeout_s)
         except (asyncio.TimeoutError, asyncio.CancelledError):
             ref.cancel()
             raise
@@ -92,10 +91,6 @@ async def _await_ref(ref: Any, timeout_s: float) -> Any:
     except (asyncio.TimeoutError, asyncio.CancelledError):
         ray.cancel(ref)
         raise
-
-
-async def _response(response: Any) -> Any:
-    return await response
 
 
 def launch_settings(config: "IndexConfig") -> dict[str, Any]:
@@ -328,10 +323,7 @@ class ShardedIndex:
             per_shard.append(res)
         coverage = Coverage(shards=self.n_shards, answered=len(per_shard), errors=errors, failovers=total_failovers,
                             replicas=self.redundancy())
-        if texts is not None:
-            hits = merge_shards(per_shard, queries.shape[0], k, fusion)
-        else:
-            hits = [merge_topk([shard_rows[q] for shard_rows in per_shard], k) for q in range(queries.shape[0])]
+        hits = merge_answers(per_shard, queries.shape[0], k, fusion if texts is not None else None)
         return ShardedSearchResult(hits=hits, coverage=coverage, shard_ms=shard_ms)
 
     async def fetch_units(self, hits: list[UnitHit], queries: np.ndarray | None = None) -> dict[str, dict[str, Any]]:

@@ -18,7 +18,7 @@ from longrag.types import UnitHit
 if TYPE_CHECKING:
     from longrag.config import RetrievalConfig
 
-__all__ = ["Fusion", "fuse", "merge_shards", "rrf_scores"]
+__all__ = ["Fusion", "fuse", "merge_answers", "merge_shards", "rrf_scores"]
 
 
 @dataclass(frozen=True)
@@ -80,3 +80,14 @@ def merge_shards(per_shard: Sequence[tuple[Sequence[Sequence[UnitHit]], Sequence
     depth = max(k, fusion.depth)
     return [fuse(merge_topk([d[q] for d, _ in per_shard], depth), merge_topk([lx[q] for _, lx in per_shard], depth),
                  k, fusion) for q in range(n_queries)]
+
+
+def merge_answers(per_shard: Sequence[object], n_queries: int, k: int, fusion: Fusion | None) -> list[list[UnitHit]]:
+    """Per query, the top ``k`` from every answering shard's answer: ``search``'s rows merged by
+    MaxP score (``fusion`` None), or ``hybrid_search``'s ``(dense rows, lexical rows)`` fused
+    (:func:`merge_shards`)."""
+    from longrag.index.maxp import merge_topk
+
+    if fusion is not None:
+        return merge_shards(per_shard, n_queries, k, fusion)  # type: ignore[arg-type]
+    return [merge_topk([rows[q] for rows in per_shard], k) for q in range(n_queries)]  # type: ignore[index]
