@@ -1,6 +1,7 @@
 """The local retrieval of an evaluation run, on Ray: build or reuse each setting's index
 (:mod:`actors.build`), encode the questions (in the driver, or a Ray Data pool of query encoders for
-many questions) and search the ``ShardedIndex`` actors (the service's scatter/gather).
+many questions) and search the build's shard deployments through the service's scatter/gather
+(:func:`serve.index_app.open_index`: the same Serve application the Retriever uses).
 
 Query encoding: ``encode="auto"`` encodes in the driver for up to ``DRIVER_ENCODE_MAX`` questions
 (one model load, no actor start-up: a few hundred questions take well under a second once the model
@@ -116,19 +117,15 @@ def encode_queries(questions: list[str], config: LongRAGConfig, mode: str) -> tu
 def retrieve_local(
     index_uri: str, questions: list[str], k: int, config: LongRAGConfig, encode_mode: str, progress: bool
 ) -> tuple[list[list[dict[str, Any]]], dict[str, Any]]:
-    """Top-k units per question through ShardedIndex actors (``retrieval.mode`` dense or hybrid);
-    returns (retrieved lists, stats)."""
-    from actors.sharded_index import ShardedIndex, launch_settings
+    """Top-k units per question through the build's shard deployments (``retrieval.mode`` dense or
+    hybrid); returns (retrieved lists, stats)."""
+    from serve.index_app import open_index
 
     t0 = time.perf_counter()
     vecs, used_mode = encode_queries(questions, config, encode_mode)
     encode_s = time.perf_counter() - t0
     t1 = time.perf_counter()
-    index = ShardedIndex.launch(
-        index_uri, timeout_s=max(config.index.search_timeout_s, 30.0), **launch_settings(config.index)
-    )
-    try:
-        infos = index.wait_ready()
+    with open_index(index_uri, _search_config(config)) as index:
         load_s = time.perf_counter() - t1
         out: list[list[dict[str, Any]]] = []
         degraded = 0
@@ -153,8 +150,7 @@ def retrieve_local(
             bar.update(len(res.hits))
         bar.close()
         search_s = time.perf_counter() - t2
-    finally:
-        index.kill()
+        counts = index.manifest.counts
     stats = {
         "mode": config.retrieval.mode,
         "encode_mode": used_mode,
@@ -162,30 +158,33 @@ def retrieve_local(
         "shard_load_s": round(load_s, 3),
         "search_fetch_s": round(search_s, 3),
         "degraded_batches": degraded,
-        "shards": len(infos),
-        "corpus_units": int(sum(i["n_units"] for i in infos)) // max(1, config.index.replicas),
-        "corpus_chunks": int(sum(i["n_chunks"] for i in infos)) // max(1, config.index.replicas),
+        "shards": index.n_shards,
+        "corpus_units": counts.units,
+        "corpus_chunks": counts.chunks,
     }
     return out, stats
+
+
+def _search_config(config: LongRAGConfig) -> Any:
+    """The ``index`` section for a job's own searches: batches of questions may take longer than one request's."""
+    return config.index.model_copy(update={"search_timeout_s": max(config.index.search_timeout_s, 30.0)})
 
 
 def iterate_local(
     index_uri: str, questions: list[str], k: int, config: LongRAGConfig, progress: bool
 ) -> tuple[list[list[dict[str, Any]]], dict[str, Any]]:
     """``retrieval.mode=iterative``: every question through :func:`longrag.retrieval.hops.iterate` over
-    the ShardedIndex actors, the query encoder and the LLM in this driver."""
+    the build's shard deployments, the query encoder and the LLM in this driver."""
     import asyncio
 
-    from actors.sharded_index import ShardedIndex, launch_settings
     from longrag.index.embedding import Embedder
     from longrag.llm.factory import build_llm
     from longrag.retrieval.hops import iterate
+    from serve.index_app import open_index
 
     r = config.retrieval
     t0 = time.perf_counter()
     embedder, llm = Embedder(config.embedding), build_llm(config.llm)
-    index = ShardedIndex.launch(index_uri, timeout_s=max(config.index.search_timeout_s, 30.0),
-                                **launch_settings(config.index))
     degraded = 0
 
     async def search(query: str, n: int) -> list[Any]:
@@ -206,13 +205,12 @@ def iterate_local(
         return out
 
     try:
-        infos = index.wait_ready()
-        load_s = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        results = asyncio.run(run_all())
-        search_s = time.perf_counter() - t1
+        with open_index(index_uri, _search_config(config)) as index:
+            load_s = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            results = asyncio.run(run_all())
+            search_s = time.perf_counter() - t1
     finally:
-        index.kill()
         getattr(llm, "close", lambda: None)()
     hops = [len(res.hops) for res in results]
     stats = {
@@ -223,8 +221,8 @@ def iterate_local(
         "stopped": {w: sum(1 for res in results if res.hops[-1].stopped == w)
                     for w in sorted({res.hops[-1].stopped or "" for res in results})},
         "bridges": [[h.bridge for h in res.hops[1:]] for res in results],
-        "shards": len(infos),
-        "corpus_units": int(sum(i["n_units"] for i in infos)) // max(1, config.index.replicas),
+        "shards": index.n_shards,
+        "corpus_units": index.manifest.counts.units,
     }
     return [P.retrieved_from_units(res.units) for res in results], stats
 

@@ -1,14 +1,14 @@
-"""``IndexShard``: one Ray actor holding one shard of a build (a MaxP FAISS index + its units).
+"""One shard of a build (a MaxP FAISS index, its BM25 and its units): a shard deployment's replica.
 
-The actor loads its shard from the artifact store in ``__init__`` and verifies the checksums; Ray
-reruns ``__init__`` when it restarts the actor (``max_restarts``), so a restarted replica reloads
-its shard from the store rather than from any in-memory state.
+A replica loads its shard from the artifact store in ``__init__`` and verifies the checksums; a
+restarted replica (Serve replaces a dead one) reloads its shard from the store rather than from any
+in-memory state.
 
-The actor is asynchronous (:class:`IndexShardReplica` over :class:`IndexShardImpl`): searches and
+The replica is asynchronous (:class:`IndexShardReplica` over :class:`IndexShardImpl`): searches and
 unit fetches run in a worker thread, one at a time (FAISS has its ``index.shard_threads``), while
-``ping`` and ``info`` answer from the event loop at once, so a replica busy with a long search is
-never taken for dead. A call its client cancels (a stage deadline, ``ray.cancel``) stops waiting
-at once; the FAISS call already running finishes in its thread (FAISS cannot be interrupted).
+``check_health`` and ``info`` answer from the event loop at once, so a replica busy with a long
+search is never taken for dead. A call its client cancels (a stage deadline) stops waiting at once;
+the FAISS call already running finishes in its thread (FAISS cannot be interrupted).
 """
 
 from __future__ import annotations
@@ -172,8 +172,8 @@ def _rss_bytes() -> int | None:
 
 
 class IndexShardReplica:
-    """The actor: :class:`IndexShardImpl`'s work in one worker thread at a time, health from the
-    event loop (see the module's docstring)."""
+    """A shard deployment's replica: :class:`IndexShardImpl`'s work in one worker thread at a time,
+    health from the event loop (see the module's docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.impl = IndexShardImpl(*args, **kwargs)
@@ -201,10 +201,5 @@ class IndexShardReplica:
     async def info(self) -> dict[str, Any]:
         return {**self.impl.info(), "busy": self.busy}
 
-    async def ping(self) -> bool:
-        return True
-
-
-# max_restarts: a crashed replica comes back and reloads its shard; max_task_retries stays 0 so
-# that a failed call surfaces to the client at once, which fails over to another replica.
-IndexShard = ray.remote(max_restarts=3, max_task_retries=0)(IndexShardReplica)
+    async def check_health(self) -> None:
+        """Serve's health check: answered from the event loop, also while a search runs."""

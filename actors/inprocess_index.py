@@ -2,9 +2,9 @@
 
 The single-machine profile (``serve.colocate``): the shards' own search code
 (:class:`actors.index_shard.IndexShardImpl`) called in process and merged with MaxP's ``merge_topk``,
-the same results as the tier of shard actors (:class:`actors.index_tier.TieredIndex`) without a
+the same results as the shard deployments (:class:`serve.index_app.ServeIndex`) without a
 round trip per shard and per call. It offers the same backend API (``manifest``, ``search``,
-``retrieve_units``, ``liveness``, ``renew``, ``repair``, ``release``); searches run in a worker
+``retrieve_units``, ``liveness``, ``retire``, ``release``); searches run in a worker
 thread, so the event loop of the replica that holds it keeps serving (``search_sync`` and
 ``retrieve_units_sync``: the same in the caller's thread, for benchmarks and jobs).
 """
@@ -80,14 +80,8 @@ class InProcessIndex:
     async def retrieve_units(self, hits: list[UnitHit], query: np.ndarray | None = None) -> list[RetrievedUnit]:
         return await asyncio.to_thread(self.retrieve_units_sync, hits, query)
 
-    async def liveness(self) -> list[list[bool]]:
-        return [[True] for _ in self.shards]  # in this process: alive while it is
-
-    async def renew(self) -> None:
-        """Nothing is leased: the shards belong to this process."""
-
-    async def repair(self) -> list[tuple[int, int]]:
-        return []
+    async def liveness(self) -> list[ShardRedundancy]:
+        return self.redundancy()  # in this process: alive while it is
 
     async def retire(self) -> None:
         """A newer build took over (the Retriever has drained this one): as :meth:`release`."""

@@ -5,6 +5,9 @@ of them and fails loudly on another Ray, so an upgrade re-checks them before any
 * :func:`serve_start`: Serve started with a deploy schema's HTTP/gRPC/proxy options and controller
   options, to submit that schema without the dashboard (``serve deploy`` posts it to the
   dashboard's REST API, off here) — ``ray.serve._private.api.serve_start``;
+* :func:`serve_run_nowait`: ``serve.run`` that returns once the application is submitted, not
+  once it runs (``serve.run`` waits for it, forever when a replica cannot be placed; the caller
+  then waits with a deadline and reports why) — ``ray.serve.api._run(..., _blocking=False)``;
 * :func:`max_resources_from_cluster_config`: what an autoscaling cluster can grow to, as Ray Data
   reads it — ``ray._private.state.state.get_max_resources_from_cluster_config``;
 * :func:`put_autoscaler_cluster_config`: writes that config to the GCS key it is read from
@@ -27,6 +30,7 @@ CHECKED_RAY = "2.60.0"
 #: (module, attribute) of every private name used here: the upgrade test imports each.
 PRIVATE_NAMES = (
     ("ray.serve._private.api", "serve_start"),
+    ("ray.serve.api", "_run"),
     ("ray._private.state", "state"),
     ("ray.experimental.internal_kv", "_internal_kv_put"),
     ("ray._raylet", "GCS_AUTOSCALER_CLUSTER_CONFIG_KEY"),
@@ -42,6 +46,13 @@ def serve_start(*, http_options: dict[str, Any], proxy_location: Any, grpc_optio
 
     return api.serve_start(http_options=http_options, proxy_location=proxy_location, grpc_options=grpc_options,
                            controller_options=controller_options)
+
+
+def serve_run_nowait(app: Any, *, name: str, route_prefix: str | None) -> None:
+    """Submit ``app`` imperatively as ``serve.run`` does, without waiting for it to run."""
+    from ray.serve import api
+
+    api._run(app, _blocking=False, name=name, route_prefix=route_prefix)
 
 
 def max_resources_from_cluster_config() -> dict[str, float] | None:

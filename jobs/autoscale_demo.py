@@ -5,15 +5,14 @@ of ``cluster/aws.yaml`` scaled down, a head with 0 CPUs), one second at a time o
 
 1. ``jobs.index`` on the bundled sample (embedding on the ``gpu_l4`` type, ``embedding.num_gpus=1``):
    the autoscaler launches nodes for the pending work; the build completes; the nodes go once idle;
-2. the Serve app of ``serve/configs/cpu-cluster.yaml`` (shards on ``index_cpu`` nodes: ``index.node_resource
-   =index``; replica autoscaling with delays of seconds) until ``/readyz`` is ok;
+2. the Serve app of ``serve/configs/cpu-cluster.yaml`` (shard deployments on ``index_cpu`` nodes;
+   replica autoscaling with delays of seconds) until ``/readyz`` is ok;
 3. a bounded burst of ``/v1/retrieve`` and ``/v1/answer`` on 127.0.0.1; a quarter in, the node
    holding the most shard replicas is killed (its raylet, as a lost machine);
 4. after the burst: replicas back to their minimum and the nodes the burst added gone.
 
-It writes the timeline as a PNG (``--png``) and ends with one JSON line of figures
-(:class:`lab.autoscale.AutoscaleFigures`); exit 0 when every expectation held. Ray's output
-and the index job's log go to ``--log``.
+It writes the timeline as a PNG (``--png``) and ends with one JSON line of figures (:class:`lab.autoscale.
+AutoscaleFigures`); exit 0 when every expectation held. Ray's output and the index job's log go to ``--log``.
 """
 
 from __future__ import annotations
@@ -47,8 +46,9 @@ FAST = {"upscale_delay_s": 2.0, "downscale_delay_s": 8.0, "look_back_period_s": 
 
 
 def scenario_config(index: str, port: int, llm: str, target: float) -> dict[str, Any]:
-    """``cpu-cluster.yaml`` on 127.0.0.1:``port`` over ``index``: shard actors ask for the index nodes'
-    resource and a whole CPU (two per scaled ``index_cpu`` node, so four replicas take two nodes),
+    """``cpu-cluster.yaml`` on 127.0.0.1:``port`` over ``index``: shard replicas ask for the index nodes'
+    resource and a whole CPU, one replica of a shard per node (two per scaled ``index_cpu`` node, so
+    four replicas take two nodes),
     the query encoder half a CPU (a second replica needs a second ``cpu`` node), autoscaling
     targets of ``target`` requests per replica with :data:`FAST` delays; one LLM call per answer
     (``reader.long_answer=false``: the one LLM replica on 2 cores is the burst's bottleneck)."""
@@ -58,21 +58,22 @@ def scenario_config(index: str, port: int, llm: str, target: float) -> dict[str,
     app["name"] = APP
     app["args"]["index"] = index
     app["args"]["overrides"] = ["index.replicas=2", "index.shard_num_cpus=1", "index.node_resource=index",
-                                f"llm.model={llm}", "serve.timeouts.read_s=120", "reader.long_answer=false"]
+                                "index.max_replicas_per_node=1", f"llm.model={llm}", "serve.timeouts.read_s=120",
+                                "reader.long_answer=false"]
     for dep in app["deployments"]:
         if "autoscaling_config" in dep and not dep["name"].startswith("Dual"):
             dep["autoscaling_config"].update(FAST, target_ongoing_requests=target)
         if dep["name"] == "QueryEncoder":
             dep["ray_actor_options"]["num_cpus"] = 0.5
-        if dep["name"] == "Retriever":  # its health check has the tier re-create dead shard replicas
+        if dep["name"] == "Retriever":  # its health check reads the shards' replica counts again
             dep.update(health_check_period_s=5, health_check_timeout_s=30)
     return config
 
 
 def shard_nodes() -> list[str]:
-    """The node id of every live IndexShard actor."""
+    """The node id of every live shard replica (Serve's replica actors of the index applications)."""
     return [a["Address"]["NodeID"] for a in ray_private.actor_table()
-            if a["ActorClassName"].startswith("IndexShard") and a["State"] == "ALIVE"]  # IndexShardReplica
+            if a["ActorClassName"].startswith("ServeReplica:index-") and a["State"] == "ALIVE"]
 
 
 def health(client: httpx.Client) -> tuple[str, float]:
@@ -183,7 +184,7 @@ def run(args: argparse.Namespace, out: Any) -> AutoscaleFigures:
         def kill() -> None:
             held = Counter(shard_nodes()).most_common(1)
             if not held:
-                fig.problems.append("no live shard actor to kill a node under")
+                fig.problems.append("no live shard replica to kill a node under")
                 return
             victim = held[0][0]
             fig.killed_node_type = sampler.types.get(victim)
@@ -255,7 +256,7 @@ def judge(fig: AutoscaleFigures, args: argparse.Namespace) -> None:
     if fig.index_scale_down_s is None:
         p.append("the index job's nodes were not removed once idle")
     if not fig.shard_node_types or set(fig.shard_node_types) != {"index_cpu"}:
-        p.append(f"shard actors not all on index_cpu nodes: {fig.shard_node_types}")
+        p.append(f"shard replicas not all on index_cpu nodes: {fig.shard_node_types}")
     if fig.server_errors or fig.requests_failed:
         p.append(f"{fig.requests_failed} requests failed, {fig.server_errors} with a 5xx or no response")
     if not any(fig.replicas.get(d, [0, 0])[1] > 1 for d in args.scaled):

@@ -1,5 +1,5 @@
 """Index capacity benchmark: ANN/compression trade-off against exact MaxP search, a memory model
-for shard actors checked on a simulated multi-node Ray cluster, and a plan for full Wikipedia.
+for shard replicas checked on a simulated multi-node Ray cluster, and a plan for full Wikipedia.
 
     python -m jobs.bench_index                         # 100K vectors x 384 dims, 3-node check, plan
     python -m jobs.bench_index --vectors 1000000       # the trade-off at 1M vectors (a few GB of RAM)
@@ -7,15 +7,15 @@ for shard actors checked on a simulated multi-node Ray cluster, and a plan for f
 
 1. Trade-off: seeded clustered vectors (``lab.synthetic.vectors.clustered_vectors``; real embeddings of
    this size cannot be made on a CPU box) indexed with each FAISS factory; per factory and search
-   setting: bytes per vector, build time, search latency (one thread, the shard actors' setting)
+   setting: bytes per vector, build time, search latency (one thread, the shard replicas' setting)
    and MaxP unit recall@k against exact Flat search; compressed indexes with exact re-ranking
    (``IVF{nlist},PQ48,RFlat``, swept over ``nprobe`` and ``k_factor_rf``) among them.
 2. Memory model: shards of synthetic chunks (vectors plus ``--chunk-chars`` of text per chunk, as
-   real shards hold units and chunks) are written to a temporary store and served by IndexShard
-   actors on a simulated cluster of ``--nodes`` nodes; the RSS of the smaller shards fits
+   real shards hold units and chunks) are written to a temporary store and served by shard
+   deployments on a simulated cluster of ``--nodes`` nodes; the RSS of the smaller shards fits
    ``RSS = base + chunks x (vector bytes + chunk bytes)`` and the largest shard checks the fit.
    A scatter/gather search over all shards is timed against one in-process index of the same size;
-   and (``actor_overhead``) exact MaxP through shard actors against one in-process Flat index over
+   and (``shard_overhead``) exact MaxP through shard deployments against one in-process Flat index over
    the same vectors, a batch of 64 queries per call (the goal: at most 1.15x).
 3. Plan: shards and nodes for ``--plan-chunks`` chunks of ``--plan-dim`` dims (docs/benchmarks.md's plan:
    full Wikipedia ~5M chunks, bge-large 1024 dims) per factory, for a node of ``--node-gib`` GiB; an
@@ -27,6 +27,7 @@ Prints tables, writes ``OUT/ann_tradeoff.png`` and ``OUT/bench_index.json``, end
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -82,8 +83,9 @@ def tradeoff(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, 
 
 # ------------------------------------------------------------------------------------- 2. memory model
 def cluster_check(args: argparse.Namespace) -> dict[str, Any]:
-    from actors.sharded_index import ShardedIndex
     from cluster.local import start_or_join
+    from longrag.config import IndexConfig
+    from serve.index_app import open_index
 
     sizes = list(args.shard_sizes)
     if len(sizes) < 3:
@@ -93,18 +95,17 @@ def cluster_check(args: argparse.Namespace) -> dict[str, Any]:
         write_synthetic_build(root, sizes, args.dim, args.chunk_chars, args.chunks_per_unit, args.seed)
         handle = start_or_join(None, num_cpus=2, nodes=args.nodes, object_store_memory=128 * 1024**2)
         try:
-            log(f"serving it from IndexShard actors on a simulated {args.nodes}-node Ray cluster ...")
-            client = ShardedIndex.launch(root, replicas=1, num_cpus=0.1, timeout_s=120)
-            client.wait_ready(timeout_s=600)
-            queries = clustered_vectors(1000, args.dim, n_queries=64, seed=args.seed + 99)[3]
-            client.search_sync(queries[:4], args.k)  # warm-up
-            time.sleep(1.0)
-            infos = sorted(client.wait_ready(timeout_s=60), key=lambda i: i["shard_id"])  # RSS after load + search
-            t0 = time.perf_counter()
-            for q in queries:
-                client.search_sync(q[None, :], args.k)
-            scatter_ms = (time.perf_counter() - t0) * 1000 / len(queries)
-            client.kill()
+            log(f"serving it from shard deployments on a simulated {args.nodes}-node Ray cluster ...")
+            config = IndexConfig(shard_num_cpus=0.1, shard_memory_factor=0, search_timeout_s=120)
+            with open_index(root, config) as client:
+                queries = clustered_vectors(1000, args.dim, n_queries=64, seed=args.seed + 99)[3]
+                client.search_sync(queries[:4], args.k)  # warm-up
+                time.sleep(1.0)
+                infos = sorted(asyncio.run(client.infos()), key=lambda i: i["shard_id"])  # RSS after load + search
+                t0 = time.perf_counter()
+                for q in queries:
+                    client.search_sync(q[None, :], args.k)
+                scatter_ms = (time.perf_counter() - t0) * 1000 / len(queries)
         finally:
             handle.shutdown()
     vec_bytes = 4.0 * args.dim + 4  # Flat codes + the int32 chunk -> unit map
@@ -142,12 +143,13 @@ def cluster_check(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------- 2b. actor overhead
-def actor_overhead(args: argparse.Namespace) -> dict[str, Any]:
-    """Exact MaxP through ``--overhead-shards`` IndexShard actors on one local Ray (the cores split
+def shard_overhead(args: argparse.Namespace) -> dict[str, Any]:
+    """Exact MaxP through ``--overhead-shards`` shard deployments on one local Ray (the cores split
     between them) vs one in-process MaxP Flat index over the same vectors on all the cores, a batch
     of ``--overhead-batch`` queries per call; medians of interleaved calls."""
-    from actors.sharded_index import ShardedIndex
     from cluster.local import start_or_join
+    from longrag.config import IndexConfig
+    from serve.index_app import open_index
 
     n_shards, batch = args.overhead_shards, args.overhead_batch
     threads = max(1, (os.cpu_count() or 1) // n_shards)
@@ -163,20 +165,20 @@ def actor_overhead(args: argparse.Namespace) -> dict[str, Any]:
         write_synthetic_build(root, sizes, args.dim, 200, args.chunks_per_unit, args.seed)
         handle = start_or_join(None, num_cpus=threads * n_shards + 1, object_store_memory=256 * 2**20)
         try:
-            client = ShardedIndex.launch(root, num_cpus=threads, threads=threads, timeout_s=120)
-            client.wait_ready(timeout_s=600)
-            faiss.omp_set_num_threads(threads * n_shards)
-            got, want = client.search_sync(queries[0], args.k).hits, single.search(queries[0], args.k)
-            if [[h.unit_id for h in row] for row in got] != [[h.unit_id for h in row] for row in want]:
-                raise AssertionError("the sharded search disagrees with the single index")
-            a, b = interleaved_ms(lambda q: client.search_sync(q, args.k), lambda q: single.search(q, args.k),
-                                  queries)
-            client.kill()
+            config = IndexConfig(shard_num_cpus=threads, shard_threads=threads, shard_memory_factor=0,
+                                 search_timeout_s=120)
+            with open_index(root, config) as client:
+                faiss.omp_set_num_threads(threads * n_shards)
+                got, want = client.search_sync(queries[0], args.k).hits, single.search(queries[0], args.k)
+                if [[h.unit_id for h in row] for row in got] != [[h.unit_id for h in row] for row in want]:
+                    raise AssertionError("the sharded search disagrees with the single index")
+                a, b = interleaved_ms(lambda q: client.search_sync(q, args.k), lambda q: single.search(q, args.k),
+                                      queries)
         finally:
             handle.shutdown()
     return {"vectors": sum(sizes), "shards": n_shards, "threads_per_shard": threads, "batch": batch,
-            "repeats": args.overhead_repeats, "actors_ms": round(a, 2), "single_ms": round(b, 2),
-            "ratio": round(a / b, 3), "queries_per_s_actors": round(1e3 * batch / a, 1),
+            "repeats": args.overhead_repeats, "shards_ms": round(a, 2), "single_ms": round(b, 2),
+            "ratio": round(a / b, 3), "queries_per_s_shards": round(1e3 * batch / a, 1),
             "queries_per_s_single": round(1e3 * batch / b, 1)}
 
 
@@ -208,7 +210,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="chunks per shard in the cluster check (3 or more); the largest checks the fit of the others")
     p.add_argument("--chunk-chars", type=pos_int, default=1000, help="text per synthetic chunk (~250 tokens)")
     p.add_argument("--skip-overhead", action="store_true")
-    p.add_argument("--overhead-shards", type=pos_int, default=2, help="shard actors of the overhead check")
+    p.add_argument("--overhead-shards", type=pos_int, default=2, help="shard deployments of the overhead check")
     p.add_argument("--overhead-batch", type=pos_int, default=64, help="queries per call in the overhead check")
     p.add_argument("--overhead-repeats", type=pos_int, default=20)
     p.add_argument("--plan-factories", default=PLAN_FACTORIES)
@@ -216,7 +218,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plan-dim", type=pos_int, default=1024)
     p.add_argument("--plan-chunk-chars", type=pos_int, default=2300, help="~512 tokens of English")
     p.add_argument("--node-gib", type=pos_float, default=64.0)
-    p.add_argument("--node-cpus", type=pos_int, default=16, help="cores per node: shard actors per node at most")
+    p.add_argument("--node-cpus", type=pos_int, default=16, help="cores per node: shard replicas per node at most")
     p.add_argument("--target-ms", type=pos_float, default=100.0,
                    help="one-thread scan budget per query and shard for exhaustive factories")
     p.add_argument("--usable-fraction", type=number(float, min_value=0, max_value=1, min_exclusive=True), default=0.6)
@@ -257,13 +259,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"check on the {c['chunks']:,}-chunk shard: predicted {c['predicted_mib']} MiB, measured "
               f"{c['measured_mib']} MiB ({c['error_pct']:+.1f}%)")
         lat = check["latency"]
-        print(f"search, 1 query: scatter/gather over {lat['shards']} shard actors {lat['scatter_gather_ms']} ms vs "
+        print(f"search, 1 query: scatter/gather over {lat['shards']} shard deployments {lat['scatter_gather_ms']} ms vs "
               f"one in-process index of {lat['total_chunks']:,} chunks {lat['single_index_ms']} ms")
     if not args.skip_overhead:
-        o = result["overhead"] = actor_overhead(args)
-        print(f"\n## Sharded exact MaxP through {o['shards']} actors vs one in-process Flat index "
+        o = result["overhead"] = shard_overhead(args)
+        print(f"\n## Sharded exact MaxP through {o['shards']} shard deployments vs one in-process Flat index "
               f"({o['vectors']:,} x {args.dim}, batch of {o['batch']}, median of {o['repeats']}): "
-              f"{o['actors_ms']} ms vs {o['single_ms']} ms = {o['ratio']}x (goal <= 1.15x)")
+              f"{o['shards_ms']} ms vs {o['single_ms']} ms = {o['ratio']}x (goal <= 1.15x)")
     # 3. plan: plan_factories with this run's settings and fitted constants
     plan_rows = result["plan"] = plan_factories(
         split_factories(args.plan_factories, default_nlist(args.plan_chunks)), args.plan_chunks, args.plan_dim,

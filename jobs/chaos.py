@@ -2,8 +2,7 @@
 
 Starts a local Ray, indexes the bundled enwiki sample (or serves ``--index``), deploys
 ``serve/configs/cpu-cluster.yaml`` on 127.0.0.1 (2 replicas per shard, the small bundled reader
-``--llm``; ``--backend serve``: the shards as a Serve application, ``index.backend=serve``), then
-kills parts of it from outside while it answers (:mod:`lab.chaos` has the scenarios and their
+``--llm``; the shards as the build's Serve application), then kills parts of it from outside while it answers (:mod:`lab.chaos` has the scenarios and their
 expectations, :mod:`serve.faults` the kills):
 
 1. ``replica``: ``--requests`` /v1/retrieve at ``--concurrency`` while one replica of a shard is killed;
@@ -41,9 +40,9 @@ APP = "longrag"
 log = logging.getLogger("jobs.chaos")
 
 
-def serve_config(index: str, port: int, llm: str, read_timeout_s: float, backend: str = "actors") -> dict[str, Any]:
+def serve_config(index: str, port: int, llm: str, read_timeout_s: float) -> dict[str, Any]:
     """cpu-cluster.yaml on ``port`` over ``index``: 2 replicas per shard, fixed replica counts; the Retriever's
-    health check (which has the tier re-create dead shard replicas) at Serve's default period, 10 s,
+    health check (which reads the shards' replica counts again) at Serve's default period, 10 s,
     the LLMServer's every 2 s (Serve replaces a killed replica sooner)."""
     config = yaml.safe_load((ROOT / "serve" / "configs" / "cpu-cluster.yaml").read_text())
     config["http_options"].update(host="127.0.0.1", port=port)
@@ -51,7 +50,7 @@ def serve_config(index: str, port: int, llm: str, read_timeout_s: float, backend
     app["name"] = APP
     app["args"]["index"] = index
     app["args"]["overrides"] = ["index.replicas=2", "index.shard_num_cpus=0.1", f"llm.model={llm}",
-                                f"serve.timeouts.read_s={read_timeout_s}", f"index.backend={backend}"]
+                                f"serve.timeouts.read_s={read_timeout_s}"]
     for dep in app["deployments"]:
         if "autoscaling_config" in dep:
             dep.pop("autoscaling_config")
@@ -140,14 +139,12 @@ async def llm_scenario(client: httpx.AsyncClient, plan: ChaosPlan) -> ScenarioRe
     return judge_llm(res)
 
 
-def shard_killer(backend: str, index: str) -> Any:
-    """``kill(shard, n)``: kill n replicas of a shard for good, on the app's shard tier."""
-    from serve.faults import kill_index_replicas, kill_shard_replicas
+def shard_killer(index: str) -> Any:
+    """``kill(shard, n)``: kill n replicas of a shard deployment of the build's index application."""
+    from serve.faults import kill_index_replicas
 
-    if backend == "serve":
-        build_id = ArtifactStore.open(index).read_manifest().build_id
-        return lambda shard, n: kill_index_replicas(build_id, shard, n)
-    return lambda shard, n: kill_shard_replicas(APP, shard, list(range(n)))
+    build_id = ArtifactStore.open(index).read_manifest().build_id
+    return lambda shard, n: kill_index_replicas(build_id, shard, n)
 
 
 async def scenarios(base: str, plan: ChaosPlan, kill_replicas: Any) -> list[ScenarioResult]:
@@ -183,8 +180,7 @@ def run(args: argparse.Namespace) -> int:
     from serve.run import deploy, wait_running
 
     plan = ChaosPlan(requests=args.requests, concurrency=args.concurrency, shard_requests=args.shard_requests,
-                     shard=args.shard, recovery_timeout_s=args.recovery_timeout_s,
-                     report_lag_s=10.0 if args.backend == "serve" else 0.0)  # Serve's health checks: 5 s
+                     shard=args.shard, recovery_timeout_s=args.recovery_timeout_s)
     t0, load0 = time.perf_counter(), list(os.getloadavg())
     Path(args.log).parent.mkdir(parents=True, exist_ok=True)
     logfile = open(args.log, "w", encoding="utf-8")  # Ray's and Serve's output: not the JSON line's stdout
@@ -204,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
             config = load_config(None, ["units.kind=grouped", "units.text_mode=lead", "index.shards=2"])
             build_corpus_index(str(data_path(SAMPLE_WIKI)), "wikixml", index, config, overwrite=True,
                                command=["python", "-m", "jobs.chaos"])
-        deploy(serve_config(index, args.port, args.llm, args.read_timeout_s, args.backend))
+        deploy(serve_config(index, args.port, args.llm, args.read_timeout_s))
         # a replica whose worker starts slowly on a loaded machine is reported "not scheduled": give it time
         reason = wait_running([APP], schedule_timeout_s=args.recovery_timeout_s,
                               ready_timeout_s=args.recovery_timeout_s * 5)
@@ -212,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
             raise RuntimeError(reason)
         base = f"http://127.0.0.1:{args.port}"
         wait_ok(base, args.recovery_timeout_s)
-        results = asyncio.run(scenarios(base, plan, shard_killer(args.backend, index)))
+        results = asyncio.run(scenarios(base, plan, shard_killer(index)))
     except Exception as exc:  # reported in the JSON line (and its traceback in the log)
         log.exception("chaos failed")
         error = f"{type(exc).__name__}: {exc}"[:1000]
@@ -243,7 +239,6 @@ def main(argv: list[str] | None = None) -> int:
                    "killed a quarter in)")
     p.add_argument("--shard", type=int, default=0, help="the shard whose replicas are killed")
     p.add_argument("--llm", default="smollm2-135m-instruct", help="the reader model (a small bundled one)")
-    p.add_argument("--backend", choices=["actors", "serve"], default="actors", help="index.backend: the shard tier")
     p.add_argument("--read-timeout-s", type=float, default=120.0, help="serve.timeouts.read_s of the app")
     p.add_argument("--recovery-timeout-s", type=float, default=120.0)
     p.add_argument("--port", type=int, default=8000, help="HTTP port on 127.0.0.1")

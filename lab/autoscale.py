@@ -145,7 +145,7 @@ class AutoscaleFigures(BaseModel):
     index_scale_down_s: float | None = Field(None, description="Index job done -> no worker node left.")
     serve_first_node_s: float | None = Field(None, description="Deploy -> first worker node up.")
     time_to_healthy_s: float | None = Field(None, description="Deploy -> /readyz ok.")
-    shard_node_types: list[str] = Field(default_factory=list, description="Node type of every IndexShard actor.")
+    shard_node_types: list[str] = Field(default_factory=list, description="Node type of every shard replica.")
     requests: int = 0
     requests_failed: int = Field(0, description="Responses other than 200 (5xx and no response included).")
     server_errors: int = 0

@@ -52,9 +52,9 @@ class ChaosPlan(BaseModel):
     shard: int = Field(0, ge=0, description="The shard whose replica(s) are killed.")
     shard_requests: int = Field(100, ge=10, description="Requests of the shard scenario (the kill a quarter in).")
     recovery_timeout_s: float = Field(120.0, gt=0, description="How long re-creation may take.")
-    report_lag_s: float = Field(0.0, ge=0, description="Only /readyz reports built this long after the kill count "
-                                "for recovery: a shard tier that learns of a kill late (index.backend=serve: Serve's "
-                                "replica counts lag it by up to a health-check period) still says 'ok' before.")
+    report_lag_s: float = Field(10.0, ge=0, description="Only /readyz reports built this long after the kill count "
+                                "for recovery: Serve's replica counts lag a kill by up to a health-check period "
+                                "(5 s for the shard deployments), and /readyz still says 'ok' before.")
     request_timeout_s: float = Field(60.0, gt=0)
     answer_question: str = "Who wrote the novel Animal Farm?"
     questions: tuple[str, ...] = SAMPLE_QUESTIONS
@@ -242,7 +242,7 @@ def judge_shard(res: ScenarioResult, plan: ChaosPlan) -> ScenarioResult:
     if load.degraded == 0 and load.failed:
         res.problems.append(f"no response was flagged degraded while shard {plan.shard} had no replica")
     # degraded == 0 and nothing failed: the requests waited for the shard's new replicas within the
-    # stage deadline (index.backend=serve: Serve holds a call while a deployment has no replica)
+    # stage deadline (Serve holds a call while a deployment has no running replica)
     if load.failed_shards and load.failed_shards != [plan.shard]:
         res.problems.append(f"responses named shards {load.failed_shards}, expected [{plan.shard}]")
     if not (rec.recovered and rec.full_coverage_after):

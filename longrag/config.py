@@ -84,55 +84,50 @@ class IndexConfig(_Section):
     factory: str = Field("Flat", description="FAISS index factory string; Flat = exact search.")
     metric: Literal["ip", "l2"] = "ip"
     shards: int = Field(2, ge=1)
-    replicas: int = Field(1, ge=1, description="IndexShard actors per shard.")
+    replicas: int = Field(1, ge=1, description="Replicas of each shard deployment (without index.autoscaling).")
     shard_num_cpus: float = 0.25
     shard_threads: int = Field(
-        1, ge=1, description="FAISS threads per shard actor (a batch of queries or a large Flat scan uses them)."
+        1, ge=1, description="FAISS threads per shard replica (a batch of queries or a large Flat scan uses them)."
     )
     search_timeout_s: float = Field(
         10.0, gt=0, description="A shard replica's call (search, units) slower than this is cancelled and tried on "
         "another replica of the shard.",
     )
     shard_max_pending: int = Field(
-        32, ge=1, description="Calls one client may have queued at one shard replica; beyond it the call fails at "
-        "once and goes to another replica (a busy replica sheds load instead of queueing without bound).",
+        32, ge=1, description="Calls one shard replica takes at once (Serve's max_ongoing_requests); more wait in "
+        "the deployment's queue for a free replica and count towards index.autoscaling.",
     )
     search_params: str = Field(
         "", description="FAISS search-time parameters for approximate factories, e.g. nprobe=32 or efSearch=128."
     )
     node_resource: str | None = Field(
         None, description="Custom Ray resource the cluster gives its index nodes (cluster/aws.yaml and the KubeRay "
-        "manifests: index); each shard actor asks for 1 of it, so shards land only on index nodes. None: any node.",
+        "manifests: index); each shard replica asks for 1 of it, so shards land only on index nodes. None: any node.",
     )
     shard_memory_factor: float = Field(
-        1.5, ge=0, description="Each shard actor asks Ray for this many times its estimated resident memory (from "
+        1.5, ge=0, description="Each shard replica asks Ray for this many times its estimated resident memory (from "
         "the sizes of its files in the manifest), so the scheduler and autoscaler place shards on nodes with the "
         "memory free. 0: no memory ask.",
     )
     device: Literal["cpu", "cuda"] = Field(
-        "cpu", description="Where shard actors search: cuda moves each shard's index to a GPU (exact Flat shards through "
+        "cpu", description="Where shard replicas search: cuda moves each shard's index to a GPU (exact Flat shards through "
         "torch, the gpu extra; IVF/PQ shards need a FAISS GPU build) and asks Ray for index.shard_num_gpus per actor.",
     )
-    shard_num_gpus: float = Field(1.0, gt=0, le=1, description="GPUs per shard actor with index.device=cuda.")
+    shard_num_gpus: float = Field(1.0, gt=0, le=1, description="GPUs per shard replica with index.device=cuda.")
     refresh_s: float = Field(
         10.0, ge=0, description="How often a Retriever serving a build alias re-reads its current.json; on a new "
         "build it loads the new shards, switches once every shard answers, then releases the old ones. 0: never.",
     )
-    backend: Literal["actors", "serve"] = Field(
-        "actors", description="Where the Retriever's shards run: actors = the shared tier of IndexShard actors "
-        "(actors.index_tier); serve = one Serve application per build, a deployment per shard (serve.index_app: "
-        "Serve restarts, routes, bounds, places, scales and drains the replicas).",
-    )
     autoscaling: dict[str, Any] | None = Field(
-        None, description="backend=serve: Serve's autoscaling_config for every shard deployment (min_replicas, "
+        None, description="Serve's autoscaling_config for every shard deployment (min_replicas, "
         "max_replicas, target_ongoing_requests, ...); None: index.replicas replicas each.",
     )
     max_replicas_per_node: int | None = Field(
-        None, ge=1, description="backend=serve: at most this many replicas of one shard per node (1 on a cluster: a "
+        None, ge=1, description="At most this many replicas of one shard per node (1 on a cluster: a "
         "node's loss then leaves the other replicas of every shard); None: no limit (one machine).",
     )
     retire_after_s: float = Field(
-        60.0, ge=0, description="backend=serve: a superseded build's application is deleted this long after the "
+        60.0, ge=0, description="A superseded build's application is deleted this long after the "
         "switch (every Retriever replica follows the alias within index.refresh_s).",
     )
 
@@ -289,8 +284,8 @@ class ServeConfig(_Section):
     colocate: bool = Field(
         False, description="The single-machine profile: every stage but the LLM runs inside each Ingress "
         "replica (query encoder, the index's shards, reader, long-context reader, dual stages: no hops "
-        "between them, no shard actors, two Ray workers for the app); off: separate, independently scaled "
-        "deployments over a shared tier of shard actors (clusters).",
+        "between them, no shard deployments, two Ray workers for the app); off: separate, independently scaled "
+        "deployments over one shard deployment per shard (clusters).",
     )
     timeouts: StageTimeouts = Field(
         default_factory=StageTimeouts, description="Per-stage deadlines (504 with the stage named); a stage "

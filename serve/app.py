@@ -59,7 +59,7 @@ class Ingress:
         return create_api(self.gateway)
 
     async def check_health(self) -> None:
-        """Serve's periodic check: an in-process retriever's own (its index lease and repair)."""
+        """Serve's periodic check: an in-process retriever's own (its alias watch)."""
         retriever = self.gateway.retriever
         if isinstance(retriever, InProcess):
             await retriever.target.check_health()

@@ -9,9 +9,9 @@ records (:class:`longrag.types.Retrieval`, :class:`longrag.llm.base.ChatResult`,
 
 * ``QueryEncoder`` owns an ``Embedder`` and batches concurrent questions (``@serve.batch``); a
   question that fails to encode fails alone, not the batch it shared;
-* ``Retriever`` holds a ``ShardedIndex`` over the app's shared index tier (one set of named
-  ``IndexShard`` actors per build, R replicas per shard, see :mod:`actors.index_tier`): scaling
-  Retriever replicas scales the scatter/gather front, not the copies of the index;
+* ``Retriever`` holds a ``ShardedIndex`` over the build's index application (one Serve deployment
+  per shard, R replicas each or autoscaled, see :mod:`serve.index_app`): scaling Retriever
+  replicas scales the scatter/gather front, not the copies of the index;
 * ``LLMServer`` owns an in-process LLM (llama.cpp on CPU); on GPU clusters the reader talks to a
   vLLM deployment of ``ray.serve.llm`` (or any OpenAI-compatible URL) instead;
 * ``Reader`` owns the two-turn ``LongReader`` and talks to the LLM through ``RemoteLLM``.
@@ -128,13 +128,12 @@ def _question_problem(q: Any) -> str | None:
 @serve.deployment(ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=64)
 class Retriever:
     """Scatter/gather over a sharded index; ``describe`` and every result's coverage report the
-    redundancy left ("1 of 2 replicas"). Its health check pings every shard replica and has the
-    tier re-create those gone for good (:meth:`actors.index_tier.TieredIndex.repair`).
+    redundancy left ("1 of 2 replicas"); its health check reads the shards' replica counts again.
 
     ``index_cls(index_uri, index, app_name=, holder=)`` builds the index backend (the search API of
     :class:`actors.sharded_index.ShardedIndex`: ``search``, ``retrieve_units``, ``liveness``; a
-    ``manifest``; the lease's ``renew``/``release``/``repair``); None: :class:`actors.index_tier.TieredIndex`,
-    the app's shared tier of ``IndexShard`` actors.
+    ``manifest``; ``retire`` and ``release``); None: :class:`serve.index_app.ServeIndex`, the build's
+    Serve application of shard deployments (shared by every Retriever replica).
 
     ``index_uri`` may be a build alias (:mod:`longrag.index.alias`): every ``index.refresh_s`` the
     replica re-reads its pointer and, on a new build, builds a second backend over it (its shards
@@ -146,20 +145,17 @@ class Retriever:
                  retrieval: RetrievalConfig | None = None) -> None:
         from longrag.index.alias import resolve_build
 
-        if index_cls is None and index.backend == "serve":
+        if index_cls is None:
             from serve.index_app import ServeIndex
 
             index_cls = ServeIndex
-        elif index_cls is None:
-            from actors.index_tier import TieredIndex
-
-            index_cls = TieredIndex
         self.source, self.config, self.index_cls = index_uri, index, index_cls
         self.retrieval = retrieval or RetrievalConfig()
         self.build_uri, _ = resolve_build(index_uri)
         self.index = self._open(self.build_uri)
         self.manifest = self.index.manifest
-        self.live: list[list[bool]] = [[True] * index.replicas for _ in self.manifest.shards]
+        self.live: list[ShardRedundancy] = [ShardRedundancy(shard=s, live=index.replicas, replicas=index.replicas)
+                                            for s in range(len(self.manifest.shards))]
         self.inflight: dict[int, int] = {}  # id(backend) -> requests running on it
         self.switches = 0
         self._watcher: asyncio.Task | None = None
@@ -238,23 +234,19 @@ class Retriever:
         return IndexDescription(
             build_id=m.build_id, shards=len(m.shards), units=m.counts.units, chunks=m.counts.chunks,
             embedding_model=m.embedding.model,
-            index=[ShardRedundancy(shard=s, live=sum(row), replicas=len(row)) for s, row in enumerate(self.live)],
+            index=self.live,
         )
 
     async def check_health(self) -> None:
-        """Renew the lease, ping every replica of every shard, and have the tier re-create the
-        replicas that are gone for good. A shard without a live replica does not make this replica
-        unhealthy (a new Retriever would find the same shards): requests keep being answered, with
-        the shard named in their coverage, and /readyz reports it. Unhealthy (Serve replaces the
-        replica) when the lease or the repair fails."""
+        """Read the shards' replica counts again (Serve replaces lost replicas itself). A shard
+        without a running replica does not make this replica unhealthy (a new Retriever would find
+        the same shards): requests keep being answered, with the shard named in their coverage, and
+        /readyz reports it."""
         self._watch()
-        await self.index.renew()
         self.live = await self.index.liveness()
-        if not all(all(row) for row in self.live) and await self.index.repair():
-            self.live = await self.index.liveness()
 
     async def __del__(self) -> None:
-        """Serve's graceful shutdown: release this replica's hold on the shared index tier."""
+        """Serve's graceful shutdown: the index application goes with the last Retriever replica."""
         index = getattr(self, "index", None)  # None: the constructor failed
         if index is not None:
             await index.release()

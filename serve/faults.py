@@ -1,34 +1,15 @@
 """Killing parts of a running LongRAG Serve app from outside, as a crash would (``python -m jobs.chaos``,
-``tests/serve/test_app.py``). A driver connected to the app's Ray finds the actors by name:
-
-* the index tier's shard actors: ``{build}-{settings}-s{shard}-r{replica}`` in the namespace
-  ``longrag-index-{app}`` (:mod:`actors.index_tier`);
-* Serve's replica actors: ``SERVE_REPLICA::{app}#{deployment}#{id}`` in Serve's namespace (the
-  shard replicas of ``index.backend=serve`` too: application ``index-{build_id}``, ``shard-{id}``).
-
-``ray.kill(..., no_restart=True)`` ends an actor for good: Ray does not restart it, whatever its
-``max_restarts`` (the shard actors are then re-created by the tier, Serve replaces its replicas).
+``tests/serve/test_app.py``). A driver connected to the app's Ray finds Serve's replica actors by name,
+``SERVE_REPLICA::{app}#{deployment}#{id}`` in Serve's namespace (the shard replicas too: application
+``index-{build_id}``, deployment ``shard-{id}``). ``ray.kill(..., no_restart=True)`` ends an actor
+for good: Ray does not restart it; Serve replaces the replica.
 """
 
 from __future__ import annotations
 
-import re
 import time
 
 import ray
-
-_SHARD = re.compile(r"-s(\d+)-r(\d+)$")
-
-
-def shard_actors(app: str) -> dict[tuple[int, int], tuple[str, str]]:
-    """``(shard, replica) -> (name, namespace)`` of the app's live index-tier actors."""
-    namespace = f"longrag-index-{app}"
-    out = {}
-    for actor in ray.util.list_named_actors(all_namespaces=True):
-        m = _SHARD.search(actor["name"])
-        if actor["namespace"] == namespace and m:
-            out[(int(m.group(1)), int(m.group(2)))] = (actor["name"], actor["namespace"])
-    return out
 
 
 def serve_replicas(app: str, deployment: str) -> list[tuple[str, str]]:
@@ -57,19 +38,9 @@ def kill(*actors: tuple[str, str], wait_s: float = 30.0) -> list[str]:
     return [name for name, _ in actors]
 
 
-def kill_shard_replicas(app: str, shard: int, replicas: list[int]) -> list[str]:
-    """Kill the given replicas of one shard of the app's index tier for good; their names."""
-    actors = shard_actors(app)
-    missing = [r for r in replicas if (shard, r) not in actors]
-    if missing:
-        raise ValueError(f"app {app!r} has no live replica(s) {missing} of shard {shard}; "
-                         f"it has {sorted(actors)} (shard, replica)")
-    return kill(*(actors[(shard, r)] for r in replicas))
-
-
 def kill_index_replicas(build_id: str, shard: int, count: int) -> list[str]:
     """Kill ``count`` replicas of one shard deployment of a build's Serve application
-    (``index.backend=serve``, :mod:`serve.index_app`) for good; their names. Serve starts new ones."""
+    (:mod:`serve.index_app`) for good; their names. Serve starts new ones."""
     from serve.index_app import index_app_name, shard_deployment_name
 
     replicas = serve_replicas(index_app_name(build_id), shard_deployment_name(shard))

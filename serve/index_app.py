@@ -1,10 +1,10 @@
-"""The shard tier on Ray Serve (``index.backend=serve``): one Serve application per build.
+"""The shard tier on Ray Serve: one Serve application per build.
 
 Each shard of a build is a deployment (``shard-<id>``) of the application ``index-<build_id>``;
-its replicas are :class:`actors.index_shard.IndexShardReplica` (the same shard code as the actor
-tier and the in-process index: loads its shard from the store, verifies it, searches in a worker
-thread while its event loop answers Serve's health checks). Serve does what the actor tier did by
-hand: restarts a dead replica, routes around it, bounds each replica's queue
+its replicas are :class:`actors.index_shard.IndexShardReplica` (the same shard code as the
+in-process index: loads its shard from the store, verifies it, searches in a worker thread while
+its event loop answers Serve's health checks). Serve restarts a dead replica, routes around it,
+bounds each replica's queue
 (``max_ongoing_requests`` = ``index.shard_max_pending``), places replicas with the capacity
 plan's asks (``ray_actor_options``: CPUs, memory, the index nodes' resource, a GPU) and at most
 ``index.max_replicas_per_node`` per node, scales them (``index.autoscaling``: Serve's
@@ -18,21 +18,24 @@ push (``serve deploy``, KubeRay's ``serveConfigV2``) only the applications that 
 an index application outlives the pushes of the app that uses it. The Retriever keeps what is the
 product's own (:class:`ServeIndex` over :class:`actors.sharded_index.ShardedIndex`): scatter/gather,
 the exact merge, coverage and ``degraded``, a second try within the stage deadline (Serve routes it
-to another replica).
+to another replica). Jobs that search without the HTTP app (evaluation, benchmarks) use the same
+application through :func:`open_index`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from ray import serve
 
 from actors.index_shard import IndexShardReplica
 from actors.sharded_index import IndexNotReady, ShardedIndex
+from cluster import ray_private
 from longrag.index.artifacts import ArtifactStore
-from longrag.index.placement import ShardPlacement, shard_actor_resources
+from longrag.index.placement import ShardPlacement, describe_ask, shard_actor_resources
 from longrag.types import ShardRedundancy
 
 if TYPE_CHECKING:
@@ -43,6 +46,8 @@ log = logging.getLogger(__name__)
 
 #: Replica states that count towards a shard's replicas (all but those going away).
 _GOING = ("STOPPING",)
+#: Starts of a shard replica that fails to load before its application fails (Serve's default: 20).
+CONSTRUCTOR_RETRIES = 3
 
 
 def index_app_name(build_id: str) -> str:
@@ -65,8 +70,11 @@ class IndexBuild:
         return {"build_id": self.build_id, "shards": self.n_shards}
 
 
-def index_app(build_uri: str, manifest: "Manifest", config: "IndexConfig", *, verify: bool = True) -> Any:
-    """The Serve application of one build: a deployment per shard, bound to :class:`IndexBuild`."""
+def index_app(build_uri: str, manifest: "Manifest", config: "IndexConfig", *, verify: bool = True,
+              shard_cls: type = IndexShardReplica) -> Any:
+    """The Serve application of one build: a deployment of ``shard_cls`` per shard, bound to
+    :class:`IndexBuild`. A replica that fails to load its shard (a checksum mismatch, a GPU missing)
+    is tried ``CONSTRUCTOR_RETRIES`` times, then the application fails with its error."""
     placement = ShardPlacement.of(config)
     shards = []
     for entry in manifest.shards:
@@ -77,13 +85,14 @@ def index_app(build_uri: str, manifest: "Manifest", config: "IndexConfig", *, ve
             "max_ongoing_requests": config.shard_max_pending,
             "max_replicas_per_node": config.max_replicas_per_node,
             "health_check_period_s": 5.0, "health_check_timeout_s": 30.0,
+            "max_constructor_retry_count": CONSTRUCTOR_RETRIES,
         }
         if config.autoscaling:
             options["autoscaling_config"] = dict(config.autoscaling)
             options["num_replicas"] = "auto"
         else:
             options["num_replicas"] = config.replicas
-        shards.append(serve.deployment(IndexShardReplica).options(**options).bind(
+        shards.append(serve.deployment(shard_cls).options(**options).bind(
             build_uri, entry.shard_id, verify, config.shard_threads, config.search_params, config.device))
     return IndexBuild.bind(manifest.build_id, len(shards), *shards)
 
@@ -99,40 +108,32 @@ def ensure_index_app(build_uri: str, manifest: "Manifest", config: "IndexConfig"
     status = serve_status().applications.get(name)
     if status is None or str(getattr(status.status, "value", status.status)) in ("DEPLOY_FAILED", "DELETING"):
         log.info("deploying the index application %s (%d shards) for %s", name, len(manifest.shards), build_uri)
-        serve.run(index_app(build_uri, manifest, config), name=name, route_prefix=None, blocking=False)
-    reason = wait_running([name], schedule_timeout_s=min(60.0, ready_timeout_s), ready_timeout_s=ready_timeout_s,
+        ray_private.serve_run_nowait(index_app(build_uri, manifest, config), name=name, route_prefix=None)
+    reason = wait_running([name], schedule_timeout_s=min(60.0, ready_timeout_s / 2), ready_timeout_s=ready_timeout_s,
                           log=log.info)
     if reason:
-        raise IndexNotReady(f"the index application {name} of {build_uri} did not start: {reason}")
+        placement = ShardPlacement.of(config)
+        ask = max((describe_ask(shard_actor_resources(placement, s)) for s in manifest.shards),
+                  key=lambda a: a.get("memory_gib", 0.0))
+        raise IndexNotReady(
+            f"the index application {name} of {build_uri} did not start: {reason}\nIts largest shard's replica "
+            f"asks for {ask}: lower index.shard_num_cpus or index.replicas, give Ray more CPUs, add nodes that "
+            "offer index.node_resource (and a GPU for index.device=cuda), or lower index.shard_memory_factor.")
     return name
 
 
 class ServeShards(ShardedIndex):
-    """:class:`ShardedIndex` over one deployment handle per shard: a failed or timed-out call is
-    tried once more on the same deployment (Serve routes it to another replica), and the replica
-    counts are Serve's (``RUNNING`` of those not stopping), not guessed from failed calls."""
+    """:class:`ShardedIndex` over one deployment handle per shard of the application ``app``: a
+    failed or timed-out call is tried once more on the same deployment (Serve routes it to another
+    replica), and the replica counts are Serve's (``RUNNING`` of those not stopping)."""
 
     def __init__(self, app: str, manifest: "Manifest", config: "IndexConfig") -> None:
         self.app = app
         handles = [serve.get_deployment_handle(shard_deployment_name(s.shard_id), app_name=app)
                    for s in manifest.shards]
-        super().__init__([[h, h] for h in handles], timeout_s=config.search_timeout_s, manifest=manifest)
-        self.counts: list[tuple[int, int]] = [(config.replicas, config.replicas)] * len(handles)
+        super().__init__(handles, timeout_s=config.search_timeout_s, manifest=manifest, replicas=config.replicas)
 
-        self._recount: asyncio.Task | None = None
-
-    def redundancy(self) -> list[ShardRedundancy]:
-        return [ShardRedundancy(shard=s, live=live, replicas=n) for s, (live, n) in enumerate(self.counts)]
-
-    async def search(self, queries: Any, k: int, texts: list[str] | None = None, fusion: Any = None) -> Any:
-        """As :meth:`ShardedIndex.search`; a call that failed over has Serve's replica counts read
-        again (in the background), so the next responses show a lost replica as soon as Serve does."""
-        res = await super().search(queries, k, texts, fusion)
-        if res.coverage.failovers and (self._recount is None or self._recount.done()):
-            self._recount = asyncio.get_running_loop().create_task(self.liveness())
-        return res
-
-    async def liveness(self, timeout_s: float = 5.0) -> list[list[bool]]:
+    async def replica_counts(self) -> list[tuple[int, int]]:
         from serve.run import serve_status
 
         status = await asyncio.to_thread(serve_status)
@@ -143,42 +144,45 @@ class ServeShards(ShardedIndex):
             states = {str(getattr(k, "value", k)): n for k, n in (dep.replica_states.items() if dep else [])}
             running = states.get("RUNNING", 0)
             counts.append((running, max(running, sum(n for k, n in states.items() if k not in _GOING))))
-        self.counts = counts
-        return [[True] * live + [False] * (n - live) for live, n in counts]
-
-    def kill(self) -> None:
-        serve.delete(self.app, _blocking=False)
+        return counts
 
 
-class ServeIndex:
-    """The Retriever's index backend over the build's Serve application (``index.backend=serve``):
-    the search API of :class:`actors.sharded_index.ShardedIndex` and the backend's lifecycle
-    (``renew``/``repair`` are Serve's own work here; ``retire`` deletes a superseded build's
-    application once no Retriever replica can still be on it; ``release``, as a Retriever replica
-    goes away, deletes it only with the last replica of the Retriever deployment)."""
+@contextlib.contextmanager
+def open_index(build_uri: str, config: "IndexConfig", *, ready_timeout_s: float = 600.0) -> Iterator[ServeShards]:
+    """The build's shards for a job that searches without the HTTP app (evaluation, benchmarks): its
+    Serve application (the same one the Retriever uses; started with Serve's proxies off when Serve
+    is not running yet), deleted on exit unless it was running before (a live service's)."""
+    from serve.run import serve_status
+
+    manifest = ArtifactStore.open(build_uri).read_manifest()
+    name = index_app_name(manifest.build_id)
+    before = serve_status()
+    started = not before.applications and not before.proxies  # Serve not running on this cluster
+    if started:
+        serve.start(proxy_location="Disabled")
+    try:
+        ensure_index_app(build_uri, manifest, config, ready_timeout_s=ready_timeout_s)
+        yield ServeShards(name, manifest, config)
+    finally:
+        if name not in before.applications:
+            serve.delete(name)
+        if started and not serve_status().applications:  # leave no proxy-less Serve behind for a later app
+            serve.shutdown()
+
+
+class ServeIndex(ServeShards):
+    """The Retriever's index backend: :class:`ServeShards` over the build's application, deployed
+    when it does not run yet, and its lifecycle: ``retire`` deletes a superseded build's application
+    once no Retriever replica can still be on it; ``release``, as a Retriever replica goes away,
+    deletes it only with the last replica of the Retriever deployment."""
 
     def __init__(self, index_uri: str, config: "IndexConfig", *, app_name: str = "", holder: str = "",
                  ready_timeout_s: float = 300.0) -> None:
-        self.manifest = ArtifactStore.open(index_uri).read_manifest()
+        manifest = ArtifactStore.open(index_uri).read_manifest()
         self.config, self.user_app, self.holder = config, app_name, holder
-        self.app = ensure_index_app(index_uri, self.manifest, config, ready_timeout_s=ready_timeout_s)
-        self.index = ServeShards(self.app, self.manifest, config)
+        super().__init__(ensure_index_app(index_uri, manifest, config, ready_timeout_s=ready_timeout_s), manifest,
+                         config)
         self._retiring: asyncio.Task | None = None
-
-    async def search(self, queries: Any, k: int, texts: list[str] | None = None, fusion: Any = None) -> Any:
-        return await self.index.search(queries, k, texts, fusion)
-
-    async def retrieve_units(self, hits: list[Any], query: Any = None) -> list[Any]:
-        return await self.index.retrieve_units(hits, query)
-
-    async def liveness(self) -> list[list[bool]]:
-        return await self.index.liveness()
-
-    async def renew(self) -> None:
-        """Nothing is leased: the application lives until it is retired or released."""
-
-    async def repair(self) -> list[tuple[int, int]]:
-        return []  # Serve replaces dead replicas itself
 
     async def retire(self) -> None:
         """A newer build took over: delete this application after ``index.retire_after_s``, by when

@@ -143,61 +143,60 @@ def write_tiny_build(root, docs: list[tuple[str, str]], shards: int = 2) -> str:
     return str(root)
 
 
-class _Done:
-    """What ``actor.method.remote()`` returns, for ``ShardedIndex``'s ``ref.future()``."""
+class _Response:
+    """What ``handle.method.remote()`` returns, as Serve's ``DeploymentResponse``: awaitable, with ``cancel()``."""
 
-    def __init__(self, fn, args) -> None:
-        self.fn, self.args = fn, args
+    def __init__(self, router: "_FakeDeployment", method: str, args) -> None:
+        self.router, self.method, self.args = router, method, args
 
-    def future(self):
-        from concurrent.futures import Future
+    def __await__(self):
+        return self.router.call(self.method, self.args).__await__()
 
-        fut: Future = Future()
-        try:
-            fut.set_result(self.fn(*self.args))
-        except Exception as exc:
-            fut.set_exception(exc)
-        return fut
+    def cancel(self) -> None:
+        pass
 
 
-class _LocalActor:
-    """An ``IndexShardImpl`` called like a Ray actor handle (``actor.search.remote(...)``), in process."""
+class _FakeDeployment:
+    """A shard deployment's handle in process: replicas wrapping the real ``IndexShardImpl``, routed
+    round robin as Serve's router does; a dead replica fails the call that meets it (an actor died)
+    and is then left out, as Serve's router leaves out a replica whose actor died; a flaky one
+    fails searches with ``k == FLAKY_K`` and stays in (its health checks pass)."""
 
     class _Method:
-        def __init__(self, fn) -> None:
-            self.fn = fn
+        def __init__(self, router: "_FakeDeployment", name: str) -> None:
+            self.router, self.name = router, name
 
         def remote(self, *args):
-            return _Done(self.fn, args)
+            return _Response(self.router, self.name, args)
 
-    def __init__(self, impl, dead: bool = False, flaky: bool = False) -> None:
-        self.impl, self.dead, self.flaky = impl, dead, flaky
+    def __init__(self, impl, n: int, dead: set[int], flaky: set[int]) -> None:
+        self.impl, self.n, self.dead, self.flaky = impl, n, set(dead), set(flaky)
+        self.routed = list(range(n))
+        self._next: dict[str, int] = {}  # round robin per method, so searches meet every replica in turn
 
     def __getattr__(self, name: str):
-        if self.dead:
-            def fail(*args):
-                raise RuntimeError("ActorDiedError: this replica is dead (a test fake)")
+        return self._Method(self, name)
 
-            return self._Method(fail)
-        if self.flaky and name == "search":
-            def flaky_search(queries, k):
-                if k == FLAKY_K:
-                    raise RuntimeError(f"a flaky replica (a test fake): searches with k={FLAKY_K} fail")
-                return self.impl.search(queries, k)
-
-            return self._Method(flaky_search)
-        return self._Method(getattr(self.impl, name))
+    async def call(self, method: str, args):
+        i = self._next[method] = self._next.get(method, -1) + 1
+        r = self.routed[i % len(self.routed)]
+        if r in self.dead:
+            self.routed.remove(r)
+            raise RuntimeError("ActorDiedError: this replica is dead (a test fake)")
+        if r in self.flaky and method == "search" and args[1] == FLAKY_K:
+            raise RuntimeError(f"a flaky replica (a test fake): searches with k={FLAKY_K} fail")
+        return getattr(self.impl, method)(*args)
 
 
-FLAKY_K = 11  # a flaky replica (FakeActorsIndex.flaky) fails searches with this k and answers everything else
+FLAKY_K = 11  # a flaky replica (FakeShardsIndex.flaky) fails searches with this k and answers everything else
 
 
-class FakeActorsIndex:
+class FakeShardsIndex:
     """An index backend for the ``Retriever`` that keeps the scatter/gather layer: the real
-    ``ShardedIndex`` (failover, coverage, MaxP merge) over fake shard actors wrapping the real
+    ``ShardedIndex`` (retries, coverage, MaxP merge) over fake shard deployments wrapping the real
     ``IndexShardImpl`` in process, so replicas can be made dead or flaky. (The product's own
     in-process backend, without replicas, is ``actors.inprocess_index.InProcessIndex``.) ``dead``
-    names ``(shard, replica)`` pairs that fail every call (and answer no ping)."""
+    names ``(shard, replica)`` pairs that fail their first call and count as not running."""
 
     dead: frozenset = frozenset()
     flaky: frozenset = frozenset()
@@ -208,22 +207,27 @@ class FakeActorsIndex:
         from longrag.index.artifacts import ArtifactStore
 
         self.manifest = ArtifactStore.open(index_uri).read_manifest()
-        rows = []
-        for shard in self.manifest.shards:
-            impl = IndexShardImpl(index_uri, shard.shard_id)
-            rows.append([_LocalActor(impl, dead=(shard.shard_id, r) in self.dead, flaky=(shard.shard_id, r) in self.flaky)
-                         for r in range(config.replicas)])
-        self.index = ShardedIndex(rows, timeout_s=config.search_timeout_s, manifest=self.manifest)
+        handles = [_FakeDeployment(IndexShardImpl(index_uri, s.shard_id), config.replicas,
+                                   {r for sh, r in self.dead if sh == s.shard_id},
+                                   {r for sh, r in self.flaky if sh == s.shard_id}) for s in self.manifest.shards]
+
+        class Counted(ShardedIndex):
+            async def replica_counts(self):
+                return [(h.n - len(h.dead), h.n) for h in self.handles]
+
+        self.index = Counted(handles, timeout_s=config.search_timeout_s, manifest=self.manifest,
+                             replicas=config.replicas)
+        self.index.counts = [(h.n - len(h.dead), h.n) for h in handles]
 
     @classmethod
     def with_dead(cls, *pairs: tuple[int, int]) -> type:
         """A subclass whose given ``(shard, replica)`` replicas are dead."""
-        return type("FakeActorsIndexWithDead", (cls,), {"dead": frozenset(pairs), "__module__": __name__})
+        return type("FakeShardsIndexWithDead", (cls,), {"dead": frozenset(pairs), "__module__": __name__})
 
     @classmethod
     def with_flaky(cls, *pairs: tuple[int, int]) -> type:
         """A subclass whose given ``(shard, replica)`` replicas fail searches with ``k == FLAKY_K``."""
-        return type("FakeActorsIndexWithFlaky", (cls,), {"flaky": frozenset(pairs), "__module__": __name__})
+        return type("FakeShardsIndexWithFlaky", (cls,), {"flaky": frozenset(pairs), "__module__": __name__})
 
     async def search(self, queries, k: int, texts=None, fusion=None):
         return await self.index.search(queries, k, texts, fusion)
@@ -231,14 +235,8 @@ class FakeActorsIndex:
     async def retrieve_units(self, hits, query=None):
         return await self.index.retrieve_units(hits, query)
 
-    async def liveness(self) -> list[list[bool]]:
-        return await self.index.liveness()  # the real pings: a dead fake replica does not answer
-
-    async def renew(self) -> None:
-        pass
-
-    async def repair(self) -> list[tuple[int, int]]:
-        return []  # in-process shards cannot be re-created (actors.index_tier does it for actors)
+    async def liveness(self):
+        return await self.index.liveness()
 
     async def release(self) -> None:
         pass
@@ -289,7 +287,7 @@ class SleepyEncoder(HashEncoder):
 SLOW_K = 13  # a retrieve with this k sleeps (the index sees vectors, not questions)
 
 
-class SleepyIndex(FakeActorsIndex):
+class SleepyIndex(FakeShardsIndex):
     """Sleeps on a search with ``k == SLOW_K``; replica 0 of shard 0 is flaky (see ``FLAKY_K``)."""
 
     flaky = frozenset({(0, 0)})
@@ -368,7 +366,7 @@ def faults_app(args: dict):
 @contextlib.contextmanager
 def serve_fake_app(build: str, port: int, overrides: list[str] | None = None, *, name: str = "longrag"):
     """A local Ray (4 logical CPUs, no dashboard) with the repository on the workers' path, Serve on
-    127.0.0.1:``port`` and the real app over the plain fakes (:class:`HashEncoder`, :class:`FakeActorsIndex`,
+    127.0.0.1:``port`` and the real app over the plain fakes (:class:`HashEncoder`, :class:`FakeShardsIndex`,
     :class:`TitleReader`) of ``build``, configured by ``overrides``; yields the base URL once the app is
     RUNNING; shuts Serve and Ray down on exit."""
     import os
@@ -389,7 +387,7 @@ def serve_fake_app(build: str, port: int, overrides: list[str] | None = None, *,
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         cfg = LongRAGConfig().with_overrides(list(overrides or []))
-        app = build_app(cfg, build, encoder_cls=HashEncoder, index_cls=FakeActorsIndex, engine_cls=TitleReader)
+        app = build_app(cfg, build, encoder_cls=HashEncoder, index_cls=FakeShardsIndex, engine_cls=TitleReader)
         serve.run(app, name=name, route_prefix="/", blocking=False)
         assert wait_running([name], ready_timeout_s=180) is None
         yield f"http://127.0.0.1:{port}"

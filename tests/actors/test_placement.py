@@ -1,7 +1,10 @@
-"""Where shard actors go: the index nodes' custom resource, memory from the shard's size, and a GPU
-for ``index.device=cuda`` (which fails with a clear configuration error where FAISS has no GPU)."""
+"""Where shard replicas go: the index nodes' custom resource, memory from the shard's size, and a GPU
+for ``index.device=cuda`` (which fails with a clear configuration error where FAISS has no GPU), as
+the options of each shard deployment and on a simulated cluster."""
 
 from __future__ import annotations
+
+import asyncio
 
 import faiss
 import numpy as np
@@ -9,12 +12,13 @@ import pytest
 import ray
 
 from actors.index_shard import IndexShardImpl
-from actors.sharded_index import IndexNotReady, ShardedIndex, launch_settings
+from actors.sharded_index import IndexNotReady
 from cluster.local import WORKER_ENV
 from longrag.config import LongRAGConfig
 from longrag.index.maxp import IndexDeviceError, MaxPIndex, check_gpu
 from longrag.index.placement import BASE_BYTES, ShardPlacement, shard_actor_resources, shard_memory_bytes
 from longrag.index.artifacts import ArtifactStore
+from serve.index_app import CONSTRUCTOR_RETRIES, index_app, open_index
 from tests.actors.test_sharded_index import _assert_same, _brute_force, _make_build, _queries
 
 NO_GPU = not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() == 0
@@ -42,11 +46,31 @@ def test_actor_asks_follow_the_config_and_the_shard_size(tmp_path):
         shard_actor_resources(ShardPlacement(device="tpu"), entry)
 
 
-def test_launch_settings_carry_the_placement_fields():
-    cfg = LongRAGConfig.model_validate({"index": {"device": "cuda", "shard_num_gpus": 0.25,
-                                                  "node_resource": "index"}}).index
-    launch = launch_settings(cfg)
-    assert launch["device"] == "cuda" and launch["num_gpus"] == 0.25 and launch["node_resource"] == "index"
+def test_each_shard_deployment_carries_the_config_and_its_shards_ask(tmp_path):
+    """The index application's shard deployments: the capacity plan's asks as ``ray_actor_options``,
+    ``max_ongoing_requests`` from index.shard_max_pending, at most index.max_replicas_per_node per
+    node, index.replicas or Serve's autoscaling, a bounded number of starts for a replica that fails."""
+    _make_build(tmp_path, seed=3)
+    manifest = ArtifactStore.open(str(tmp_path)).read_manifest()
+    cfg = LongRAGConfig.model_validate({"index": {
+        "node_resource": "index", "shard_memory_factor": 2.0, "shard_num_cpus": 0.5, "replicas": 2,
+        "shard_max_pending": 7, "max_replicas_per_node": 1}}).index
+    app = index_app(str(tmp_path), manifest, cfg)
+    shards = {d._bound_deployment.name: d._bound_deployment for d in app._bound_deployment.init_args[2:]}
+    assert sorted(shards) == [f"shard-{s.shard_id}" for s in manifest.shards]
+    for entry in manifest.shards:
+        dep = shards[f"shard-{entry.shard_id}"]
+        ask = shard_actor_resources(ShardPlacement.of(cfg), entry)
+        assert dep.ray_actor_options == {k: ask[k] for k in ("num_cpus", "memory", "resources")}
+        assert dep.ray_actor_options["resources"] == {"index": 1.0} and dep.num_replicas == 2
+        assert dep.max_ongoing_requests == 7 and dep._deployment_config.max_constructor_retry_count == CONSTRUCTOR_RETRIES
+        assert dep._replica_config.max_replicas_per_node == 1
+    auto = cfg.model_copy(update={"autoscaling": {"min_replicas": 1, "max_replicas": 3}})
+    dep = index_app(str(tmp_path), manifest, auto)._bound_deployment.init_args[2]._bound_deployment
+    assert dep._deployment_config.autoscaling_config.max_replicas == 3
+    gpu = cfg.model_copy(update={"device": "cuda", "shard_num_gpus": 0.25})
+    assert index_app(str(tmp_path), manifest, gpu)._bound_deployment.init_args[2]._bound_deployment \
+        .ray_actor_options["num_gpus"] == 0.25
     with pytest.raises(ValueError, match="device"):
         LongRAGConfig.model_validate({"index": {"device": "gpu"}})
 
@@ -83,57 +107,32 @@ def cluster():
     c.shutdown()
 
 
-def test_shard_actors_land_on_the_index_node(cluster, tmp_path):
+def _config(**index) -> "IndexConfig":
+    return LongRAGConfig.model_validate({"index": {"shard_num_cpus": 0.1, **index}}).index
+
+
+def test_shard_replicas_land_on_the_index_node(cluster, tmp_path):
     c, index_node = cluster
     units, chunks, vectors, _ = _make_build(tmp_path, seed=5)
-    client = ShardedIndex.launch(str(tmp_path), replicas=1, num_cpus=0.1, node_resource="index", memory_factor=1.5)
-    infos = client.wait_ready(timeout_s=120)
-    assert {i["node_id"] for i in infos} == {index_node.node_id}
-    assert client.actor_resources["index"] == 1.0 and client.actor_resources["memory_gib"] > 0.3
-    queries = _queries(seed=6)
-    _assert_same(client.search_sync(queries, 5).hits, _brute_force(queries, chunks, vectors, 5))
-    client.kill()
-    # without the custom resource the same shards may go anywhere, the head included (SPREAD)
-    spread = ShardedIndex.launch(str(tmp_path), replicas=2, num_cpus=0.1)
-    assert len({i["node_id"] for i in spread.wait_ready(timeout_s=120)}) == 2
-    spread.kill()
+    with open_index(str(tmp_path), _config(node_resource="index", shard_memory_factor=1.5)) as client:
+        infos = asyncio.run(client.infos())
+        assert {i["node_id"] for i in infos} == {index_node.node_id}
+        queries = _queries(seed=6)
+        _assert_same(client.search_sync(queries, 5).hits, _brute_force(queries, chunks, vectors, 5))
 
 
 def test_a_memory_ask_no_node_has_is_named_when_not_ready(cluster, tmp_path):
     _make_build(tmp_path, seed=7)
-    client = ShardedIndex.launch(str(tmp_path), replicas=1, num_cpus=0.1, node_resource="index", memory_factor=50)
-    with pytest.raises(IndexNotReady, match=r"memory_gib.*index.shard_memory_factor"):
-        client.wait_ready(timeout_s=3, warn_every_s=1)
-    client.kill()
+    with pytest.raises(IndexNotReady, match=r"(?s)not RUNNING after 20s.*'memory_gib': .*index.shard_memory_factor"):
+        with open_index(str(tmp_path), _config(node_resource="index", shard_memory_factor=50), ready_timeout_s=20):
+            pass
 
 
 @pytest.mark.skipif(not NO_GPU, reason="this FAISS sees a GPU")
 def test_cuda_shards_ask_for_a_gpu_and_fail_clearly_without_faiss_gpu(cluster, tmp_path):
-    c, index_node = cluster
+    """Scheduled on the node with the (logical) GPU, the replicas refuse to load with the config error."""
     _make_build(tmp_path, seed=8)
-    client = ShardedIndex.launch(str(tmp_path), replicas=1, num_cpus=0.1, device="cuda", num_gpus=0.3)
-    assert client.actor_resources["GPU"] == 0.3
-    # scheduled on the node with the (logical) GPU, the actor refuses to load with the config error
-    with pytest.raises(Exception, match="IndexDeviceError.*index.device=cuda"):
-        client.wait_ready(timeout_s=120)
-    client.kill()
-
-
-def test_the_serve_index_tier_places_its_shards_from_the_config(cluster, tmp_path):
-    """``TieredIndex`` (the Retriever's backend) launches its shard actors with the ``index`` config's
-    placement: here on the index node, with the memory ask, and reports the ask when not ready."""
-    from actors.index_tier import TieredIndex
-
-    c, index_node = cluster
-    _make_build(tmp_path, seed=9)
-    cfg = LongRAGConfig.model_validate({"index": {"node_resource": "index", "shard_num_cpus": 0.1,
-                                                  "shard_memory_factor": 1.2}}).index
-    tier = TieredIndex(str(tmp_path), cfg, app_name="placement-test", holder="h1", ready_timeout_s=120)
-    try:
-        infos = tier.index.wait_ready(timeout_s=60)
-        assert {i["node_id"] for i in infos} == {index_node.node_id}
-        assert tier.index.actor_resources["index"] == 1.0 and tier.index.actor_resources["memory_gib"] >= 0.3
-    finally:
-        import asyncio
-
-        assert asyncio.run(tier.tier.release()) == 0
+    with pytest.raises(IndexNotReady, match=r"(?s)IndexDeviceError.*index.device=cuda"):
+        with open_index(str(tmp_path), _config(device="cuda", shard_num_gpus=0.3, shard_memory_factor=0),
+                        ready_timeout_s=120):
+            pass

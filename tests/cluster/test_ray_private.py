@@ -5,6 +5,7 @@ resolves; and no other product module names a private Ray module."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 from pathlib import Path
 
@@ -34,6 +35,9 @@ def test_the_wrapped_state_calls_exist():
 
     for call in ("get_max_resources_from_cluster_config", "actor_table"):
         assert callable(getattr(state.state, call, None)), call
+    from ray.serve import api
+
+    assert "_blocking" in inspect.signature(api._run).parameters  # serve_run_nowait's keyword
 
 
 def test_no_other_module_uses_a_private_ray_api():

@@ -39,14 +39,14 @@ def test_pq_with_exact_reranking_recovers_recall(tmp_path, capsys):
     assert best["queries_per_s"] > 0 and best["bytes_per_vector"] > 4 * 16  # PQ codes + the stored vectors
 
 
-def test_actor_overhead_at_toy_size(tmp_path, capsys):
+def test_shard_overhead_at_toy_size(tmp_path, capsys):
     rc = bench_index.main(["--vectors", "6000", "--dim", "32", "--factories", "Flat", "--skip-tradeoff", "--skip-cluster",
                            "--overhead-repeats", "3", "--plan-chunks", "1000", "--plan-dim", "32",
                            "--plan-factories", "Flat", "--out", str(tmp_path)])
     assert rc == 0
     o = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["overhead"]  # exactness is checked inside
     assert o["shards"] == 2 and o["batch"] == 64 and o["vectors"] == 6000
-    assert abs(o["ratio"] - o["actors_ms"] / o["single_ms"]) < 0.01 and o["queries_per_s_actors"] > 0
+    assert abs(o["ratio"] - o["shards_ms"] / o["single_ms"]) < 0.01 and o["queries_per_s_shards"] > 0
 
 
 def test_tradeoff_and_plan_at_toy_size(tmp_path, capsys):

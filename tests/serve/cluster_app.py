@@ -14,13 +14,10 @@ from unittest import mock
 import httpx
 import yaml
 from ray import serve
-from ray.util.state import list_actors
 
-from actors.index_shard import IndexShardReplica
 from cluster.local import start_or_join
 from serve.run import deploy, wait_healthy, wait_running
 
-SHARD_CLASS = IndexShardReplica.__name__  # the class name Ray records for IndexShard actors
 APP = "longrag"
 CPU_YAML = Path(__file__).resolve().parents[2] / "serve" / "configs" / "cpu-cluster.yaml"
 GOOD = ["Who wrote the novel Animal Farm?", "What is the capital of Angola?", "Who composed An American in Paris?",
@@ -29,7 +26,7 @@ GOOD = ["Who wrote the novel Animal Farm?", "What is the capital of Angola?", "W
 
 def app_config(index_uri: str, port: int, reader_cpus: float | None = None) -> dict[str, Any]:
     """cpu-cluster.yaml with the test's build and port, 2 fixed Retriever replicas (health checked every 10 s,
-    Serve's default: the tier re-creates a dead shard replica at a Retriever health check)."""
+    Serve's default: it re-reads the shards' replica counts then)."""
     config = yaml.safe_load(CPU_YAML.read_text())
     config["http_options"]["port"] = port
     (app,) = config["applications"]
@@ -43,12 +40,6 @@ def app_config(index_uri: str, port: int, reader_cpus: float | None = None) -> d
         if dep["name"] == "Reader" and reader_cpus is not None:
             dep["ray_actor_options"] = {"num_cpus": reader_cpus}
     return config
-
-
-def alive_actors(class_name: str, dashboard_port: int) -> list[Any]:
-    # the module's dashboard, named: auto-detection fails when another Ray runs on the machine
-    return list_actors(address=f"http://127.0.0.1:{dashboard_port}", limit=1000,
-                       filters=[("class_name", "=", class_name), ("state", "=", "ALIVE")])
 
 
 @contextmanager

@@ -14,7 +14,7 @@ import pytest
 import ray
 from ray import serve
 
-from tests.serve.cluster_app import APP, GOOD, SHARD_CLASS, alive_actors, deployed, error_of
+from tests.serve.cluster_app import APP, GOOD, deployed, error_of
 
 PORT = 8323
 DASHBOARD_PORT = 8324
@@ -274,14 +274,15 @@ def test_longcontext_rejects_oversized_and_bad_requests(client):
 
 
 # ---------------------------------------------------------------- the index tier and its health
-def test_retriever_replicas_share_one_index_tier(client):
-    """2 Retriever replicas x index.replicas=2: exactly 2 IndexShard actors per shard, named after the build."""
-    retrievers = serve.status().applications[APP].deployments["Retriever"]
+def test_retriever_replicas_share_one_index_application(client):
+    """2 Retriever replicas x index.replicas=2: one application per build, ``index-<build_id>``, with a
+    deployment of exactly 2 replicas per shard (not a copy of the index per Retriever replica)."""
+    from serve.faults import serve_replicas
+    from serve.index_app import index_app_name
+
+    apps = serve.status().applications
+    retrievers = apps[APP].deployments["Retriever"]
     assert {str(getattr(k, "value", k)): v for k, v in retrievers.replica_states.items()}.get("RUNNING") == 2
-    shards = alive_actors(SHARD_CLASS, DASHBOARD_PORT)
-    assert len(shards) == 4, [(a.name, a.ray_namespace) for a in shards]
-    assert {a.ray_namespace for a in shards} == {f"longrag-index-{APP}"}
-    names = sorted(a.name for a in shards)
-    build_id = client.get("/readyz").json()["build_id"]
-    assert all(n.startswith(build_id) for n in names), names
-    assert [n.rsplit("-", 2)[-2:] for n in names] == [["s0", "r0"], ["s0", "r1"], ["s1", "r0"], ["s1", "r1"]]
+    index_app = index_app_name(client.get("/readyz").json()["build_id"])
+    assert sorted(apps[index_app].deployments) == ["IndexBuild", "shard-0", "shard-1"], apps[index_app]
+    assert [len(serve_replicas(index_app, f"shard-{s}")) for s in (0, 1)] == [2, 2]

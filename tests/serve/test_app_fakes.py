@@ -19,7 +19,7 @@ from ray import serve
 from cluster.local import WORKER_ENV
 from longrag.config import LongRAGConfig
 from serve.app import build_app
-from tests.fakes import HashEncoder, FakeActorsIndex, TitleReader, write_tiny_build
+from tests.fakes import HashEncoder, FakeShardsIndex, TitleReader, write_tiny_build
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 8210
@@ -62,7 +62,7 @@ def client(build):
              _metrics_export_port=METRICS_PORT, _system_config={"metrics_report_interval_ms": 1000})
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-        _deploy(build, "longrag", "/", index_cls=FakeActorsIndex.with_dead((1, 0)))
+        _deploy(build, "longrag", "/", index_cls=FakeShardsIndex.with_dead((1, 0)))
         # The single-machine profile beside it: encoder and index in the Ingress (the real
         # InProcessIndex over the same build), no QueryEncoder/Retriever deployments.
         _deploy(build, "longrag-local", "/local", index_cls=None, overrides=("serve.colocate=true",))
@@ -149,9 +149,9 @@ def test_hybrid_retrieval_fuses_bm25_on_both_index_backends(client):
 
 
 def test_a_dead_replica_fails_over_and_shows_in_healthz(client):
-    """Replica 0 of shard 1 is dead: a call that starts there fails over to replica 1 (counted) and
-    the dead one is tried last from then on; the results stay complete, and /readyz and every
-    response's coverage name the lost redundancy ("1 of 2 replicas")."""
+    """Replica 0 of shard 1 is dead: a call that meets it is tried again (counted) and the router
+    leaves it out from then on; the results stay complete, and /readyz and every response's coverage
+    name the lost redundancy ("1 of 2 replicas", the deployment's running count)."""
     failovers = []
     client.get("/readyz")  # the health check's pings find the dead replica (as Serve's health checks do)
     for _ in range(4):
@@ -163,7 +163,7 @@ def test_a_dead_replica_fails_over_and_shows_in_healthz(client):
             "shard 0: 2 of 2 replicas; shard 1: 1 of 2 replicas", cov
         assert cov["replicas"][1] == {"shard": 1, "live": 1, "replicas": 2}
         failovers.append(cov["failovers"])
-    assert set(failovers) <= {0, 1} and sum(failovers) <= 1, failovers  # the dead one is tried last
+    assert set(failovers) <= {0, 1} and sum(failovers) <= 1, failovers  # the dead one is left out
     body = client.get("/readyz").json()
     assert body["status"] == "degraded" and body["llm"] == "title-reader" and body["shards"] == 2
     assert body["redundancy"] == "shard 0: 2 of 2 replicas; shard 1: 1 of 2 replicas"

@@ -120,8 +120,8 @@ def test_autoscaling_targets_are_within_max_ongoing_requests(config_file):
 
 @pytest.mark.parametrize("config_file", ["cpu.yaml", "cpu-cluster.yaml"])
 def test_cpu_config_fits_a_two_core_machine(config_file):
-    """`make serve` on a 2-core machine: every deployment at its most replicas plus the shared
-    index tier (shards x index.replicas actors, once, not once per Retriever replica; none when
+    """`make serve` on a 2-core machine: every deployment at its most replicas plus the index
+    application (shards x index.replicas replicas, once, not once per Retriever replica; none when
     the shards are loaded in the Ingress)."""
     app = _longrag_app(config_file)
     cfg = LongRAGConfig().with_overrides(app["args"].get("overrides", []))

@@ -195,18 +195,17 @@ def test_a_chat_stream_that_fails_mid_answer_ends_with_an_error_then_done(client
 
 
 def test_a_replica_that_fails_a_search_fails_over_and_is_counted(client):
-    """Replica 0 of shard 0 answers pings but fails searches with k=FLAKY_K: of two such searches
-    one meets it first and fails over (a 200 with full results); the failed replica counts as not
-    live in the coverage until it answers again, and the failover reaches the metrics."""
-    client.get("/readyz")  # pings: every replica live
+    """Replica 0 of shard 0 passes its health checks but fails searches with k=FLAKY_K: a search that
+    meets it (round robin: one of two) is tried again (a 200 with full results); the replica still
+    counts as running (as Serve counts it), and the failover reaches the metrics."""
     covs = []
-    for _ in range(2):
+    for _ in range(4):
         r = client.post("/v1/retrieve", json={"question": QUESTION, "k": FLAKY_K})
         assert r.status_code == 200, r.text
         covs.append(r.json()["coverage"])
-    assert [c["answered"] for c in covs] == [2, 2] and sum(c["failovers"] for c in covs) == 1, covs
-    assert covs[-1]["redundancy"] == "shard 0: 1 of 2 replicas; shard 1: 2 of 2 replicas", covs
-    body = client.get("/readyz").json()  # its pings find replica 0 answering again
+    assert all(c["answered"] == 2 and c["failovers"] <= 1 for c in covs) and sum(c["failovers"] for c in covs) >= 1
+    assert covs[-1]["redundancy"] == "shard 0: 2 of 2 replicas; shard 1: 2 of 2 replicas", covs
+    body = client.get("/readyz").json()
     assert body["redundancy"] == "shard 0: 2 of 2 replicas; shard 1: 2 of 2 replicas", body
     deadline, text = time.time() + 60, ""
     while time.time() < deadline:

@@ -1,4 +1,4 @@
-"""The shard tier as Serve deployments (``index.backend=serve``, serve/index_app.py): the real app
+"""The shard tier as Serve deployments (serve/index_app.py): the real app
 (deployments, ingress, Retriever) over a tiny build whose shards are one Serve application,
 ``index-<build_id>``, of 2 shard deployments x 2 replicas; a hashing encoder and a scripted reader
 (tests/fakes.py). Exactness against the in-process index, a replica killed under load (no failed
@@ -28,7 +28,7 @@ from tests.serve.test_index_swap import ray_serve, swap_under_load
 PORT = 8440
 QUESTIONS = ["Who wrote the novel Animal Farm?", "What is the capital of Angola?", "Which spaceflight landed on the Moon?",
              "Which country lies within the Kingdom of the Netherlands?", "Who composed Rhapsody in Blue?"]
-OVERRIDES = ["index.backend=serve", "index.replicas=2", "index.shard_num_cpus=0.1", "index.refresh_s=0.5",
+OVERRIDES = ["index.replicas=2", "index.shard_num_cpus=0.1", "index.refresh_s=0.5",
              "index.retire_after_s=3", "serve.readyz_cache_s=0"]
 
 
@@ -144,7 +144,7 @@ def test_a_shard_deployment_scales_1_to_2_to_1_under_a_burst(served, tmp_path):
 
     write_synthetic_build(str(tmp_path), [150_000], dim=64, chunk_chars=20, chunks_per_unit=4, seed=0)
     manifest = ArtifactStore.open(str(tmp_path)).read_manifest()
-    config = LongRAGConfig().with_overrides(["index.backend=serve", "index.shard_num_cpus=0.1"]).index
+    config = LongRAGConfig().with_overrides(["index.shard_num_cpus=0.1"]).index
     config = config.model_copy(update={"autoscaling": {
         "min_replicas": 1, "max_replicas": 2, "initial_replicas": 1, "target_ongoing_requests": 1,
         "metrics_interval_s": 0.5, "look_back_period_s": 2, "upscale_delay_s": 1, "downscale_delay_s": 3}})

@@ -20,7 +20,7 @@ from longrag.config import LongRAGConfig
 from longrag.index.alias import publish
 from longrag.index.artifacts import ArtifactStore
 from serve.app import build_app
-from tests.fakes import HashEncoder, FakeActorsIndex, TitleReader, write_tiny_build
+from tests.fakes import HashEncoder, FakeShardsIndex, TitleReader, write_tiny_build
 from tests.serve.test_app_fakes import DOCS, serve_status_wait
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ def served(tmp_path_factory):
     publish(str(alias), first)
     with ray_serve("longrag-swap", PORT):
         cfg = LongRAGConfig().with_overrides(["index.refresh_s=0.5", "serve.readyz_cache_s=0"])
-        app = build_app(cfg, str(alias), encoder_cls=HashEncoder, index_cls=FakeActorsIndex, engine_cls=TitleReader)
+        app = build_app(cfg, str(alias), encoder_cls=HashEncoder, index_cls=FakeShardsIndex, engine_cls=TitleReader)
         serve.run(app, name="swap", route_prefix="/", blocking=False)
         serve_status_wait(["swap"])
         yield alias, ArtifactStore.open(first).read_manifest().build_id
