@@ -73,7 +73,7 @@ def scenario_config(index: str, port: int, llm: str, target: float) -> dict[str,
 def shard_nodes() -> list[str]:
     """The node id of every live shard replica (Serve's replica actors of the index applications)."""
     return [a["Address"]["NodeID"] for a in ray_private.actor_table()
-            if a["ActorClassName"].startswith("ServeReplica:index-") and a["State"] == "ALIVE"]
+            if re.match(r"ServeReplica:index-.+:shard-\d+$", a["ActorClassName"]) and a["State"] == "ALIVE"]
 
 
 def health(client: httpx.Client) -> tuple[str, float]:

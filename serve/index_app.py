@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ray import serve
@@ -99,27 +100,48 @@ def index_app(build_uri: str, manifest: "Manifest", config: "IndexConfig", *, ve
 
 def ensure_index_app(build_uri: str, manifest: "Manifest", config: "IndexConfig", *,
                      ready_timeout_s: float = 300.0) -> str:
-    """Deploy the build's application unless it runs already, and wait until it is RUNNING; returns
+    """Deploy the build's application unless it runs already, and wait until it serves (RUNNING, or
+    UNHEALTHY while Serve replaces a lost replica and every shard still has a running one); returns
     its name. Raises :class:`IndexNotReady` with Serve's reason (a replica that cannot be placed:
-    what it asks and what the cluster lacks) when it does not come up."""
+    what it asks and what the cluster lacks; a replica that fails to load) when it does not come up."""
     from serve.run import serve_status, wait_running
 
     name = index_app_name(manifest.build_id)
     status = serve_status().applications.get(name)
-    if status is None or str(getattr(status.status, "value", status.status)) in ("DEPLOY_FAILED", "DELETING"):
+    if status is None or _state(status) in ("DEPLOY_FAILED", "DELETING"):
         log.info("deploying the index application %s (%d shards) for %s", name, len(manifest.shards), build_uri)
         ray_private.serve_run_nowait(index_app(build_uri, manifest, config), name=name, route_prefix=None)
-    reason = wait_running([name], schedule_timeout_s=min(60.0, ready_timeout_s / 2), ready_timeout_s=ready_timeout_s,
-                          log=log.info)
-    if reason:
-        placement = ShardPlacement.of(config)
-        ask = max((describe_ask(shard_actor_resources(placement, s)) for s in manifest.shards),
-                  key=lambda a: a.get("memory_gib", 0.0))
-        raise IndexNotReady(
-            f"the index application {name} of {build_uri} did not start: {reason}\nIts largest shard's replica "
-            f"asks for {ask}: lower index.shard_num_cpus or index.replicas, give Ray more CPUs, add nodes that "
-            "offer index.node_resource (and a GPU for index.device=cuda), or lower index.shard_memory_factor.")
-    return name
+    deadline = time.monotonic() + ready_timeout_s
+    while True:
+        left = max(1.0, deadline - time.monotonic())
+        reason = wait_running([name], schedule_timeout_s=min(60.0, left / 2), ready_timeout_s=left, log=log.info)
+        status = serve_status().applications.get(name)
+        if reason is None or (status is not None and _every_shard_running(status, len(manifest.shards))):
+            return name
+        if status is None or _state(status) != "UNHEALTHY" or time.monotonic() >= deadline:
+            break
+        time.sleep(1.0)  # a shard with no running replica while Serve replaces it: wait for one
+    placement = ShardPlacement.of(config)
+    ask = max((describe_ask(shard_actor_resources(placement, s)) for s in manifest.shards),
+              key=lambda a: a.get("memory_gib", 0.0))
+    raise IndexNotReady(
+        f"the index application {name} of {build_uri} did not start: {reason}\nIts largest shard's replica "
+        f"asks for {ask}: lower index.shard_num_cpus or index.replicas, give Ray more CPUs, add nodes that "
+        "offer index.node_resource (and a GPU for index.device=cuda), or lower index.shard_memory_factor.")
+
+
+def _state(status: Any) -> str:
+    return str(getattr(status.status, "value", status.status))
+
+
+def _running(deployment: Any) -> int:
+    return sum(n for k, n in deployment.replica_states.items() if str(getattr(k, "value", k)) == "RUNNING")
+
+
+def _every_shard_running(status: Any, n_shards: int) -> bool:
+    """Whether every shard deployment of an application has a RUNNING replica (it can answer)."""
+    deps = status.deployments
+    return all(shard_deployment_name(s) in deps and _running(deps[shard_deployment_name(s)]) for s in range(n_shards))
 
 
 class ServeShards(ShardedIndex):
@@ -202,12 +224,14 @@ class ServeIndex(ServeShards):
 
         try:
             app = (await asyncio.to_thread(serve_status)).applications.get(self.user_app)
-            dep = app.deployments.get("Retriever") if app else None
+            dep = app.deployments.get("Retriever") if app and _state(app) != "DELETING" else None
+            # this replica is STOPPING by now: the others that serve or will (a scale-down or a
+            # redeploy leaves some; the app's deletion, none)
             alive = sum(n for k, n in (dep.replica_states.items() if dep else [])
                         if str(getattr(k, "value", k)) in ("RUNNING", "STARTING", "UPDATING", "RECOVERING"))
         except Exception as exc:  # Serve shutting down: nothing left to keep the application for
             log.debug("serve status on release: %r", exc)
             alive = 0
-        if alive <= 1:  # this replica, or none: nobody else reads the build through this application
+        if alive == 0:  # nobody else reads the build through this application
             log.info("deleting the index application %s with the last Retriever replica", self.app)
             await asyncio.to_thread(serve.delete, self.app, False)

@@ -178,3 +178,60 @@ def test_a_shard_deployment_scales_1_to_2_to_1_under_a_burst(served, tmp_path):
     _wait_for(lambda: _replicas(app, shard) == {"RUNNING": 1}, "the quiet to remove it", 120)
     assert not failures, failures[:3]
     serve.delete(app)
+
+
+@pytest.mark.parametrize("app_state, retrievers, deleted", [
+    ("RUNNING", {"RUNNING": 1, "STOPPING": 1}, False),   # a scale-down: the other replica still reads it
+    ("RUNNING", {"STARTING": 1, "STOPPING": 1}, False),  # a redeploy or a replaced replica
+    ("RUNNING", {"STOPPING": 1}, True),                  # the last one
+    ("DELETING", {"RUNNING": 2}, True),                  # serve delete of the app
+    (None, {}, True),                                    # the app already gone
+])
+def test_a_retriever_replica_going_away_deletes_the_index_application_only_as_the_last(
+        monkeypatch, app_state, retrievers, deleted):
+    """A node lost in the autoscaling demo showed it: the Retriever replica the burst's scale-down
+    stopped deleted the application while the other replica still served from it."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from serve import run
+    from serve.index_app import ServeIndex
+
+    apps = {} if app_state is None else {"longrag": SimpleNamespace(
+        status=app_state, deployments={"Retriever": SimpleNamespace(replica_states=retrievers)})}
+    monkeypatch.setattr(run, "serve_status", lambda: SimpleNamespace(applications=apps))
+    gone: list[str] = []
+    monkeypatch.setattr(serve, "delete", lambda name, _blocking=True: gone.append(name))
+    index = object.__new__(ServeIndex)
+    index.user_app, index.app = "longrag", "index-b1"
+    asyncio.run(index.release())
+    assert gone == (["index-b1"] if deleted else [])
+
+
+def test_a_new_retriever_replica_accepts_an_application_that_lost_a_replica(monkeypatch, tmp_path):
+    """UNHEALTHY while Serve replaces a lost replica, every shard still with a running one: a
+    Retriever replica starting then (the burst's scale-up after a node loss) serves from it instead
+    of failing; a shard with none is waited for, then named."""
+    from types import SimpleNamespace
+
+    from serve import index_app as ia
+    from serve import run
+
+    write_tiny_build(tmp_path / "b", DOCS, shards=2)
+    manifest = ArtifactStore.open(str(tmp_path / "b")).read_manifest()
+    name = index_app_name(manifest.build_id)
+
+    def status(running: list[int]) -> SimpleNamespace:
+        deps = {shard_deployment_name(s): SimpleNamespace(replica_states={"RUNNING": n, "STARTING": 2 - n})
+                for s, n in enumerate(running)}
+        return SimpleNamespace(applications={name: SimpleNamespace(status="UNHEALTHY", deployments=deps)})
+
+    deployed: list[str] = []
+    monkeypatch.setattr(ia.ray_private, "serve_run_nowait", lambda *a, **k: deployed.append(k["name"]))
+    monkeypatch.setattr(run, "wait_running", lambda *a, **k: f"application '{name}' is UNHEALTHY")
+    monkeypatch.setattr(run, "serve_status", lambda: status([1, 2]))
+    assert ia.ensure_index_app(str(tmp_path / "b"), manifest, LongRAGConfig().index) == name and not deployed
+    monkeypatch.setattr(run, "serve_status", lambda: status([0, 2]))
+    with pytest.raises(ia.IndexNotReady, match="is UNHEALTHY"):
+        ia.ensure_index_app(str(tmp_path / "b"), manifest, LongRAGConfig().index, ready_timeout_s=2)
+    assert not deployed
