@@ -90,6 +90,14 @@ class IndexShardImpl:
                 h.shard = self.shard_id
         return dense, lexical
 
+    def search_units(self, query: np.ndarray, k: int, evidence: bool = False) -> tuple[list[UnitHit], list[dict[str, Any]]]:
+        """One question's top-k units on this shard with their rows (as :meth:`get_units`; with
+        ``evidence``, documents best first for ``query``): the search and the fetch in one call, as
+        the client's exact merge keeps only hits some shard returned."""
+        hits = self.search(np.asarray(query, dtype=np.float32)[None, :], k)[0]
+        vecs = np.repeat(np.asarray(query, dtype=np.float32)[None, :], len(hits), 0) if evidence and hits else None
+        return hits, self.get_units([h.unit_id for h in hits], [h.best_chunk_id for h in hits], vecs)
+
     def get_units(self, unit_ids: list[str], best_chunk_ids: list[str] | None = None,
                   queries: np.ndarray | None = None) -> list[dict[str, Any]]:
         """Unit rows (``Unit.to_row()``: text, titles, doc ids) for ids this shard owns, each with the
@@ -197,6 +205,9 @@ class IndexShardReplica:
     async def get_units(self, unit_ids: list[str], best_chunk_ids: list[str] | None = None,
                         queries: np.ndarray | None = None) -> list[dict[str, Any]]:
         return await self._run(self.impl.get_units, unit_ids, best_chunk_ids, queries)
+
+    async def search_units(self, query: np.ndarray, k: int, evidence: bool = False) -> tuple[list[UnitHit], list[dict[str, Any]]]:
+        return await self._run(self.impl.search_units, query, k, evidence)
 
     async def info(self) -> dict[str, Any]:
         return {**self.impl.info(), "busy": self.busy}

@@ -174,14 +174,18 @@ class Retriever:
         try:
             t0 = time.perf_counter()
             query = np.asarray(vector, dtype=np.float32)
-            if text is None:
-                res = await backend.search(query[None, :], k)
-            else:
-                res = await backend.search(query[None, :], k, [text], Fusion.of(self.retrieval))
-            t1 = time.perf_counter()
             evidence_first = self.retrieval.document_order == "evidence"
-            units = await backend.retrieve_units(res.hits[0], query if evidence_first else None)
-            t2 = time.perf_counter()
+            if text is None and hasattr(backend, "search_units"):  # search and fetch: one call per shard
+                res, units = await backend.search_units(query, k, evidence_first)
+                t1 = t2 = time.perf_counter()
+            else:
+                if text is None:
+                    res = await backend.search(query[None, :], k)
+                else:
+                    res = await backend.search(query[None, :], k, [text], Fusion.of(self.retrieval))
+                t1 = time.perf_counter()
+                units = await backend.retrieve_units(res.hits[0], query if evidence_first else None)
+                t2 = time.perf_counter()
         finally:
             self.inflight[id(backend)] -= 1
         return Retrieval(units=units, coverage=res.coverage,

@@ -183,7 +183,7 @@ class _FakeDeployment:
         if r in self.dead:
             self.routed.remove(r)
             raise RuntimeError("ActorDiedError: this replica is dead (a test fake)")
-        if r in self.flaky and method == "search" and args[1] == FLAKY_K:
+        if r in self.flaky and method in ("search", "search_units") and args[1] == FLAKY_K:
             raise RuntimeError(f"a flaky replica (a test fake): searches with k={FLAKY_K} fail")
         return getattr(self.impl, method)(*args)
 
@@ -234,6 +234,9 @@ class FakeShardsIndex:
 
     async def retrieve_units(self, hits, query=None):
         return await self.index.retrieve_units(hits, query)
+
+    async def search_units(self, query, k: int, evidence: bool = False):
+        return await self.index.search_units(query, k, evidence)
 
     async def liveness(self):
         return await self.index.liveness()
@@ -292,12 +295,19 @@ class SleepyIndex(FakeShardsIndex):
 
     flaky = frozenset({(0, 0)})
 
-    async def search(self, queries, k: int):
+    async def search(self, queries, k: int, texts=None, fusion=None):
         import asyncio
 
         if k == SLOW_K:
             await asyncio.sleep(SLEEP_S)
-        return await super().search(queries, k)
+        return await super().search(queries, k, texts, fusion)
+
+    async def search_units(self, query, k: int, evidence: bool = False):
+        import asyncio
+
+        if k == SLOW_K:
+            await asyncio.sleep(SLEEP_S)
+        return await super().search_units(query, k, evidence)
 
 
 class FaultyReader(TitleReader):

@@ -114,6 +114,12 @@ def test_sharded_equals_single_index_and_brute_force(cluster, tmp_path):
             n = h.best_chunk_id.split(':')[1].lstrip('0') or '0'
             assert rows[h.unit_id]["best_chunk_text"] == f"chunk {n} of {h.unit_id}"
         assert [i["n_chunks"] for i in asyncio.run(client.infos())] == [s.n_chunks for s in client.manifest.shards]
+        # the Retriever's one-call path (search and rows together) = search, then fetch
+        for q in queries[:3]:
+            res, units = asyncio.run(client.search_units(q, 7))
+            want = client.search_sync(q[None, :], 7).hits[0]
+            assert res.hits[0] == want and res.coverage.answered == N_SHARDS
+            assert units == asyncio.run(client.retrieve_units(want)) and all(u.text for u in units)
     # the job's application is gone with it, and Serve with it (this driver started it)
     assert not serve.status().applications
 
@@ -239,6 +245,10 @@ def _check_evidence_order(client, chunks, vectors, doc_of_chunk):
         assert "doc_scores" not in plain[h.unit_id]
     with pytest.raises(ValueError, match="one question's hits"):  # rows are keyed by unit: one order per unit
         client.fetch_units_sync(hits[:1] * 2, np.repeat(q, 2, 0))
+    # the Retriever's one-call path (search and rows together) puts the documents in the same order
+    res, units = asyncio.run(client.search_units(q[0], 12, True))
+    assert res.hits[0] == hits and units == asyncio.run(client.retrieve_units(hits, q[0]))
+    assert all(u.doc_scores is not None for u in units)
 
 
 def _hybrid_reference(queries, texts, chunks, vectors, k, fusion):
