@@ -104,6 +104,17 @@ class ShardedIndex:
         self.counts = list(await self.replica_counts())
         return self.redundancy()
 
+    async def _follow_counts(self, polls: int = 6, every_s: float = 1.0) -> None:
+        """After a call needed a second try: read the replica counts again, every ``every_s`` until
+        they change (the platform learns of a dead replica at its next health check: Serve checks
+        the shard replicas every 5 s), ``polls`` times at most."""
+        before = self.counts
+        for _ in range(polls):
+            await self.liveness()
+            if self.counts != before:
+                return
+            await asyncio.sleep(every_s)
+
     # ------------------------------------------------------------------ calls
     async def _call(self, shard: int, method: str, *args: Any) -> tuple[Any, int]:
         """Call ``method`` on ``shard``, trying again on failure; returns (result, failovers)."""
@@ -124,8 +135,8 @@ class ShardedIndex:
         """Exact top-k units per query over every answering shard; with ``texts`` (one per query) the
         hybrid search: each shard's MaxP and BM25 lists in one call, each merged over the shards, then
         fused by reciprocal rank (:func:`longrag.index.fusion.merge_shards`). A search that needed a
-        second try has the replica counts read again (in the background), so the next responses show
-        a lost replica as soon as the platform does."""
+        second try has the replica counts followed (in the background, :meth:`_follow_counts`), so
+        the next responses show a lost replica as soon as the platform does."""
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         if queries.ndim != 2:
             raise ValueError(f"queries must be 2-D (n, dim), got shape {queries.shape}")
@@ -154,7 +165,7 @@ class ShardedIndex:
         coverage = Coverage(shards=self.n_shards, answered=len(per_shard), errors=errors, failovers=failovers,
                             replicas=self.redundancy())
         if failovers and (self._recount is None or self._recount.done()):
-            self._recount = asyncio.get_running_loop().create_task(self.liveness())
+            self._recount = asyncio.get_running_loop().create_task(self._follow_counts())
         hits = merge_answers(per_shard, queries.shape[0], k, fusion if texts is not None else None)
         return ShardedSearchResult(hits=hits, coverage=coverage,
                                    shard_ms={s: round(ms, 2) for s, (_, _, _, ms) in enumerate(outcomes)})
@@ -186,7 +197,7 @@ class ShardedIndex:
                             errors={s: e for s, (_, _, e, _) in enumerate(outcomes) if e is not None},
                             replicas=self.redundancy())
         if failovers and (self._recount is None or self._recount.done()):
-            self._recount = asyncio.get_running_loop().create_task(self.liveness())
+            self._recount = asyncio.get_running_loop().create_task(self._follow_counts())
         hits = merge_answers([[shard_hits] for shard_hits, _ in answered], 1, k, None)
         rows = {row["unit_id"]: row for _, shard_rows in answered for row in shard_rows}
         result = ShardedSearchResult(hits=hits, coverage=coverage,

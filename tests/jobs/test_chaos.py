@@ -1,4 +1,4 @@
-"""``python -m jobs.chaos`` for real, reduced (100 requests instead of 1,000): the bundled sample
+"""``python -m jobs.chaos`` for real, reduced (300 requests instead of 1,000): the bundled sample
 index, the bundled encoder and SmolLM2 reader, shard replicas and the LLM replica killed from
 outside while the app answers; the figures come from the job's one JSON line."""
 
@@ -21,7 +21,7 @@ PORT = 8403
 def test_reduced_chaos_run_meets_every_expectation(sample_index, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run(
-        [sys.executable, "-m", "jobs.chaos", "--index", sample_index["uri"], "--requests", "100",
+        [sys.executable, "-m", "jobs.chaos", "--index", sample_index["uri"], "--requests", "300",
          "--shard-requests", "40", "--port", str(PORT), "--log", str(tmp_path / "chaos.log"),
          "--recovery-timeout-s", "180"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500,
@@ -35,13 +35,17 @@ def test_reduced_chaos_run_meets_every_expectation(sample_index, tmp_path):
     assert list(by_name) == ["replica", "shard", "llm"]
 
     replica = by_name["replica"]
-    assert replica["load"]["requests"] == 100 and replica["load"]["failed"] == 0, replica
+    assert replica["load"]["requests"] == 300 and replica["load"]["failed"] == 0, replica
     assert replica["load"]["redundancy_degraded"] > 0 and len(replica["killed"]) == 1, replica
+    assert replica["load"]["degraded"] == 0, replica
     assert replica["recovery"]["recovered"] and replica["recovery"]["full_coverage_after"], replica
 
     shard = by_name["shard"]
     assert shard["load"]["requests"] == 40 and shard["load"]["server_errors"] == 0, shard
-    assert shard["load"]["degraded"] > 0 and shard["load"]["failed_shards"] == [0], shard
+    # both replicas of shard 0 killed: Serve holds the calls until its new replicas run; a call that
+    # waited past the stage deadline is answered without the shard, which is named
+    load = shard["load"]
+    assert (load["degraded"] > 0 and load["failed_shards"] == [0]) or (load["degraded"] == load["failed"] == 0), shard
     assert shard["recovery"]["recovered"] and shard["recovery"]["full_coverage_after"], shard
 
     llm = by_name["llm"]
