@@ -1,7 +1,8 @@
 """The local retrieval of an evaluation run, on Ray: build or reuse each setting's index
 (:mod:`actors.build`), encode the questions (in the driver, or a Ray Data pool of query encoders for
 many questions) and search the build's shard deployments through the service's scatter/gather
-(:func:`serve.index_app.open_index`: the same Serve application the Retriever uses).
+(``open_index``, given by the job: :func:`serve.index_app.open_index`, the same Serve application the
+Retriever uses).
 
 Query encoding: ``encode="auto"`` encodes in the driver for up to ``DRIVER_ENCODE_MAX`` questions
 (one model load, no actor start-up: a few hundred questions take well under a second once the model
@@ -14,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, Callable, ContextManager
 
 import numpy as np
 
@@ -28,6 +29,9 @@ from longrag.index.lexical import lexical_missing
 from longrag.index.plan import BuildSettings, ResumeError
 from longrag.progress import progress as progress_bar
 from longrag.types import Document
+
+#: ``open_index(build_uri, index_config)``: the build's shards for a job's searches.
+OpenIndex = Callable[[str, Any], ContextManager[Any]]
 
 log = logging.getLogger(__name__)
 
@@ -115,12 +119,11 @@ def encode_queries(questions: list[str], config: LongRAGConfig, mode: str) -> tu
 
 
 def retrieve_local(
-    index_uri: str, questions: list[str], k: int, config: LongRAGConfig, encode_mode: str, progress: bool
+    index_uri: str, questions: list[str], k: int, config: LongRAGConfig, encode_mode: str, progress: bool,
+    open_index: OpenIndex,
 ) -> tuple[list[list[dict[str, Any]]], dict[str, Any]]:
     """Top-k units per question through the build's shard deployments (``retrieval.mode`` dense or
     hybrid); returns (retrieved lists, stats)."""
-    from serve.index_app import open_index
-
     t0 = time.perf_counter()
     vecs, used_mode = encode_queries(questions, config, encode_mode)
     encode_s = time.perf_counter() - t0
@@ -171,7 +174,7 @@ def _search_config(config: LongRAGConfig) -> Any:
 
 
 def iterate_local(
-    index_uri: str, questions: list[str], k: int, config: LongRAGConfig, progress: bool
+    index_uri: str, questions: list[str], k: int, config: LongRAGConfig, progress: bool, open_index: OpenIndex,
 ) -> tuple[list[list[dict[str, Any]]], dict[str, Any]]:
     """``retrieval.mode=iterative``: every question through :func:`longrag.retrieval.hops.iterate` over
     the build's shard deployments, the query encoder and the LLM in this driver."""
@@ -180,7 +183,6 @@ def iterate_local(
     from longrag.index.embedding import Embedder
     from longrag.llm.factory import build_llm
     from longrag.retrieval.hops import iterate
-    from serve.index_app import open_index
 
     r = config.retrieval
     t0 = time.perf_counter()
@@ -228,14 +230,20 @@ def iterate_local(
 
 
 class LocalRetrieval:
-    """:class:`longrag.eval.run.Retrieval` over a local (or ``s3://``) index built on the connected Ray cluster."""
+    """:class:`longrag.eval.run.Retrieval` over a local (or ``s3://``) index built on the connected Ray
+    cluster, searched through ``open_index(build_uri, index_config)`` (a context manager yielding a
+    :class:`actors.sharded_index.ShardedIndex`: :func:`serve.index_app.open_index`)."""
+
+    def __init__(self, open_index: OpenIndex) -> None:
+        self.open_index = open_index
 
     def retrieve(self, run: EvalRun, setting: EvalSetting, docs: list[Document], corpus_files: list[str],
                  questions: list[str], k: int) -> tuple[list[list[dict[str, Any]]], dict[str, Any]]:
         index = ensure_index(run, setting, docs, corpus_files)
         config = run.config_for(setting.unit)
         if config.retrieval.mode == "iterative":
-            retrieved, stats = iterate_local(index["uri"], questions, k, config, run.eval.progress)
+            retrieved, stats = iterate_local(index["uri"], questions, k, config, run.eval.progress, self.open_index)
         else:
-            retrieved, stats = retrieve_local(index["uri"], questions, k, config, run.eval.encode, run.eval.progress)
+            retrieved, stats = retrieve_local(index["uri"], questions, k, config, run.eval.encode, run.eval.progress,
+                                              self.open_index)
         return retrieved, {"index": index, "retrieval": stats}

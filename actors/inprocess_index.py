@@ -4,7 +4,7 @@ The single-machine profile (``serve.colocate``): the shards' own search code
 (:class:`actors.index_shard.IndexShardImpl`) called in process and merged with MaxP's ``merge_topk``,
 the same results as the shard deployments (:class:`serve.index_app.ServeIndex`) without a
 round trip per shard and per call. It offers the same backend API (``manifest``, ``search``,
-``retrieve_units``, ``liveness``, ``retire``, ``release``); searches run in a worker
+``retrieve_units``, ``search_units``, ``liveness``, ``retire``, ``release``); searches run in a worker
 thread, so the event loop of the replica that holds it keeps serving (``search_sync`` and
 ``retrieve_units_sync``: the same in the caller's thread, for benchmarks and jobs).
 """
@@ -79,6 +79,15 @@ class InProcessIndex:
 
     async def retrieve_units(self, hits: list[UnitHit], query: np.ndarray | None = None) -> list[RetrievedUnit]:
         return await asyncio.to_thread(self.retrieve_units_sync, hits, query)
+
+    async def search_units(self, query: np.ndarray, k: int, evidence: bool = False
+                           ) -> tuple[ShardedSearchResult, list[RetrievedUnit]]:
+        """One question's dense top-k with its units (:meth:`actors.sharded_index.ShardedIndex.search_units`)."""
+        def both() -> tuple[ShardedSearchResult, list[RetrievedUnit]]:
+            res = self.search_sync(np.asarray(query, np.float32)[None, :], k)
+            return res, self.retrieve_units_sync(res.hits[0], query if evidence else None)
+
+        return await asyncio.to_thread(both)
 
     async def liveness(self) -> list[ShardRedundancy]:
         return self.redundancy()  # in this process: alive while it is

@@ -130,13 +130,35 @@ class ShardedIndex:
             log.warning("shard %d %s failed: %s", shard, method, errors[-1])
         raise ShardUnavailable(shard, errors)
 
+    async def _scatter(self, *call: Any) -> tuple[list[Any], Coverage, dict[int, float]]:
+        """``call`` (method, args...) on every shard at once: the answers of those that answered, in
+        shard order, the coverage (the others named) and each shard's milliseconds. A call that
+        needed a second try has the replica counts followed (in the background,
+        :meth:`_follow_counts`), so the next responses show a lost replica as soon as the platform does."""
+
+        async def one(shard: int) -> tuple[Any, int, str | None, float]:
+            t0 = time.perf_counter()
+            try:
+                res, failovers = await self._call(shard, *call)
+                return res, failovers, None, (time.perf_counter() - t0) * 1e3
+            except ShardUnavailable as exc:
+                return None, len(exc.errors) - 1, exc.errors[-1], (time.perf_counter() - t0) * 1e3
+
+        outcomes = await asyncio.gather(*(one(s) for s in range(self.n_shards)))
+        answers = [res for res, _, error, _ in outcomes if error is None]
+        failovers = sum(f for _, f, _, _ in outcomes)
+        coverage = Coverage(shards=self.n_shards, answered=len(answers), failovers=failovers,
+                            errors={s: e for s, (_, _, e, _) in enumerate(outcomes) if e is not None},
+                            replicas=self.redundancy())
+        if failovers and (self._recount is None or self._recount.done()):
+            self._recount = asyncio.get_running_loop().create_task(self._follow_counts())
+        return answers, coverage, {s: round(ms, 2) for s, (_, _, _, ms) in enumerate(outcomes)}
+
     async def search(self, queries: np.ndarray, k: int, texts: list[str] | None = None,
                      fusion: Fusion | None = None) -> ShardedSearchResult:
         """Exact top-k units per query over every answering shard; with ``texts`` (one per query) the
         hybrid search: each shard's MaxP and BM25 lists in one call, each merged over the shards, then
-        fused by reciprocal rank (:func:`longrag.index.fusion.merge_shards`). A search that needed a
-        second try has the replica counts followed (in the background, :meth:`_follow_counts`), so
-        the next responses show a lost replica as soon as the platform does."""
+        fused by reciprocal rank (:func:`longrag.index.fusion.merge_shards`)."""
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         if queries.ndim != 2:
             raise ValueError(f"queries must be 2-D (n, dim), got shape {queries.shape}")
@@ -149,26 +171,9 @@ class ShardedIndex:
             call: tuple[Any, ...] = ("hybrid_search", queries, list(texts), max(k, fusion.depth))
         else:
             call = ("search", queries, k)
-
-        async def one(shard: int) -> tuple[Any, int, str | None, float]:
-            t0 = time.perf_counter()
-            try:
-                res, failovers = await self._call(shard, *call)
-                return res, failovers, None, (time.perf_counter() - t0) * 1e3
-            except ShardUnavailable as exc:
-                return None, len(exc.errors) - 1, exc.errors[-1], (time.perf_counter() - t0) * 1e3
-
-        outcomes = await asyncio.gather(*(one(s) for s in range(self.n_shards)))
-        per_shard = [res for res, _, error, _ in outcomes if error is None]
-        errors = {s: error for s, (_, _, error, _) in enumerate(outcomes) if error is not None}
-        failovers = sum(f for _, f, _, _ in outcomes)
-        coverage = Coverage(shards=self.n_shards, answered=len(per_shard), errors=errors, failovers=failovers,
-                            replicas=self.redundancy())
-        if failovers and (self._recount is None or self._recount.done()):
-            self._recount = asyncio.get_running_loop().create_task(self._follow_counts())
+        per_shard, coverage, shard_ms = await self._scatter(*call)
         hits = merge_answers(per_shard, queries.shape[0], k, fusion if texts is not None else None)
-        return ShardedSearchResult(hits=hits, coverage=coverage,
-                                   shard_ms={s: round(ms, 2) for s, (_, _, _, ms) in enumerate(outcomes)})
+        return ShardedSearchResult(hits=hits, coverage=coverage, shard_ms=shard_ms)
 
     async def search_units(self, query: np.ndarray, k: int, evidence: bool = False
                            ) -> tuple[ShardedSearchResult, list[RetrievedUnit]]:
@@ -181,27 +186,10 @@ class ShardedIndex:
             raise ValueError(f"one query vector (dim,), got shape {query.shape}")
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-
-        async def one(shard: int) -> tuple[Any, int, str | None, float]:
-            t0 = time.perf_counter()
-            try:
-                res, failovers = await self._call(shard, "search_units", query, k, evidence)
-                return res, failovers, None, (time.perf_counter() - t0) * 1e3
-            except ShardUnavailable as exc:
-                return None, len(exc.errors) - 1, exc.errors[-1], (time.perf_counter() - t0) * 1e3
-
-        outcomes = await asyncio.gather(*(one(s) for s in range(self.n_shards)))
-        answered = [res for res, _, error, _ in outcomes if error is None]
-        failovers = sum(f for _, f, _, _ in outcomes)
-        coverage = Coverage(shards=self.n_shards, answered=len(answered), failovers=failovers,
-                            errors={s: e for s, (_, _, e, _) in enumerate(outcomes) if e is not None},
-                            replicas=self.redundancy())
-        if failovers and (self._recount is None or self._recount.done()):
-            self._recount = asyncio.get_running_loop().create_task(self._follow_counts())
-        hits = merge_answers([[shard_hits] for shard_hits, _ in answered], 1, k, None)
-        rows = {row["unit_id"]: row for _, shard_rows in answered for row in shard_rows}
-        result = ShardedSearchResult(hits=hits, coverage=coverage,
-                                     shard_ms={s: round(ms, 2) for s, (_, _, _, ms) in enumerate(outcomes)})
+        answers, coverage, shard_ms = await self._scatter("search_units", query, k, evidence)
+        hits = merge_answers([[shard_hits] for shard_hits, _ in answers], 1, k, None)
+        rows = {row["unit_id"]: row for _, shard_rows in answers for row in shard_rows}
+        result = ShardedSearchResult(hits=hits, coverage=coverage, shard_ms=shard_ms)
         return result, [RetrievedUnit.from_hit(h, rows.get(h.unit_id)) for h in hits[0]]
 
     async def fetch_units(self, hits: list[UnitHit], queries: np.ndarray | None = None) -> dict[str, dict[str, Any]]:

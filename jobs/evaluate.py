@@ -159,8 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from actors.evaluate import LocalRetrieval
         from cluster.local import start_or_join
+        from serve.index_app import open_index
 
-        retrieval = LocalRetrieval()
+        retrieval = LocalRetrieval(open_index)
         handle = start_or_join(args.address, num_cpus=args.num_cpus)
     try:
         summary = run_evaluation(run, retrieval)

@@ -131,7 +131,7 @@ class Retriever:
     redundancy left ("1 of 2 replicas"); its health check reads the shards' replica counts again.
 
     ``index_cls(index_uri, index, app_name=, holder=)`` builds the index backend (the search API of
-    :class:`actors.sharded_index.ShardedIndex`: ``search``, ``retrieve_units``, ``liveness``; a
+    :class:`actors.sharded_index.ShardedIndex`: ``search``, ``search_units``, ``retrieve_units``, ``liveness``; a
     ``manifest``; ``retire`` and ``release``); None: :class:`serve.index_app.ServeIndex`, the build's
     Serve application of shard deployments (shared by every Retriever replica).
 
@@ -175,14 +175,11 @@ class Retriever:
             t0 = time.perf_counter()
             query = np.asarray(vector, dtype=np.float32)
             evidence_first = self.retrieval.document_order == "evidence"
-            if text is None and hasattr(backend, "search_units"):  # search and fetch: one call per shard
+            if text is None:  # search and fetch together: one call per shard
                 res, units = await backend.search_units(query, k, evidence_first)
                 t1 = t2 = time.perf_counter()
             else:
-                if text is None:
-                    res = await backend.search(query[None, :], k)
-                else:
-                    res = await backend.search(query[None, :], k, [text], Fusion.of(self.retrieval))
+                res = await backend.search(query[None, :], k, [text], Fusion.of(self.retrieval))
                 t1 = time.perf_counter()
                 units = await backend.retrieve_units(res.hits[0], query if evidence_first else None)
                 t2 = time.perf_counter()

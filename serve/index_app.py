@@ -104,7 +104,7 @@ def ensure_index_app(build_uri: str, manifest: "Manifest", config: "IndexConfig"
     UNHEALTHY while Serve replaces a lost replica and every shard still has a running one); returns
     its name. Raises :class:`IndexNotReady` with Serve's reason (a replica that cannot be placed:
     what it asks and what the cluster lacks; a replica that fails to load) when it does not come up."""
-    from serve.run import serve_status, wait_running
+    from serve.run import running_replicas, serve_status, wait_running
 
     name = index_app_name(manifest.build_id)
     status = serve_status().applications.get(name)
@@ -115,9 +115,10 @@ def ensure_index_app(build_uri: str, manifest: "Manifest", config: "IndexConfig"
     while True:
         left = max(1.0, deadline - time.monotonic())
         reason = wait_running([name], schedule_timeout_s=min(60.0, left / 2), ready_timeout_s=left, log=log.info)
-        status = serve_status().applications.get(name)
-        if reason is None or (status is not None and _every_shard_running(status, len(manifest.shards))):
+        running = running_replicas(name)  # {deployment: RUNNING replicas}
+        if reason is None or all(running.get(shard_deployment_name(s.shard_id)) for s in manifest.shards):
             return name
+        status = serve_status().applications.get(name)
         if status is None or _state(status) != "UNHEALTHY" or time.monotonic() >= deadline:
             break
         time.sleep(1.0)  # a shard with no running replica while Serve replaces it: wait for one
@@ -132,16 +133,6 @@ def ensure_index_app(build_uri: str, manifest: "Manifest", config: "IndexConfig"
 
 def _state(status: Any) -> str:
     return str(getattr(status.status, "value", status.status))
-
-
-def _running(deployment: Any) -> int:
-    return sum(n for k, n in deployment.replica_states.items() if str(getattr(k, "value", k)) == "RUNNING")
-
-
-def _every_shard_running(status: Any, n_shards: int) -> bool:
-    """Whether every shard deployment of an application has a RUNNING replica (it can answer)."""
-    deps = status.deployments
-    return all(shard_deployment_name(s) in deps and _running(deps[shard_deployment_name(s)]) for s in range(n_shards))
 
 
 class ServeShards(ShardedIndex):
