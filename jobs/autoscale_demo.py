@@ -219,8 +219,8 @@ def run(args: argparse.Namespace, out: Any) -> AutoscaleFigures:
             new = tl.first(lost, lambda s: s.nodes.get(kt, 0) >= before.nodes.get(kt, 0)) if lost else None
             fig.kill_to_node_lost_s = round(lost - t_kill, 1) if lost is not None else None
             fig.kill_to_new_node_s = round(new - t_kill, 1) if new is not None else None
-            down = next((t for t, h in sampler.health if t >= t_kill and h != "ok"), None)
-            back = next((t for t, h in sampler.health if down is not None and t > down and h == "ok"), None)
+            down = next((t for t, h in sampler.health if t >= t_kill and h != "ok"), t_kill + 10.0)  # Serve lags
+            back = next((t for t, h in sampler.health if t > down and h == "ok"), None)
             fig.kill_to_full_coverage_s = round(back - t_kill, 1) if back is not None else None
         wait_for(lambda: sampler.last_health() == "ok", args.settle_timeout_s)  # Serve's DOWNSCALING status passes
         fig.replicas = tl.replica_range(t_burst)
