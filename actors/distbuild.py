@@ -248,7 +248,8 @@ def plan_corpus(sources: str | list[str], fmt: str, out: str, config: LongRAGCon
     staged. Returns the plan, the read report and the corpus artifact's manifest entry."""
     from longrag.corpus.sources import expand_sources
     from longrag.index.distplan import final_redirects, order_documents
-    from longrag.index.units import plan_units
+    from longrag.index.graph import unit_graph_from_labels
+    from longrag.index.units import plan_units, unit_id
     from longrag.index.plan import BuildSettings
     from longrag.index.artifacts import ArtifactStore
 
@@ -317,7 +318,9 @@ def plan_corpus(sources: str | list[str], fmt: str, out: str, config: LongRAGCon
         config=config, settings=BuildSettings.of(config), documents=int(order.shape[0]),
         shard_units={int(r["shard"]): int(r["n_units"]) for r in shards},
         digests={str(int(r["shard"])): str(r["digest"]) for r in shards},
-        model_max=model_max, max_tokens=max_tokens, grouping=grouping, group_s=timings["group_s"])
+        model_max=model_max, max_tokens=max_tokens, grouping=grouping, group_s=timings["group_s"],
+        graph=unit_graph_from_labels([unit_id(cfg.kind, i) for i in range(plan.n_units)], plan.shard_of_unit,
+                                     plan.first_unit, src, dst))
     corpus = CorpusArtifact(sources=files, fmt=fmt, text_mode=cfg.text_mode, read_tasks=n_tasks,
                             documents=int(order.shape[0]),
                             parts=[CorpusPart(**p) for r in reports for p in r["parts"]])

@@ -25,6 +25,7 @@ from longrag.eval.links import link_stats
 from longrag.eval.plan import FINGERPRINT_FILE, EvalRun, EvalSetting, file_digest, index_fingerprint, index_uri
 from longrag.eval.run import add_links
 from longrag.index.fusion import Fusion
+from longrag.index.graph import GRAPH_FILE, GraphExpansion, GraphMissing, expand, split_mode
 from longrag.index.lexical import lexical_missing
 from longrag.index.plan import BuildSettings, ResumeError
 from longrag.progress import progress as progress_bar
@@ -57,12 +58,12 @@ def ensure_index(run: EvalRun, setting: EvalSetting, docs: list[Document], corpu
     if status == "complete" and not ev.rebuild_index:
         stored = json.loads(store.storage.read_bytes(FINGERPRINT_FILE)) if store.storage.exists(FINGERPRINT_FILE) else {}
         manifest = store.read_manifest()
-        if stored.get("fingerprint") == fp and not lexical_missing(manifest):
+        if stored.get("fingerprint") == fp and not lexical_missing(manifest) and GRAPH_FILE in manifest.artifacts:
             log.info("reusing index %s (build %s, fingerprint %s)", uri, manifest.build_id, fp[:12])
             report = json.loads(store.storage.read_bytes("build_report.json")) if store.storage.exists("build_report.json") else {}
             return {**info, "reused": True, "build_id": manifest.build_id, "build_report": report, "build_s": 0.0}
         log.warning("%s is complete but its fingerprint differs or is missing, or it predates the shards' BM25 "
-                    "index: rebuilding", uri)
+                    "index or the unit graph: rebuilding", uri)
     link_tag = setting.links if setting.unit == "grouped" else "nolinks"
     log.info("building index %s (%d documents, %s units, links=%s)", uri, len(docs), setting.unit, link_tag)
     t0 = time.perf_counter()
@@ -122,8 +123,12 @@ def retrieve_local(
     index_uri: str, questions: list[str], k: int, config: LongRAGConfig, encode_mode: str, progress: bool,
     open_index: OpenIndex,
 ) -> tuple[list[list[dict[str, Any]]], dict[str, Any]]:
-    """Top-k units per question through the build's shard deployments (``retrieval.mode`` dense or
-    hybrid); returns (retrieved lists, stats)."""
+    """Top-k units per question through the build's shard deployments (``retrieval.mode`` dense,
+    hybrid, graph or hybrid+graph); returns (retrieved lists, stats)."""
+    hybrid, graph = split_mode(config.retrieval.mode)
+    expansion = GraphExpansion.of(config.retrieval) if graph else None
+    unit_graph = _unit_graph(index_uri) if graph else None
+    evidence = config.retrieval.document_order == "evidence"
     t0 = time.perf_counter()
     vecs, used_mode = encode_queries(questions, config, encode_mode)
     encode_s = time.perf_counter() - t0
@@ -132,21 +137,29 @@ def retrieve_local(
         load_s = time.perf_counter() - t1
         out: list[list[dict[str, Any]]] = []
         degraded = 0
+        graph_s = 0.0
         t2 = time.perf_counter()
         bar = progress_bar(len(questions), "retrieve", bar=progress, logger=log)
         for start in range(0, len(questions), SEARCH_BATCH):
             batch = vecs[start : start + SEARCH_BATCH]
-            texts = questions[start : start + len(batch)] if config.retrieval.mode == "hybrid" else None
-            res = index.search_sync(batch, k, texts, Fusion.of(config.retrieval))
+            texts = questions[start : start + len(batch)] if hybrid else None
+            res = index.search_sync(batch, max(k, expansion.depth) if expansion else k, texts,
+                                    Fusion.of(config.retrieval))
             if res.coverage.degraded:
                 degraded += 1
                 log.warning("search batch at %d was degraded: %s", start, res.coverage.to_dict())
-            if config.retrieval.document_order == "evidence":
-                # A unit's document order is its question's: fetched per question (two questions of a
-                # batch may retrieve the same unit, and the rows are keyed by unit).
+            if expansion is not None:
+                tg = time.perf_counter()
+                res.hits = [expand(hs, unit_graph, k, expansion) for hs in res.hits]
+                graph_s += time.perf_counter() - tg
+            if evidence or graph:
+                # A unit's document order (and a graph-found unit's best chunk) is its question's:
+                # fetched per question (two questions of a batch may retrieve the same unit, and the
+                # rows are keyed by unit).
                 for q, hs in enumerate(res.hits):
                     vec = vecs[start + q][None, :]
-                    out.append(P.retrieved_from_hits(hs, index.fetch_units_sync(hs, np.repeat(vec, len(hs), 0))))
+                    rows = index.fetch_units_sync(hs, np.repeat(vec, len(hs), 0), evidence)
+                    out.append(P.retrieved_from_hits(hs, rows))
             else:
                 rows = index.fetch_units_sync([h for hs in res.hits for h in hs])
                 out.extend(P.retrieved_from_hits(hs, rows) for hs in res.hits)
@@ -161,11 +174,22 @@ def retrieve_local(
         "shard_load_s": round(load_s, 3),
         "search_fetch_s": round(search_s, 3),
         "degraded_batches": degraded,
+        **({"graph_s": round(graph_s, 3), "graph_links": unit_graph.n_links} if unit_graph is not None else {}),
         "shards": index.n_shards,
         "corpus_units": counts.units,
         "corpus_chunks": counts.chunks,
     }
     return out, stats
+
+
+def _unit_graph(index_uri: str) -> Any:
+    from longrag.index.artifacts import ArtifactStore, read_unit_graph
+
+    store = ArtifactStore.open(index_uri)
+    graph = read_unit_graph(store)
+    if graph is None:
+        raise GraphMissing(store.read_manifest().build_id)
+    return graph
 
 
 def _search_config(config: LongRAGConfig) -> Any:

@@ -99,26 +99,32 @@ class IndexShardImpl:
         return hits, self.get_units([h.unit_id for h in hits], [h.best_chunk_id for h in hits], vecs)
 
     def get_units(self, unit_ids: list[str], best_chunk_ids: list[str] | None = None,
-                  queries: np.ndarray | None = None) -> list[dict[str, Any]]:
+                  queries: np.ndarray | None = None, evidence: bool = True) -> list[dict[str, Any]]:
         """Unit rows (``Unit.to_row()``: text, titles, doc ids) for ids this shard owns, each with the
         text of its best chunk (``best_chunk_text``) when ``best_chunk_ids`` is given; unknown ids
-        raise KeyError. With ``queries`` (one vector per unit id) each unit's documents come best
-        first by their own best chunk, with their scores (``doc_scores``,
-        :func:`longrag.index.evidence.order_by_evidence`). :meth:`actors.sharded_index.ShardedIndex.retrieve_units`
-        joins them with their hits into :class:`longrag.types.RetrievedUnit` records."""
+        raise KeyError. With ``queries`` (one vector per unit id) and ``evidence``, each unit's
+        documents come best first by their own best chunk, with their scores (``doc_scores``,
+        :func:`longrag.index.evidence.order_by_evidence`); an empty best chunk id (a unit the graph
+        walk found, :func:`longrag.index.graph.expand`) is the unit's best chunk for its query
+        (``best_chunk_id`` in the row), or none without ``queries``.
+        :meth:`actors.sharded_index.ShardedIndex.retrieve_units` joins them with their hits into
+        :class:`longrag.types.RetrievedUnit` records."""
         units = [self.units[u] for u in unit_ids]
-        if queries is not None:
-            if len(queries) != len(unit_ids):
-                raise ValueError(f"{len(queries)} query vectors for {len(unit_ids)} units")
+        if queries is not None and len(queries) != len(unit_ids):
+            raise ValueError(f"{len(queries)} query vectors for {len(unit_ids)} units")
+        if queries is not None and evidence:
             scored = [self._by_evidence(u, q) for u, q in zip(units, queries)]
             units = [u for u, _ in scored]
         rows = [u.to_row() for u in units]
-        if queries is not None:
+        if queries is not None and evidence:
             for row, (_, doc_scores) in zip(rows, scored):
                 row["doc_scores"] = doc_scores
         if best_chunk_ids is not None:
-            for row, chunk_id in zip(rows, best_chunk_ids):
-                row["best_chunk_text"] = self.chunks[chunk_id].text
+            for i, (row, chunk_id) in enumerate(zip(rows, best_chunk_ids)):
+                if not chunk_id and queries is not None:
+                    ids, scores = self.index.unit_chunk_scores(queries[i], unit_ids[i])
+                    chunk_id = row["best_chunk_id"] = ids[int(np.argmax(scores))] if len(ids) else ""
+                row["best_chunk_text"] = self.chunks[chunk_id].text if chunk_id else None
         return rows
 
     def _by_evidence(self, unit: Unit, query: np.ndarray) -> tuple[Unit, list[float | None]]:
@@ -203,8 +209,8 @@ class IndexShardReplica:
         return await self._run(self.impl.hybrid_search, queries, texts, k)
 
     async def get_units(self, unit_ids: list[str], best_chunk_ids: list[str] | None = None,
-                        queries: np.ndarray | None = None) -> list[dict[str, Any]]:
-        return await self._run(self.impl.get_units, unit_ids, best_chunk_ids, queries)
+                        queries: np.ndarray | None = None, evidence: bool = True) -> list[dict[str, Any]]:
+        return await self._run(self.impl.get_units, unit_ids, best_chunk_ids, queries, evidence)
 
     async def search_units(self, query: np.ndarray, k: int, evidence: bool = False) -> tuple[list[UnitHit], list[dict[str, Any]]]:
         return await self._run(self.impl.search_units, query, k, evidence)

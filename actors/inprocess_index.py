@@ -60,13 +60,15 @@ class InProcessIndex:
         coverage = Coverage(shards=n, answered=n, replicas=self.redundancy())
         return ShardedSearchResult(hits=hits, coverage=coverage, shard_ms=shard_ms)
 
-    def retrieve_units_sync(self, hits: list[UnitHit], query: np.ndarray | None = None) -> list[RetrievedUnit]:
+    def retrieve_units_sync(self, hits: list[UnitHit], query: np.ndarray | None = None,
+                            evidence: bool = True) -> list[RetrievedUnit]:
         rows: dict[str, dict[str, Any]] = {}
         for shard in self.shards:
             mine = [h for h in hits if h.shard == shard.shard_id]
             if mine:
                 queries = None if query is None else np.repeat(np.asarray(query, np.float32)[None, :], len(mine), 0)
-                for row in shard.get_units([h.unit_id for h in mine], [h.best_chunk_id for h in mine], queries):
+                for row in shard.get_units([h.unit_id for h in mine], [h.best_chunk_id for h in mine], queries,
+                                           evidence):
                     rows[row["unit_id"]] = row
         return [RetrievedUnit.from_hit(h, rows.get(h.unit_id)) for h in hits]
 
@@ -77,8 +79,9 @@ class InProcessIndex:
                      fusion: Fusion | None = None) -> ShardedSearchResult:
         return await asyncio.to_thread(self.search_sync, queries, k, texts, fusion)
 
-    async def retrieve_units(self, hits: list[UnitHit], query: np.ndarray | None = None) -> list[RetrievedUnit]:
-        return await asyncio.to_thread(self.retrieve_units_sync, hits, query)
+    async def retrieve_units(self, hits: list[UnitHit], query: np.ndarray | None = None,
+                             evidence: bool = True) -> list[RetrievedUnit]:
+        return await asyncio.to_thread(self.retrieve_units_sync, hits, query, evidence)
 
     async def search_units(self, query: np.ndarray, k: int, evidence: bool = False
                            ) -> tuple[ShardedSearchResult, list[RetrievedUnit]]:

@@ -192,12 +192,14 @@ class ShardedIndex:
         result = ShardedSearchResult(hits=hits, coverage=coverage, shard_ms=shard_ms)
         return result, [RetrievedUnit.from_hit(h, rows.get(h.unit_id)) for h in hits[0]]
 
-    async def fetch_units(self, hits: list[UnitHit], queries: np.ndarray | None = None) -> dict[str, dict[str, Any]]:
+    async def fetch_units(self, hits: list[UnitHit], queries: np.ndarray | None = None,
+                          evidence: bool = True) -> dict[str, dict[str, Any]]:
         """Unit rows for hits (``unit_id`` -> ``Unit.to_row()`` plus ``best_chunk_text``), asking
         each owning shard once (with a second try); units of a shard that could not be asked are
         missing. With ``queries`` (one vector per hit) each unit's documents come best first
         (:meth:`actors.index_shard.IndexShardImpl.get_units`): the rows are keyed by unit, so the hits
-        must name each unit once (one question's hits)."""
+        must name each unit once (one question's hits); ``evidence=False`` keeps the stored order and
+        uses ``queries`` only to pick the best chunk of hits without one (found by the graph walk)."""
         if queries is not None and len({h.unit_id for h in hits}) < len(hits):
             raise ValueError("a unit appears twice among the hits: fetch one question's hits at a time when "
                              "ordering documents by evidence")
@@ -208,7 +210,7 @@ class ShardedIndex:
             chunk_ids.append(h.best_chunk_id)
             rows.append(i)
         results = await asyncio.gather(
-            *(self._call(s, "get_units", ids, chunk_ids, None if queries is None else queries[rows])
+            *(self._call(s, "get_units", ids, chunk_ids, None if queries is None else queries[rows], evidence)
               for s, (ids, chunk_ids, rows) in by_shard.items()),
             return_exceptions=True,
         )
@@ -221,11 +223,13 @@ class ShardedIndex:
                 out[row["unit_id"]] = row
         return out
 
-    async def retrieve_units(self, hits: list[UnitHit], query: np.ndarray | None = None) -> list[RetrievedUnit]:
+    async def retrieve_units(self, hits: list[UnitHit], query: np.ndarray | None = None,
+                             evidence: bool = True) -> list[RetrievedUnit]:
         """The hits joined with their unit records, in rank order (a unit whose shard could not
         be asked has no text: see :class:`longrag.types.RetrievedUnit`); with the ``query`` vector,
-        each unit's documents best first."""
-        rows = await self.fetch_units(hits, None if query is None else np.repeat(query[None, :], len(hits), 0))
+        each unit's documents best first (``evidence``) and a best chunk for hits without one."""
+        rows = await self.fetch_units(hits, None if query is None else np.repeat(query[None, :], len(hits), 0),
+                                      evidence)
         return [RetrievedUnit.from_hit(h, rows.get(h.unit_id)) for h in hits]
 
     async def infos(self) -> list[dict[str, Any]]:
@@ -237,5 +241,6 @@ class ShardedIndex:
                     fusion: Fusion | None = None) -> ShardedSearchResult:
         return asyncio.run(self.search(queries, k, texts, fusion))
 
-    def fetch_units_sync(self, hits: list[UnitHit], queries: np.ndarray | None = None) -> dict[str, dict[str, Any]]:
-        return asyncio.run(self.fetch_units(hits, queries))
+    def fetch_units_sync(self, hits: list[UnitHit], queries: np.ndarray | None = None,
+                         evidence: bool = True) -> dict[str, dict[str, Any]]:
+        return asyncio.run(self.fetch_units(hits, queries, evidence))

@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-embed": ("jobs.bench_embed", "embedding throughput per device, batch size and dtype"),
     "bench-mixpr": ("jobs.bench_mixpr", "MixPR speed and recall"),
     "bench-multihop": ("jobs.bench_multihop", "which retrieval signal finds the other hops (dense, BM25, PPR, bridge)"),
+    "bench-graph": ("jobs.bench_graph", "the unit link graph at corpus scale: memory per million units, expansion latency"),
     "bench-scale": ("jobs.bench_scale", "driver memory of a build and the embedding pool"),
     "gpu-check": ("jobs.gpu_check", "the GPU tier on one GPU machine: encoder fp16/fp32, exact GPU search"),
     "gpu-resolve": ("jobs.gpu_resolve", "resolve the gpu extra for Linux x86_64 and check it is one CUDA set"),

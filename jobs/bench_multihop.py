@@ -1,7 +1,7 @@
 """Which signal finds the other hops? Retrieval signals over one pooled multi-hop sample, one at a
 time, in one process (no Ray, no LLM): the product's grouped units and MaxP (exact, numpy), BM25
 over the same chunks (``bm25s``) alone and fused by reciprocal rank, Personalized PageRank over
-the unit link graph seeded by the dense scores (the project's own kernel), a second search with
+the unit link graph seeded by the dense scores (``retrieval.mode=graph``'s :func:`longrag.index.graph.expand`), a second search with
 the gold first-hop answer added to the question (the ceiling of an iterative second hop: a perfect
 bridge), and the documents of each unit in evidence order. Prints a table (R@k, AR@k, PR@k,
 paragraph recall within token budgets) and writes it with a JSON line to ``--out``.
@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
 
 from longrag.cli import choice_list, int_list, job_setup, number
 from longrag.config import EmbeddingConfig, RetrievalConfig
@@ -37,11 +36,11 @@ from longrag.index.chunking import chunk_units
 from longrag.index.embedding import Embedder, tokenizer_dir
 from longrag.index.evidence import order_by_evidence
 from longrag.index.fusion import Fusion, rrf_scores
-from longrag.index.grouping import link_edges
+from longrag.index.graph import GraphExpansion, expand, unit_graph_from_documents
 from longrag.index.lexical import LexicalIndex
 from longrag.index.units import make_units
-from longrag.mixpr.pagerank import personalized_pagerank
 from longrag.text.tokens import counter_for_model_dir
+from longrag.types import UnitHit
 
 SIGNALS = ("dense", "evidence", "bm25", "rrf", "ppr", "oracle")
 BUDGETS = (260, 650, 1024)
@@ -61,37 +60,6 @@ def maxp(chunk_scores: np.ndarray, chunk_unit: np.ndarray, n_units: int) -> np.n
 
 def ranks(scores: np.ndarray) -> np.ndarray:
     return np.argsort(-scores, axis=1, kind="stable")
-
-
-def unit_graph(docs: list[Any], units: list[Any]) -> sp.csr_matrix:
-    """Units linked where one's document links another's (symmetric, no self loops)."""
-    unit_of = np.empty(len(docs), dtype=np.int64)
-    pos = {d.doc_id: i for i, d in enumerate(docs)}
-    for u, unit in enumerate(units):
-        for d in unit.doc_ids:
-            unit_of[pos[d]] = u
-    src, dst = link_edges(docs)
-    a, b = unit_of[src], unit_of[dst]
-    keep = a != b
-    rows, cols = np.concatenate([a[keep], b[keep]]), np.concatenate([b[keep], a[keep]])
-    g = sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(units), len(units)))
-    g.data[:] = 1.0
-    return g
-
-
-def ppr_scores(dense: np.ndarray, order: np.ndarray, graph: sp.csr_matrix, seeds: int, alpha: float,
-               blend: float) -> np.ndarray:
-    """Dense scores (min-max scaled) blended with PPR from the top ``seeds`` units (softmax of their scores)."""
-    out = np.zeros_like(dense)
-    for q in range(dense.shape[0]):
-        top = order[q, :seeds]
-        p = np.zeros(dense.shape[1])
-        s = dense[q, top]
-        p[top] = np.exp((s - s.max()) * 20)
-        x = personalized_pagerank(graph, p / p.sum(), alpha).scores
-        d = dense[q]
-        out[q] = (1 - blend) * (d - d.min()) / (d.max() - d.min() + 1e-12) + blend * x / (x.max() + 1e-12)
-    return out
 
 
 def score(name: str, lists: list[list[int]], units: list[Any], texts: list[list[str]] | None, examples: list[Any],
@@ -175,12 +143,18 @@ def main(argv: list[str] | None = None) -> int:
                 fused.append(sorted(rrf, key=lambda u: (-rrf[u], u)))
             results.append(score(f"hybrid: dense + {fusion.lexical_weight:g} BM25, reciprocal rank (top {fusion.depth} "
                                  "each)", fused, units, None, examples, args.k, counter.truncate))
-    if "ppr" in args.signals:
-        graph = unit_graph(docs, units)
-        log(f"unit graph: {graph.nnz // 2} edges, {(np.diff(graph.indptr) > 0).sum()} of {len(units)} units linked")
-        fused = ranks(ppr_scores(dense, order, graph, seeds=4, alpha=0.5, blend=0.5))
-        results.append(score(f"dense + PPR over the unit graph ({graph.nnz // 2} edges)", [list(o) for o in fused],
-                             units, None, examples, args.k, counter.truncate))
+    if "ppr" in args.signals:  # retrieval.mode=graph as the Retriever runs it (its default settings)
+        graph = unit_graph_from_documents(docs, units, [0] * len(units))
+        linked = int((np.diff(graph.indptr) > 0).sum())
+        log(f"unit graph: {graph.n_links} links, {linked} of {len(units)} units linked")
+        settings = GraphExpansion.of(RetrievalConfig())
+        at = {u.unit_id: i for i, u in enumerate(units)}
+        fused = []
+        for q in range(len(questions)):
+            hits = [UnitHit(units[u].unit_id, float(dense[q, u]), "") for u in order[q, : settings.depth]]
+            fused.append([at[h.unit_id] for h in expand(hits, graph, kmax, settings)])
+        results.append(score(f"dense + PPR over the unit graph ({graph.n_links} links)", fused, units, None,
+                             examples, args.k, counter.truncate))
     if "oracle" in args.signals:
         bridges = [(ex.meta.get("question_decomposition") or [{}])[0].get("answer", "") for ex in examples]
         if any(bridges):

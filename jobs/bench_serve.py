@@ -34,11 +34,11 @@ import httpx
 import yaml
 
 from lab.bench import machine, median_by_key, overhead, run_level, run_level_threads
-from lab.bench.serving import (QUESTIONS, brief, chat_check, first_token_summary, http_first_token,
-                                   reader_first_token, retrieve_check, summary)
+from lab.bench.serving import (QUESTIONS, InProcessRetrieval, brief, chat_check, first_token_summary,
+                               http_first_token, reader_first_token, retrieve_check, summary)
 from longrag.cli import int_list, job_setup, number, transcript
 from longrag.config import LongRAGConfig
-from longrag.index.fusion import Fusion
+from longrag.index.graph import split_mode
 from longrag.types import Retrieval
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,27 +70,6 @@ def app_config(index: str, config: dict[str, Any]) -> LongRAGConfig:
     return cfg.with_overrides(app["args"].get("overrides", []))
 
 
-class InProcessRetrieval:
-    """Encode + sharded search + unit fetch in this process: the work of ``/v1/retrieve`` without
-    Serve, HTTP or actors (the app's own in-process index, ``InProcessIndex``, called directly)."""
-
-    def __init__(self, index: str, cfg: LongRAGConfig) -> None:
-        import torch
-
-        from actors.inprocess_index import InProcessIndex
-        from longrag.index.embedding import Embedder
-
-        torch.set_num_threads(1)  # as the QueryEncoder (torch_threads=1)
-        self.embedder = Embedder(cfg.embedding)
-        self.index = InProcessIndex(index, cfg.index)
-        self.fusion = Fusion.of(cfg.retrieval)
-
-    def __call__(self, question: str, k: int, mode: str = "dense") -> Retrieval:
-        found = self.index.search_sync(self.embedder.encode_queries([question]), k,
-                                       [question] if mode == "hybrid" else None, self.fusion)
-        return Retrieval(units=self.index.retrieve_units_sync(found.hits[0]), coverage=found.coverage)
-
-
 async def bench_retrieve(client: httpx.AsyncClient, local: InProcessRetrieval, levels: list[int], requests: int,
                          k: int, say, floor: str = "/floor", mode: str = "dense") -> list[dict[str, Any]]:
     """``floor``: the floor app's URL prefix (its own port under direct ingress)."""
@@ -117,7 +96,8 @@ async def bench_retrieve(client: httpx.AsyncClient, local: InProcessRetrieval, l
     async def handles_call(i: int) -> Retrieval:
         # The Ingress' two calls from here: no HTTP, proxy or Ingress (the rest of the overhead)
         q = QUESTIONS[i % len(QUESTIONS)]
-        return await retriever.retrieve.remote(await encoder.encode.remote(q), k, q if mode == "hybrid" else None)
+        hybrid, graph = split_mode(mode)
+        return await retriever.retrieve.remote(await encoder.encode.remote(q), k, q if hybrid else None, graph)
 
     for i in range(len(QUESTIONS)):  # warm every path (model, tokenizer caches, connections, replicas)
         await call(i)
@@ -267,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--levels", type=int_list(), default=[1, 8, 32], help="retrieve concurrency levels")
     p.add_argument("--requests", type=number(int, min_value=1), default=200, help="retrieve requests per level (at least its concurrency)")
     p.add_argument("--k", type=number(int, min_value=1), default=4)
-    p.add_argument("--mode", choices=["dense", "hybrid"], default="dense", help="retrieval mode (HTTP and in process)")
+    p.add_argument("--mode", choices=["dense", "hybrid", "graph", "hybrid+graph"], default="dense",
+                   help="retrieval mode (HTTP and in process)")
     p.add_argument("--chat-levels", type=int_list(), default=[1, 8])
     p.add_argument("--chat-requests", type=number(int, min_value=1), default=4, help="chat requests per level (at least its concurrency)")
     p.add_argument("--chat-k", type=number(int, min_value=1), default=2)

@@ -132,6 +132,10 @@ class IndexConfig(_Section):
     )
 
 
+RetrievalMode = Literal["dense", "hybrid", "graph", "hybrid+graph", "iterative"]
+"""What a request's retrieval does (``retrieval.mode``; per request on the HTTP API)."""
+
+
 class RetrievalConfig(_Section):
     """What a request's retrieval does beyond the MaxP search (docs/evaluation.md: multi-hop evidence)."""
 
@@ -143,10 +147,12 @@ class RetrievalConfig(_Section):
         "questions: F1 22.0 against 22.8, given 60% of the gold paragraphs against 44%; docs/evaluation.md, "
         "multi-hop evidence), so the default stays stored.",
     )
-    mode: Literal["dense", "hybrid", "iterative"] = Field(
+    mode: RetrievalMode = Field(
         "dense", description="dense: one MaxP search. hybrid: the MaxP search and BM25 over the same chunks (MaxP "
         "per unit too), each searched on every shard, merged over the shards, then fused by reciprocal rank "
-        "(longrag.index.fusion). iterative: after the dense search, up to max_hops - 1 more, each made by one "
+        "(longrag.index.fusion). graph / hybrid+graph: the dense (or hybrid) candidates and the units linked to "
+        "the best of them, re-ranked by a Personalized PageRank over the build's unit link graph "
+        "(longrag.index.graph). iterative: after the dense search, up to max_hops - 1 more, each made by one "
         "short LLM call naming the bridge entity from the best evidence so far (longrag.retrieval.hops).",
     )
     hybrid_weight: float = Field(
@@ -154,6 +160,14 @@ class RetrievalConfig(_Section):
     hybrid_depth: int = Field(
         50, ge=1, le=1000, description="hybrid: units each signal contributes to the fusion (its global top-n).")
     rrf_c: int = Field(60, ge=0, description="hybrid: the reciprocal-rank constant c in w / (c + rank).")
+    graph_seeds: int = Field(4, ge=1, le=50, description="graph: first-stage units that restart the walk.")
+    graph_alpha: float = Field(0.5, gt=0, le=1, description="graph: the walk's restart probability.")
+    graph_blend: float = Field(
+        0.5, ge=0, le=1, description="graph: the PageRank's share of a unit's score (the rest: its first-stage "
+        "score, min-max scaled over the candidates).")
+    graph_depth: int = Field(50, ge=1, le=1000, description="graph: first-stage candidates re-ranked with the walk.")
+    graph_radius: int = Field(2, ge=0, le=4, description="graph: links from a seed the walk may go.")
+    graph_max_nodes: int = Field(2000, ge=1, description="graph: units the walk covers at most (nearest first).")
     max_hops: int = Field(2, ge=1, le=4, description="iterative: searches per question, the first included.")
     bridge_max_tokens: int = Field(16, ge=1, le=64, description="iterative: tokens the bridge reply may use.")
     evidence_units: int = Field(

@@ -103,7 +103,7 @@ class UnitHit:
     score: float
     best_chunk_id: str
     shard: int = -1
-    found_by: str | None = None  # retrieval.mode=hybrid: "dense", "bm25" or "dense+bm25" (longrag.index.fusion)
+    found_by: str | None = None  # "dense", "bm25", "dense+bm25" (longrag.index.fusion) or "graph" (longrag.index.graph)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -185,6 +185,7 @@ class RetrievedUnit(BaseModel):
         "best first (retrieval.document_order=evidence); None: the stored order.")
     found_by: str | None = Field(
         None, description="Which search found the unit: 'dense', 'bm25' or 'dense+bm25' (retrieval.mode=hybrid); "
+        "'graph' (only the walk over the unit link graph reached it: retrieval.mode=graph or hybrid+graph); "
         "'hop 1' (the question), 'hop 2: <bridge>' ... (retrieval.mode=iterative); None: the one dense search.")
     text: SkipJsonSchema[str | None] = Field(None, exclude=True, repr=False)
 
@@ -195,8 +196,9 @@ class RetrievedUnit(BaseModel):
         if row is None:
             return cls(unit_id=hit.unit_id, score=hit.score, shard=hit.shard, best_chunk_id=hit.best_chunk_id,
                        found_by=hit.found_by)
-        return cls(
-            unit_id=hit.unit_id, score=hit.score, shard=hit.shard, best_chunk_id=hit.best_chunk_id, found_by=hit.found_by,
+        return cls(  # a unit the graph walk found has its best chunk picked by its shard (row["best_chunk_id"])
+            unit_id=hit.unit_id, score=hit.score, shard=hit.shard, found_by=hit.found_by,
+            best_chunk_id=row.get("best_chunk_id") or hit.best_chunk_id,
             titles=list(row["titles"]), doc_ids=list(row["doc_ids"]), n_tokens=int(row["n_tokens"]),
             best_chunk=row.get("best_chunk_text"), text=str(row["text"]), doc_scores=row.get("doc_scores"),
         )

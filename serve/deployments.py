@@ -33,6 +33,7 @@ from ray.serve.handle import DeploymentHandle
 
 from longrag.config import EmbeddingConfig, IndexConfig, LLMConfig, ReaderConfig, RetrievalConfig
 from longrag.index.fusion import Fusion
+from longrag.index.graph import GraphExpansion, GraphMissing, UnitGraph, expand
 from longrag.llm.base import LLM, ChatResult
 from longrag.types import InvalidRequest
 from longrag.mixpr.config import MixPRConfig
@@ -152,6 +153,8 @@ class Retriever:
         self.source, self.config, self.index_cls = index_uri, index, index_cls
         self.retrieval = retrieval or RetrievalConfig()
         self.build_uri, _ = resolve_build(index_uri)
+        self._uris: dict[str, str] = {}  # build id -> its uri, for the builds this replica opened
+        self._graphs: dict[str, UnitGraph] = {}  # build id -> its unit graph, once a graph request read it
         self.index = self._open(self.build_uri)
         self.manifest = self.index.manifest
         self.live: list[ShardRedundancy] = [ShardRedundancy(shard=s, live=index.replicas, replicas=index.replicas)
@@ -163,31 +166,57 @@ class Retriever:
 
     def _open(self, build_uri: str) -> Any:
         ctx = serve.get_replica_context()
-        return self.index_cls(build_uri, self.config, app_name=ctx.app_name, holder=str(ctx.replica_id))
+        backend = self.index_cls(build_uri, self.config, app_name=ctx.app_name, holder=str(ctx.replica_id))
+        self._uris[backend.manifest.build_id] = build_uri
+        return backend
 
-    async def retrieve(self, vector: np.ndarray, k: int, text: str | None = None) -> Retrieval:
+    async def retrieve(self, vector: np.ndarray, k: int, text: str | None = None, graph: bool = False) -> Retrieval:
         """The top ``k`` units for the question's vector; with its ``text``, the hybrid search (MaxP and
-        BM25 fused, ``retrieval.hybrid_*``)."""
+        BM25 fused, ``retrieval.hybrid_*``); with ``graph``, the first stage's top ``graph_depth``
+        re-ranked with the units linked to its best ones (:func:`longrag.index.graph.expand`)."""
         self._watch()
         backend = self.index  # this request finishes on the build it started on, even across a switch
         self.inflight[id(backend)] = self.inflight.get(id(backend), 0) + 1
+        trace: dict[str, Any] = {}
         try:
             t0 = time.perf_counter()
             query = np.asarray(vector, dtype=np.float32)
             evidence_first = self.retrieval.document_order == "evidence"
-            if text is None:  # search and fetch together: one call per shard
+            if text is None and not graph:  # search and fetch together: one call per shard
                 res, units = await backend.search_units(query, k, evidence_first)
                 t1 = t2 = time.perf_counter()
             else:
-                res = await backend.search(query[None, :], k, [text], Fusion.of(self.retrieval))
+                expansion = GraphExpansion.of(self.retrieval) if graph else None
+                unit_graph = await self._unit_graph(backend) if graph else None
+                depth = max(k, expansion.depth) if expansion else k
+                res = await backend.search(query[None, :], depth, None if text is None else [text],
+                                           Fusion.of(self.retrieval))
+                hits = res.hits[0]
+                if expansion is not None:
+                    tg = time.perf_counter()
+                    hits = expand(hits, unit_graph, k, expansion)
+                    trace["graph_ms"] = round((time.perf_counter() - tg) * 1e3, 2)
                 t1 = time.perf_counter()
-                units = await backend.retrieve_units(res.hits[0], query if evidence_first else None)
+                units = await backend.retrieve_units(hits, query if evidence_first or graph else None, evidence_first)
                 t2 = time.perf_counter()
         finally:
             self.inflight[id(backend)] -= 1
         return Retrieval(units=units, coverage=res.coverage,
                          trace={"search_ms": round((t1 - t0) * 1e3, 2), "fetch_ms": round((t2 - t1) * 1e3, 2),
-                                "shard_ms": res.shard_ms, "build_id": backend.manifest.build_id})
+                                **trace, "shard_ms": res.shard_ms, "build_id": backend.manifest.build_id})
+
+    async def _unit_graph(self, backend: Any) -> UnitGraph:
+        """The unit link graph of ``backend``'s build, read once (the first graph request loads it)."""
+        build_id = backend.manifest.build_id
+        if build_id not in self._graphs:
+            from longrag.index.artifacts import ArtifactStore, read_unit_graph
+
+            graph = await asyncio.to_thread(read_unit_graph, ArtifactStore.open(self._uris[build_id]))
+            if graph is None:
+                raise GraphMissing(build_id)
+            self._graphs = {b: g for b, g in self._graphs.items() if b in self._uris}  # drop retired builds'
+            self._graphs[build_id] = graph
+        return self._graphs[build_id]
 
     def _watch(self) -> None:
         """Start the alias watcher on this replica's event loop (once; again if it ever stopped)."""
@@ -226,6 +255,8 @@ class Retriever:
                                 old.manifest.build_id, self.inflight[id(old)], warned - waited)
                 await asyncio.sleep(0.05)
             self.inflight.pop(id(old), None)
+            self._uris.pop(old.manifest.build_id, None)
+            self._graphs.pop(old.manifest.build_id, None)
             await old.retire()
             return self.manifest.build_id
 

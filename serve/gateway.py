@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import Request
 
 from longrag.config import LongRAGConfig
+from longrag.index.graph import split_mode
 from longrag.reading.reader import ReaderResult
 from longrag.retrieval.hops import iterate
 from longrag.types import InvalidRequest, Retrieval
@@ -79,7 +80,8 @@ class Gateway:
         mode = mode or self.config.retrieval.mode
         if mode == "iterative":
             return await self._iterate(question, k)
-        return await self._search(question, k, hybrid=mode == "hybrid")
+        hybrid, graph = split_mode(mode)
+        return await self._search(question, k, hybrid=hybrid, graph=graph)
 
     async def _iterate(self, question: str, k: int) -> tuple[Retrieval, dict[str, Any]]:
         r, t = self.config.retrieval, self.config.serve.timeouts
@@ -102,7 +104,8 @@ class Gateway:
                  "hops": [h.to_dict() for h in res.hops]}
         return Retrieval(units=res.units, coverage=worst.coverage, trace=worst.trace), trace
 
-    async def _search(self, question: str, k: int, hybrid: bool = False) -> tuple[Retrieval, dict[str, Any]]:
+    async def _search(self, question: str, k: int, hybrid: bool = False,
+                      graph: bool = False) -> tuple[Retrieval, dict[str, Any]]:
         trace: dict[str, Any] = {}
         t0 = time.perf_counter()
         t = self.config.serve.timeouts
@@ -113,11 +116,13 @@ class Gateway:
             raise ApiError(422, stages.one_line(exc), [f"question: {stages.one_line(exc)}"]) from None
         trace["encode_ms"] = ms(t0)
         t1 = time.perf_counter()
-        args = (vector, k, question) if hybrid else (vector, k)  # the question's text: the BM25 half
+        args: tuple[Any, ...] = (vector, k, question) if hybrid else (vector, k)  # the question's text: the BM25 half
+        if graph:
+            args = (vector, k, question if hybrid else None, True)
         try:
             found: Retrieval = await stages.run_stage("retrieve", t.retrieve_s,
                                                       lambda: self.retriever.retrieve.remote(*args), trace=trace)
-        except InvalidRequest as exc:  # longrag.index.lexical.LexicalIndexMissing: hybrid on a build without BM25
+        except InvalidRequest as exc:  # LexicalIndexMissing / GraphMissing: a build written without BM25 / its graph
             raise ApiError(422, stages.one_line(exc), [f"mode: {stages.one_line(exc)}"]) from None
         trace["retrieve_ms"] = ms(t1)
         trace.update({f"retrieve.{key}": v for key, v in found.trace.items()})

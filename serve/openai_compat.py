@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
-from longrag.config import DualStrategy
+from longrag.config import DualStrategy, RetrievalMode
 from longrag.types import InvalidRequest
 from serve.schemas import Coverage, Evidence, check_encodable
 
@@ -61,8 +61,9 @@ class ChatCompletionRequest(BaseModel):
     k: StrictInt | None = Field(None, ge=1, description="Units to retrieve (1..serve.max_k); default serve.default_k.")
     compression: Literal["truncate", "mixpr"] | None = None
     strategy: DualStrategy | None = Field(None, description="longrag-dual only: R&B, R&L, Ext, Fil or E&F.")
-    mode: Literal["dense", "hybrid", "iterative"] | None = Field(
-        None, description="Retrieval mode (as /v1/retrieve's): dense, hybrid or iterative; default retrieval.mode.",
+    mode: RetrievalMode | None = Field(
+        None, description="Retrieval mode (as /v1/retrieve's): dense, hybrid, graph, hybrid+graph or iterative; "
+        "default retrieval.mode.",
     )
     # Accepted for compatibility, not used:
     temperature: float | None = None

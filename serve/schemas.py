@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 # The records of a search are the core's: one definition from the shard actors to the HTTP schema.
-from longrag.config import DualStrategy
+from longrag.config import DualStrategy, RetrievalMode
 from longrag.types import Coverage, RetrievedUnit, ShardRedundancy  # noqa: F401  (part of the HTTP schema)
 
 NOT_BLANK = r"\S"  # JSON Schema pattern: at least one non-whitespace character
@@ -51,9 +51,11 @@ class RetrieveRequest(_Strict):
         None, ge=1, description="Number of units to return (a JSON integer, 1..serve.max_k); "
         "default serve.default_k."
     )
-    mode: Literal["dense", "hybrid", "iterative"] | None = Field(
+    mode: RetrievalMode | None = Field(
         None, description="dense: one MaxP search; hybrid: MaxP and BM25 fused by reciprocal rank (each unit's "
-        "found_by says which found it); iterative: up to retrieval.max_hops searches, each next one "
+        "found_by says which found it); graph / hybrid+graph: the dense / hybrid candidates and the units linked to "
+        "the best of them, re-ranked by Personalized PageRank over the unit link graph (found_by 'graph': only the "
+        "walk reached it); iterative: up to retrieval.max_hops searches, each next one "
         "with the bridge entity a short LLM call names from the evidence so far (trace.hops shows them). "
         "Default retrieval.mode.",
     )

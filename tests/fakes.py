@@ -113,9 +113,11 @@ class HashEncoder:
     encode_passages = encode_queries
 
 
-def write_tiny_build(root, docs: list[tuple[str, str]], shards: int = 2) -> str:
+def write_tiny_build(root, docs: list[tuple[str, str]], shards: int = 2,
+                     links: list[tuple[int, int]] | None = None) -> str:
     """A complete build (manifest, shards with units, chunks and MaxP indexes) of one unit per
-    ``(title, text)``, one chunk per sentence, embedded with :class:`HashEncoder`; no Ray."""
+    ``(title, text)``, one chunk per sentence, embedded with :class:`HashEncoder`; no Ray. With
+    ``links`` (pairs of positions in ``docs``), the unit link graph too."""
     from longrag.config import LongRAGConfig
     from longrag.index.manifest import Manifest
     from longrag.index.maxp import MaxPIndex
@@ -138,6 +140,16 @@ def write_tiny_build(root, docs: list[tuple[str, str]], shards: int = 2) -> str:
         vectors = HashEncoder().encode_passages([f"{c.text}" for c in shard_chunks])
         index = MaxPIndex.build(vectors, [c.chunk_id for c in shard_chunks], [c.unit_id for c in shard_chunks])
         manifest.add_shard(write_shard(store, s, shard_units, shard_chunks, index))
+    if links is not None:
+        import numpy as np
+
+        from longrag.index.artifacts import write_unit_graph
+        from longrag.index.graph import GRAPH_FILE, unit_graph_from_labels
+
+        graph = unit_graph_from_labels([u.unit_id for u in units], [i % shards for i in range(len(units))],
+                                       np.arange(len(units)), np.array([a for a, _ in links], dtype=np.int64),
+                                       np.array([b for _, b in links], dtype=np.int64))
+        manifest.artifacts[GRAPH_FILE] = write_unit_graph(store, graph)
     manifest.mark_complete()
     store.write_manifest(manifest)
     return str(root)
@@ -232,8 +244,8 @@ class FakeShardsIndex:
     async def search(self, queries, k: int, texts=None, fusion=None):
         return await self.index.search(queries, k, texts, fusion)
 
-    async def retrieve_units(self, hits, query=None):
-        return await self.index.retrieve_units(hits, query)
+    async def retrieve_units(self, hits, query=None, evidence: bool = True):
+        return await self.index.retrieve_units(hits, query, evidence)
 
     async def search_units(self, query, k: int, evidence: bool = False):
         return await self.index.search_units(query, k, evidence)

@@ -8,6 +8,11 @@ from typing import Any
 import httpx
 
 from lab.bench.load import LevelResult, grows_with_concurrency
+from longrag.config import LongRAGConfig
+from longrag.index.artifacts import ArtifactStore, read_unit_graph
+from longrag.index.fusion import Fusion
+from longrag.index.graph import GraphExpansion, expand, split_mode
+from longrag.types import Retrieval
 
 GOAL_OVERHEAD_P50_MS = 10.0  # /v1/retrieve overhead p50 at most 10 ms over in-process encode + search
 GOAL_THROUGHPUT_RATIO = 0.9  # /v1/retrieve req/s over HTTP at the highest level, at least 0.9x in process
@@ -159,3 +164,31 @@ def first_token_summary(http: list[dict[str, Any]], local: list[dict[str, Any]])
     a, b = out["http_first_token_p50_ms"], out["in_process_first_token_p50_ms"]
     out["first_token_overhead_p50_ms"] = round(a - b, 1) if a is not None and b is not None else None
     return out
+
+
+class InProcessRetrieval:
+    """Encode + sharded search + unit fetch in this process: the work of ``/v1/retrieve`` without
+    Serve, HTTP or actors (the app's own in-process index, ``InProcessIndex``, called directly)."""
+
+    def __init__(self, index: str, cfg: LongRAGConfig) -> None:
+        import torch
+
+        from actors.inprocess_index import InProcessIndex
+        from longrag.index.embedding import Embedder
+
+        torch.set_num_threads(1)  # as the QueryEncoder (torch_threads=1)
+        self.embedder = Embedder(cfg.embedding)
+        self.index = InProcessIndex(index, cfg.index)
+        self.fusion = Fusion.of(cfg.retrieval)
+        self.expansion = GraphExpansion.of(cfg.retrieval)
+        self.graph = read_unit_graph(ArtifactStore.open(index))
+
+    def __call__(self, question: str, k: int, mode: str = "dense") -> Retrieval:
+        hybrid, graph = split_mode(mode)
+        query = self.embedder.encode_queries([question])
+        found = self.index.search_sync(query, max(k, self.expansion.depth) if graph else k,
+                                       [question] if hybrid else None, self.fusion)
+        if not graph:
+            return Retrieval(units=self.index.retrieve_units_sync(found.hits[0]), coverage=found.coverage)
+        hits = expand(found.hits[0], self.graph, k, self.expansion)
+        return Retrieval(units=self.index.retrieve_units_sync(hits, query[0], False), coverage=found.coverage)

@@ -4,6 +4,7 @@
 Layout of a build (README, Architecture: "Artifacts, not pickles")::
 
     manifest.json                 Manifest (status "building" until every shard is written)
+    unit_graph.parquet            UnitGraph: the units' links (graph expansion), listed in the manifest's artifacts
     shards/shard-00000/
         units.parquet             Unit rows (unit_id, doc_ids, titles, text, n_tokens)
         chunks.parquet            Chunk rows (chunk_id, unit_id, position, text, n_tokens)
@@ -24,6 +25,7 @@ from typing import Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from longrag.index.graph import GRAPH_FILE, UnitGraph
 from longrag.index.lexical import LexicalIndex, lexical_file_names
 from longrag.index.manifest import FileEntry, Manifest, ShardEntry
 from longrag.index.maxp import INDEX_FILES, MaxPIndex
@@ -254,17 +256,39 @@ def write_documents(store: ArtifactStore, docs: list[Document]) -> FileEntry:
     return FileEntry(sha256=sha256_bytes(data), bytes=len(data))
 
 
+def _read_artifact(store: ArtifactStore, name: str, verify: bool) -> bytes | None:
+    """A build-level file (``Manifest.artifacts``), checked against its sha256; None when the build has none."""
+    entry = store.read_manifest().artifacts.get(name)
+    if entry is None:
+        return None
+    data = store.storage.read_bytes(name)
+    if verify and sha256_bytes(data) != entry.sha256:
+        raise ChecksumError(name, entry.sha256, sha256_bytes(data))
+    return data
+
+
 def read_documents(store: ArtifactStore, *, verify: bool = True) -> list[Document] | None:
     """The build's documents (``documents.parquet``, checked against the manifest), or None when the
     build has none (a build of ``jobs.index`` before it wrote them)."""
-    manifest = store.read_manifest()
-    entry = manifest.artifacts.get(DOCUMENTS_FILE)
-    if entry is None:
+    data = _read_artifact(store, DOCUMENTS_FILE, verify)
+    if data is None:
         return None
-    data = store.storage.read_bytes(DOCUMENTS_FILE)
-    if verify and sha256_bytes(data) != entry.sha256:
-        raise ChecksumError(DOCUMENTS_FILE, entry.sha256, sha256_bytes(data))
     return [Document.from_row(r) for r in pq.read_table(io.BytesIO(data)).to_pylist()]
+
+
+def write_unit_graph(store: ArtifactStore, graph: UnitGraph) -> FileEntry:
+    """The build's unit link graph (``unit_graph.parquet``, :mod:`longrag.index.graph`); returns its
+    entry for ``Manifest.artifacts``."""
+    data = graph.to_parquet()
+    store.storage.write_bytes(GRAPH_FILE, data)
+    return FileEntry(sha256=sha256_bytes(data), bytes=len(data))
+
+
+def read_unit_graph(store: ArtifactStore, *, verify: bool = True) -> UnitGraph | None:
+    """The build's unit link graph, checked against the manifest; None for a build without one
+    (built before the graph was kept)."""
+    data = _read_artifact(store, GRAPH_FILE, verify)
+    return None if data is None else UnitGraph.from_parquet(data)
 
 
 def copy_shard(src: ArtifactStore, dst: ArtifactStore, shard_id: int) -> ShardEntry:

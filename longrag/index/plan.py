@@ -194,6 +194,7 @@ class BuildPlan:
     max_tokens: int
     grouping: dict[str, Any] = field(default_factory=dict)
     group_s: float = 0.0
+    graph: Any = None  # longrag.index.graph.UnitGraph, written with the manifest
 
     @property
     def n_shards(self) -> int:
@@ -212,6 +213,7 @@ class BuildPlan:
 def plan_build(docs: list[Document], config: LongRAGConfig) -> BuildPlan:
     """Group ``docs`` into units and assign them to ``index.shards`` shards (fewer when there are
     fewer units)."""
+    from longrag.index.graph import unit_graph_from_documents
     from longrag.index.units import grouping_stats
 
     model_max, max_tokens = chunk_limits(config)
@@ -226,7 +228,8 @@ def plan_build(docs: list[Document], config: LongRAGConfig) -> BuildPlan:
         units_by_shard[s].append(u)
     return BuildPlan(config=config, settings=BuildSettings.of(config), documents=len(docs), units=units,
                      shard_of=shard_of, units_by_shard=units_by_shard, digests=shard_plan(units_by_shard),
-                     model_max=model_max, max_tokens=max_tokens, grouping=grouping_stats(units), group_s=group_s)
+                     model_max=model_max, max_tokens=max_tokens, grouping=grouping_stats(units), group_s=group_s,
+                     graph=unit_graph_from_documents(docs, units, shard_of))
 
 
 @dataclass
@@ -245,6 +248,7 @@ class StagedPlan:
     max_tokens: int
     grouping: dict[str, Any] = field(default_factory=dict)
     group_s: float = 0.0
+    graph: Any = None  # longrag.index.graph.UnitGraph, written with the manifest
 
     @property
     def n_shards(self) -> int:
@@ -370,12 +374,18 @@ def finish_build(store: Any, out: str, plan: AnyPlan, start: BuildStart, built: 
     manifest = start.manifest
     for entry in entries:
         manifest.add_shard(entry)
+    if plan.graph is not None:
+        from longrag.index.artifacts import write_unit_graph
+        from longrag.index.graph import GRAPH_FILE
+
+        manifest.artifacts[GRAPH_FILE] = write_unit_graph(store, plan.graph)
     manifest.mark_complete()
     report: dict[str, Any] = {
         "out": out,
         "build_id": manifest.build_id,
         "counts": {**manifest.counts.model_dump(), "shards": len(manifest.shards)},
         "grouping": plan.grouping,
+        "graph": None if plan.graph is None else {"units": plan.graph.n_units, "links": plan.graph.n_links},
         "read": read_report,
         "timings_s": {k: round(v, 2) for k, v in timings.items()},
     }

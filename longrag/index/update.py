@@ -320,7 +320,9 @@ def write_update(
         load_shard_chunks,
         write_documents,
         write_shard,
+        write_unit_graph,
     )
+    from longrag.index.graph import GRAPH_FILE, unit_graph_from_documents
     from longrag.types import Chunk
 
     t0 = time.perf_counter()
@@ -375,6 +377,9 @@ def write_update(
                                 [c.unit_id for c in chunks], factory=pm.factory, metric=pm.metric)
         manifest.add_shard(write_shard(out, s, units, chunks, index))
     manifest.artifacts[DOCUMENTS_FILE] = write_documents(out, plan.docs)
+    # the links of every unit again: an added document links kept units too (a few ms per 10K units)
+    shard_of = [s for s in sorted(plan.units_by_shard) for _ in plan.units_by_shard[s]]
+    manifest.artifacts[GRAPH_FILE] = write_unit_graph(out, unit_graph_from_documents(plan.docs, plan.units, shard_of))
     manifest.mark_complete()
     report = {"build_id": manifest.build_id, "parent": pm.build_id, **plan.stats, "chunks_embedded": embedded,
               "kept_chunks_reembedded": reembedded, "write_s": round(time.perf_counter() - t0, 2)}

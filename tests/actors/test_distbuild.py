@@ -42,6 +42,10 @@ def _assert_same_units(plan, reference) -> None:
     assert plan.documents == reference.documents
     assert plan.units_per_shard() == reference.units_per_shard()
     assert plan.digests == reference.digests  # sha256 over ids, members, titles, token counts, texts
+    # the unit link graph (retrieval.mode=graph): from the driver's positions and labels, as from the documents
+    got, want = plan.graph, reference.graph
+    assert got.unit_ids == want.unit_ids and got.shards.tolist() == want.shards.tolist()
+    assert got.indptr.tolist() == want.indptr.tolist() and got.indices.tolist() == want.indices.tolist()
 
 
 def _sample_reference(config):
@@ -91,6 +95,7 @@ def test_generated_corpus_units_equal_the_in_driver_path(tmp_path, cluster):
     plan, report, _ = plan_corpus(str(tmp_path / "corpus"), "jsonl", str(out), config)
     assert report["read_tasks"] == 4 and report["n_bad"] == 0
     _assert_same_units(plan, reference)
+    assert plan.graph.n_links > 100  # units link across the 4K-token budget
     staged = _staged(out, plan.n_shards)
     for s, units in reference.units_by_shard.items():
         assert staged[s] == units

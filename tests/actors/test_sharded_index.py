@@ -313,3 +313,52 @@ def test_hybrid_search_over_shards_and_replicas_survives_a_killed_replica(cluste
         assert set(rows) == {h.unit_id for h in res.hits[0]}
         # Serve's counts say 1 of 2 while the replacement starts, then 2 of 2 again
         _wait_for(lambda: asyncio.run(client.liveness())[1].live == 2, 120, "the killed replica's replacement")
+
+
+def test_graph_expansion_over_shards_and_replicas_survives_a_killed_replica(cluster, tmp_path):
+    """retrieval.mode=graph as the jobs run it over 3 shards x 2 replicas (the dense top 10 merged
+    over the shards, re-ranked with the unit link graph, the rows fetched with the query): the same
+    units as the expansion of the brute-force dense list, a unit only the walk reached comes back
+    with its own best chunk for the query (picked by its shard), and a replica killed mid-run
+    changes nothing."""
+    from longrag.index.artifacts import read_unit_graph, write_unit_graph
+    from longrag.index.graph import GRAPH_FILE, GraphExpansion, expand, unit_graph_from_labels
+    from longrag.types import UnitHit
+
+    units, chunks, vectors, unit_shard = _make_build(tmp_path, seed=21)
+    ids = [u.unit_id for u in units]
+    rng = np.random.default_rng(22)
+    src, dst = rng.integers(0, len(units), 60), rng.integers(0, len(units), 60)
+    store = ArtifactStore.open(str(tmp_path))
+    manifest = store.read_manifest()
+    manifest.artifacts[GRAPH_FILE] = write_unit_graph(
+        store, unit_graph_from_labels(ids, [unit_shard[u] for u in ids], np.arange(len(units)), src, dst))
+    store.write_manifest(manifest)
+    graph = read_unit_graph(store)
+    settings = GraphExpansion(depth=10, seeds=3)
+    queries = _queries(n=5, seed=23)
+    want = [expand([UnitHit(unit_id=u, score=s, best_chunk_id="", shard=unit_shard[u]) for u, s in row], graph, 8,
+                   settings) for row in _brute_force(queries, chunks, vectors, 10)]
+    assert any(h.found_by == "graph" for row in want for h in row), "the graph must bring in units of its own"
+    scores = queries @ vectors.T
+    with open_index(str(tmp_path), CONFIG.model_copy(update={"replicas": 2})) as client:
+        for i in range(4):
+            if i == 1:
+                from serve.faults import kill_index_replicas
+
+                kill_index_replicas(client.manifest.build_id, 2, 0)
+            res = client.search_sync(queries, 10)
+            assert res.coverage.answered == N_SHARDS and not res.coverage.degraded, res.coverage
+            for q, hits in enumerate(res.hits):
+                got = expand(hits, graph, 8, settings)
+                assert [(h.unit_id, h.found_by) for h in got] == [(h.unit_id, h.found_by) for h in want[q]]
+                rows = client.fetch_units_sync(got, np.repeat(queries[q][None, :], len(got), 0), evidence=False)
+                for h in got:
+                    row = rows[h.unit_id]
+                    assert row["doc_ids"] == [h.unit_id[1:].lstrip("0") or "0"]  # stored order (one document)
+                    mine = [j for j, c in enumerate(chunks) if c.unit_id == h.unit_id]
+                    best = chunks[max(mine, key=lambda j: scores[q, j])]
+                    if h.found_by == "graph":
+                        assert row["best_chunk_id"] == best.chunk_id and row["best_chunk_text"] == best.text
+                    else:
+                        assert row["best_chunk_text"] == best.text and "doc_scores" not in row

@@ -216,6 +216,23 @@ def test_written_update_searches_like_a_full_rebuild(tmp_path):
     rebuilt = full_build(tmp_path / "full", new_docs)
     queries = HashEncoder().encode_queries(["river castle", "king music war", "novel painter", "ship island"])
     assert _search(out, queries, 8) == _search(rebuilt, queries, 8)
+    # the unit link graph (retrieval.mode=graph) of every unit again, kept and new: a link between two
+    # documents links their units (a title names its first document), checked by hand
+    from longrag.index.artifacts import read_unit_graph
+
+    graph = read_unit_graph(out)
+    units = {u.unit_id: u for s in manifest.shard_ids for u in load_shard_units(out, s)}
+    assert sorted(graph.unit_ids) == sorted(units)
+    assert all(int(graph.shards[i]) == next(s for s in manifest.shard_ids if u in {x.unit_id for x in
+               load_shard_units(out, s)}) for i, u in enumerate(graph.unit_ids[:20]))
+    unit_of = {d: uid for uid, u in units.items() for d in u.doc_ids}
+    first = {}
+    for d in new_docs:
+        first.setdefault(d.title, d.doc_id)
+    want = {(unit_of[d.doc_id], unit_of[first[t]]) for d in new_docs for t in d.links if t in first}
+    want = {e for a, b in want if a != b for e in ((a, b), (b, a))}
+    got = {(graph.unit_ids[i], graph.unit_ids[j]) for i in range(graph.n_units) for j in graph.neighbours(i).tolist()}
+    assert got == want and len(want) > 20
     # the BM25 half (retrieval.mode=hybrid): every rebuilt shard has the BM25 index of exactly its new
     # chunks, in FAISS order (reused shards kept theirs: their files are the parent's, above). Scores
     # are not compared with the full rebuild's: BM25 statistics are per shard, and the rebuild puts

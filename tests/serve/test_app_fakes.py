@@ -32,6 +32,7 @@ DOCS = [
 ]
 
 
+LINKS = [(1, 4), (2, 3)]  # Luanda - George Gershwin, Apollo 11 - Aruba: the unit link graph (mode=graph)
 KEY, OTHER_KEY = "test-key-a", "test-key-b"  # the app's API keys (OTHER_KEY: the rate-limit test's own bucket)
 AUTH = {"Authorization": f"Bearer {KEY}"}
 METRICS_PORT = 8211
@@ -41,7 +42,8 @@ ORIGIN = "http://playground.example"
 def _deploy(build: str, name: str, route_prefix: str, *, index_cls: Any, overrides: tuple[str, ...] = ()) -> None:
     cfg = LongRAGConfig().with_overrides([
         "index.replicas=2", f"serve.api_keys=[{KEY}, {OTHER_KEY}]", "serve.rate_limit_rps=2",
-        "serve.rate_limit_burst=30", "serve.readyz_cache_s=0", f"serve.cors_origins=[{ORIGIN}]", *overrides,
+        "serve.rate_limit_burst=30", "serve.readyz_cache_s=0", f"serve.cors_origins=[{ORIGIN}]",
+        "retrieval.graph_depth=2", "retrieval.graph_seeds=1", *overrides,
     ])
     app = build_app(cfg, build, encoder_cls=HashEncoder, index_cls=index_cls, engine_cls=TitleReader)
     serve.run(app, name=name, route_prefix=route_prefix, blocking=False)
@@ -49,7 +51,7 @@ def _deploy(build: str, name: str, route_prefix: str, *, index_cls: Any, overrid
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory) -> str:
-    return write_tiny_build(tmp_path_factory.mktemp("tiny") / "build", DOCS, shards=2)
+    return write_tiny_build(tmp_path_factory.mktemp("tiny") / "build", DOCS, shards=2, links=LINKS)
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +125,7 @@ def test_iterative_retrieval_asks_the_llm_for_a_bridge(client):
     assert hops[0]["llm_ms"] > 0 and body["trace"]["bridge_ms"] > 0
     assert [u["unit_id"] for u in body["units"]] == [u["unit_id"] for u in dense["units"]]
     assert {u["found_by"] for u in body["units"]} == {"hop 1"} and "hops" not in dense["trace"]
-    _error(client.post("/v1/retrieve", json={"question": q, "mode": "graph"}), 422, "invalid_request")
+    _error(client.post("/v1/retrieve", json={"question": q, "mode": "pagerank"}), 422, "invalid_request")
     answer = client.post("/v1/answer", json={"question": q, "k": 2, "mode": "iterative"})
     assert answer.status_code == 200 and len(answer.json()["trace"]["hops"]) == 1
     chat = client.post("/v1/chat/completions", json={"model": "longrag", "k": 2, "mode": "iterative",
@@ -146,6 +148,29 @@ def test_hybrid_retrieval_fuses_bm25_on_both_index_backends(client):
     chat = client.post("/v1/chat/completions", json={"model": "longrag", "k": 2, "mode": "hybrid",
                                                      "messages": [{"role": "user", "content": q}]})
     assert chat.status_code == 200, chat.text
+
+
+def test_graph_retrieval_brings_linked_units_on_both_index_backends(client):
+    """mode=graph (the apps walk from the dense top 1 of 2 candidates, retrieval.graph_*): the unit
+    linked to the best one comes in though the dense search left it out, marked found_by "graph",
+    with the best chunk its shard picked for the question; both backends agree; hybrid+graph too."""
+    q = "What is the capital of Angola?"
+    dense = client.post("/v1/retrieve", json={"question": q, "k": 3}).json()["units"]
+    assert dense[0]["titles"] == ["Luanda"]
+    body = client.post("/v1/retrieve", json={"question": q, "k": 3, "mode": "graph"}).json()
+    units = body["units"]
+    assert [u["titles"][0] for u in units[:1]] == ["Luanda"] and units[0]["found_by"] == "dense"
+    assert "George Gershwin" not in [u["titles"][0] for u in dense[:2]]  # the dense candidates (graph_depth 2)
+    linked = next(u for u in units if u["titles"] == ["George Gershwin"])
+    assert linked["found_by"] == "graph" and linked["best_chunk"] == DOCS[4][1], units
+    assert body["trace"]["retrieve.graph_ms"] >= 0 and not body["coverage"]["degraded"]
+    local = client.post("/local/v1/retrieve", json={"question": q, "k": 3, "mode": "graph"}).json()
+    assert [(u["unit_id"], u["found_by"], u["best_chunk"]) for u in local["units"]] == \
+        [(u["unit_id"], u["found_by"], u["best_chunk"]) for u in units]
+    both = client.post("/v1/retrieve", json={"question": q, "k": 3, "mode": "hybrid+graph"}).json()["units"]
+    assert "graph" in {u["found_by"] for u in both}
+    answer = client.post("/v1/answer", json={"question": q, "k": 2, "mode": "graph"})
+    assert answer.status_code == 200, answer.text
 
 
 def test_a_dead_replica_fails_over_and_shows_in_healthz(client):

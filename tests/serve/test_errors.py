@@ -86,3 +86,32 @@ def test_hybrid_on_a_build_without_bm25_is_a_422_that_says_what_to_do():
     error = r.json()["error"]
     assert "needs the BM25 index" in error["message"] and "rebuild" in error["message"]
     assert OldBuild.calls == 1  # a client error is not retried
+
+
+def test_graph_on_a_build_without_its_unit_graph_is_a_422_that_says_what_to_do():
+    """A build written before graph expansion: GraphMissing (an InvalidRequest) is a 422 with its
+    message, not retried."""
+    import numpy as np
+
+    from longrag.index.graph import GraphMissing
+    from serve.gateway import InProcess
+
+    class Encoder:
+        def encode(self, question):
+            return np.ones(4, dtype=np.float32)
+
+    class OldBuild:
+        calls: list = []
+
+        def retrieve(self, vector, k, text=None, graph=False):
+            OldBuild.calls.append((text, graph))
+            raise GraphMissing("b-old")
+
+    config = LongRAGConfig()
+    gw = Gateway(config=config, encoder=InProcess(Encoder()), retriever=InProcess(OldBuild()))
+    with TestClient(create_api(gw, Guard(config, environ={})), raise_server_exceptions=False) as client:
+        r = client.post("/v1/retrieve", json={"question": "Who wrote Animal Farm?", "mode": "hybrid+graph"})
+    assert r.status_code == 422, r.text
+    message = r.json()["error"]["message"]
+    assert "b-old" in message and "unit link graph" in message and "rebuild" in message
+    assert OldBuild.calls == [("Who wrote Animal Farm?", True)]
