@@ -342,17 +342,19 @@ def build_corpus_index(sources: str | list[str], fmt: str, out: str, config: Lon
 
 def ensure_sample_build(out: str, say: Any = print) -> str:
     """The bundled enwiki sample's build at ``out`` (the demo's settings: grouped lead units, 2
-    shards), built first when ``out`` holds none (or one from before the shards' BM25 index);
-    benchmarks serve it."""
+    shards), built first when ``out`` holds none (or one from before the shards' BM25 index or the
+    unit graph); benchmarks serve it."""
     from longrag.config import load_config
     from longrag.data import SAMPLE_WIKI, data_path
     from longrag.index.artifacts import ArtifactStore
+    from longrag.index.graph import GRAPH_FILE
     from longrag.index.lexical import lexical_missing
 
     try:
-        if not lexical_missing(ArtifactStore.open(out).read_manifest()):
+        manifest = ArtifactStore.open(out).read_manifest()
+        if not lexical_missing(manifest) and GRAPH_FILE in manifest.artifacts:
             return out
-        say(f"{out} predates the shards' BM25 index: indexing the bundled sample again")
+        say(f"{out} predates the shards' BM25 index or the unit graph: indexing the bundled sample again")
     except Exception:  # no build there yet: make it
         say(f"indexing the bundled sample into {out}")
     config = load_config(None, ["units.kind=grouped", "units.text_mode=lead", "index.shards=2"])

@@ -16,16 +16,15 @@ runs). Prints a table and one JSON line; writes both to ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import tracemalloc
 from dataclasses import asdict
-from pathlib import Path
 
 import numpy as np
 
 from lab.bench import latency_stats, machine
+from lab.bench.tables import markdown_table, publish
 from longrag.cli import job_setup, number
 from longrag.config import RetrievalConfig
 from longrag.index.graph import GraphExpansion, UnitGraph, expand, unit_graph_from_labels
@@ -98,19 +97,15 @@ def main(argv: list[str] | None = None) -> int:
         "expand_ms": asdict(lat), "graph_units_in_top8": round(float(np.mean(added)), 2),
         "settings": settings.__dict__, "machine": {"start": at_start, "end": machine()},
     }
-    rows = [("units / links", f"{n:,} / {loaded.n_links:,} (mean degree {summary['mean_degree']}, max {summary['max_degree']:,})"),
-            ("unit_graph.parquet", f"{summary['file_mb']} MB"),
-            ("held by the Retriever", f"{summary['memory_mb']} MB ({summary['memory_mb_per_million_units']} MB per million units)"),
-            ("load (parquet, id lookup, CSR)", f"{summary['load_s']} s"), ("build (contraction)", f"{summary['build_s']} s, peak {summary['build_peak_mb']} MB"),
+    memory = f"{summary['memory_mb']} MB ({summary['memory_mb_per_million_units']} MB per million units)"
+    rows = [("units / links", f"{n:,} / {loaded.n_links:,} (mean degree {summary['mean_degree']}, "
+                              f"max {summary['max_degree']:,})"),
+            ("unit_graph.parquet", f"{summary['file_mb']} MB"), ("held by the Retriever", memory),
+            ("load (parquet, id lookup, CSR)", f"{summary['load_s']} s"),
+            ("build (contraction)", f"{summary['build_s']} s, peak {summary['build_peak_mb']} MB"),
             ("expand per question", f"p50 {summary['expand_ms']['p50_ms']} ms, p99 {summary['expand_ms']['p99_ms']} ms"),
             ("load average", f"{at_start['loadavg']} -> {summary['machine']['end']['loadavg']}")]
-    table = "\n".join(["| measure | value |", "| --- | --- |"] + [f"| {a} | {b} |" for a, b in rows])
-    print(table)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "table.md").write_text(table + "\n")
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps(summary))
+    publish(args.out, markdown_table([{"measure": a, "value": b} for a, b in rows], ["measure", "value"]), summary)
     return 0
 
 

@@ -17,14 +17,13 @@ docs/evaluation.md, "Multi-hop evidence".
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from lab.bench.tables import publish
 from longrag.cli import choice_list, int_list, job_setup, number
 from longrag.config import EmbeddingConfig, RetrievalConfig
 from longrag.eval import metrics as M
@@ -169,16 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     keys = [f"{m}@{k}" for k in args.k for m in ("R", "AR", "PR")] + [f"PR<{b}" for b in BUDGETS]
     lines = ["| signal | " + " | ".join(keys) + " |", "| --- " * (len(keys) + 1) + "|"]
     lines += ["| " + r["signal"] + " | " + " | ".join(str(r.get(k, "-")) for k in keys) + " |" for r in results]
-    table = "\n".join(lines)
-    print(table)
     summary = {"dataset": args.dataset, "questions": len(examples), "documents": len(docs), "units": len(units),
                "chunks": len(chunks), "model": args.model, "build_s": round(build_s, 1),
                "query_ms": round(query_ms, 2), "results": results}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "table.md").write_text(table + "\n")
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps(summary))
+    publish(args.out, "\n".join(lines), summary)
     return 0
 
 

@@ -49,9 +49,10 @@ def browser_page(profile_dir: Path, width: int = 1200, height: int = 1000) -> It
 
 
 def ask(page: Any, base_url: str, question: str, *, k: int, strategy: str = "", key: str | None = None,
-        timeout_s: float = 60) -> dict[str, Any]:
+        timeout_s: float = 60, mode: str = "") -> dict[str, Any]:
     """Load the playground, ask ``question`` and wait for the answer; returns what the page shows:
-    answer, long answer, evidence units (titles, used, best chunk), trace stages, status."""
+    answer, long answer, evidence units (titles, used, best chunk, which search found it), trace
+    stages, status. ``mode``: the retrieval select ("" = the server's default)."""
     page.goto(base_url + "/")
     page.wait_for_selector("body[data-ready='yes']", timeout=30_000)
     if key is not None:
@@ -59,6 +60,7 @@ def ask(page: Any, base_url: str, question: str, *, k: int, strategy: str = "", 
     page.fill("#question", question)
     page.fill("#k", str(k))
     page.select_option("#strategy", strategy)
+    page.select_option("#mode", mode)
     page.click("#ask")
     page.wait_for_function(
         "document.body.dataset.answered === 'yes' || document.querySelector('#status').classList.contains('error')",
@@ -73,6 +75,7 @@ def ask(page: Any, base_url: str, question: str, *, k: int, strategy: str = "", 
             titles: li.querySelector('.titles').textContent,
             used: li.classList.contains('is-used'),
             best_chunk: (li.querySelector('.best-chunk') || {}).textContent || null,
+            found_by: (li.querySelector('.found-by') || {}).textContent || null,
             marks: [...li.querySelectorAll('.best-chunk mark')].map((m) => m.textContent),
         })),
         stages: [...document.querySelectorAll('#trace .seg')].map((s) => s.dataset.stage),

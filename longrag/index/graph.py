@@ -14,8 +14,8 @@ the neighbourhood, not on the corpus; with a radius that covers the seeds' conne
 is the PPR of the whole graph, whose mass never leaves that component.
 
 Where the graph lives: with the Retriever (the shards hold chunks and units; the walk needs the
-edges across them), loaded once per build: 4 bytes per link end plus the unit ids
-(``python -m jobs.bench_graph`` measures it per million units).
+edges across them), read on a build's first graph request: ~144 MB per million units with ~8
+links each, a walk p50 8 ms (``python -m jobs.bench_graph``; docs/evaluation.md).
 """
 
 from __future__ import annotations
@@ -183,28 +183,34 @@ def _scaled(scores: np.ndarray) -> np.ndarray:
     return (scores - lo) / (hi - lo) if hi > lo else np.ones_like(scores)
 
 
-def _rows(graph: UnitGraph, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The neighbours of ``rows``, concatenated, and the row (position in ``rows``) each came from."""
-    starts, ends = graph.indptr[rows], graph.indptr[rows + 1]
-    counts = ends - starts
+def _neighbours_of(graph: UnitGraph, rows: np.ndarray, budget: int) -> np.ndarray:
+    """The neighbours of the units in ``rows``, least linked first, at most ``budget`` of them (so
+    a hub with thousands of links adds what the budget leaves; its share of the walk is small)."""
+    counts = graph.indptr[rows + 1] - graph.indptr[rows]
+    order = np.argsort(counts, kind="stable")
+    rows, counts = rows[order], counts[order]
+    keep = int(np.searchsorted(np.cumsum(counts), budget, side="right")) + 1
+    rows, counts = rows[:keep], counts[:keep]
     total = int(counts.sum())
     if total == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int64)
     owner = np.repeat(np.arange(rows.shape[0]), counts)
     offsets = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
-    return graph.indices[starts[owner] + offsets].astype(np.int64), owner
+    return graph.indices[graph.indptr[rows][owner] + offsets][:budget].astype(np.int64)
 
 
 def _neighbourhood(graph: UnitGraph, seeds: list[int], radius: int, limit: int) -> np.ndarray:
     """Units within ``radius`` links of the seeds, breadth first, the seeds first; over ``limit``
-    the nearest are kept (within one distance, the lowest positions)."""
+    the nearest are kept (within one distance, the neighbours of the least linked units first,
+    then the lowest positions). Each step reads at most ``4 * limit`` links."""
     seen = np.asarray(list(dict.fromkeys(seeds)), dtype=np.int64)[:limit]
     frontier = seen
     for _ in range(radius):
         if seen.shape[0] >= limit or frontier.shape[0] == 0:
             break
-        nxt, _ = _rows(graph, frontier)
-        nxt = np.setdiff1d(nxt, seen)  # sorted, unique, not yet seen
+        nxt = np.sort(_neighbours_of(graph, frontier, 4 * limit))  # unique, not yet seen (np.unique hashes: slower)
+        nxt = nxt[np.concatenate(([True], nxt[1:] != nxt[:-1]))] if nxt.shape[0] else nxt
+        nxt = nxt[~np.isin(nxt, seen, kind="sort")]
         frontier = nxt[: limit - seen.shape[0]]
         seen = np.concatenate([seen, frontier])
     return seen

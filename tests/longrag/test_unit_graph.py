@@ -135,3 +135,19 @@ def test_settings_are_checked():
     for bad in ({"seeds": 0}, {"alpha": 0.0}, {"blend": 1.5}, {"radius": -1}):
         with pytest.raises(ValueError):
             GraphExpansion(**bad)
+
+
+def test_a_hub_next_to_a_seed_adds_only_what_the_budget_leaves():
+    """A seed linked to a hub of 20,000 units: the walk covers at most max_nodes units, the nearest
+    first (the seed's own neighbours, the hub among them), and reads at most 4 x max_nodes links a step."""
+    n = 20_003
+    ids = [f"u{i:05d}" for i in range(n)]
+    hub, seed, friend = 0, 1, 2
+    src = np.array([seed, seed] + [hub] * (n - 3))
+    dst = np.array([hub, friend] + list(range(3, n)))
+    g = unit_graph_from_labels(ids, np.zeros(n), np.arange(n), src, dst)
+    hits = [UnitHit(unit_id=ids[seed], score=1.0, best_chunk_id="c", shard=0)]
+    out = expand(hits, g, 60, GraphExpansion(seeds=1, radius=2, max_nodes=50))
+    got = [h.unit_id for h in out]
+    assert len(got) == 50 and got[0] == ids[seed] and {ids[hub], ids[friend]} <= set(got)
+    assert all(h.found_by == "graph" for h in out[1:])

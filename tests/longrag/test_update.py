@@ -329,6 +329,14 @@ def test_update_job_on_an_alias(tmp_path, capsys):
     assert m.parent.build_id == parent.read_manifest().build_id and m.parent.changes["added"] == 1
     units = [u for s in m.shard_ids for u in load_shard_units(new, s)]
     assert any("900" in u.doc_ids for u in units) and not any("4" in u.doc_ids for u in units)
+    # the new document's link to T3 is in the new build's unit graph (retrieval.mode=graph)
+    from longrag.index.artifacts import read_unit_graph
+
+    graph = read_unit_graph(new)
+    zanzibar = next(u.unit_id for u in units if "900" in u.doc_ids)
+    t3 = next(u.unit_id for u in units if "3" in u.doc_ids)
+    linked = {graph.unit_ids[j] for j in graph.neighbours(graph.position[zanzibar]).tolist()}
+    assert sorted(graph.unit_ids) == sorted(u.unit_id for u in units) and (zanzibar == t3 or t3 in linked)
     # deleting it again is refused, naming the id
     assert update.main(["--build", alias, "--delete", str(delete)]) == 1
     assert "['4']" in capsys.readouterr().err

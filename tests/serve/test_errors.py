@@ -57,17 +57,20 @@ def test_an_oversized_body_is_refused_whether_declared_or_chunked(declared):
     assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
 
 
+class _OnesEncoder:
+    """A query encoder whose vector never matters: the index under test refuses before searching."""
+
+    def encode(self, question):
+        import numpy as np
+
+        return np.ones(4, dtype=np.float32)
+
+
 def test_hybrid_on_a_build_without_bm25_is_a_422_that_says_what_to_do():
     """A build written before hybrid retrieval: the index raises LexicalIndexMissing (an InvalidRequest),
     the gateway answers 422 with its message (not a retried 503, not a degraded result)."""
-    import numpy as np
-
     from longrag.index.lexical import LexicalIndexMissing
     from serve.gateway import InProcess
-
-    class Encoder:
-        def encode(self, question):
-            return np.ones(4, dtype=np.float32)
 
     class OldBuild:
         calls = 0
@@ -79,7 +82,7 @@ def test_hybrid_on_a_build_without_bm25_is_a_422_that_says_what_to_do():
             raise AssertionError("the dense path is not under test here")
 
     config = LongRAGConfig()
-    gw = Gateway(config=config, encoder=InProcess(Encoder()), retriever=InProcess(OldBuild()))
+    gw = Gateway(config=config, encoder=InProcess(_OnesEncoder()), retriever=InProcess(OldBuild()))
     with TestClient(create_api(gw, Guard(config, environ={})), raise_server_exceptions=False) as client:
         r = client.post("/v1/retrieve", json={"question": "Who wrote Animal Farm?", "mode": "hybrid"})
     assert r.status_code == 422, r.text
@@ -91,14 +94,8 @@ def test_hybrid_on_a_build_without_bm25_is_a_422_that_says_what_to_do():
 def test_graph_on_a_build_without_its_unit_graph_is_a_422_that_says_what_to_do():
     """A build written before graph expansion: GraphMissing (an InvalidRequest) is a 422 with its
     message, not retried."""
-    import numpy as np
-
     from longrag.index.graph import GraphMissing
     from serve.gateway import InProcess
-
-    class Encoder:
-        def encode(self, question):
-            return np.ones(4, dtype=np.float32)
 
     class OldBuild:
         calls: list = []
@@ -108,7 +105,7 @@ def test_graph_on_a_build_without_its_unit_graph_is_a_422_that_says_what_to_do()
             raise GraphMissing("b-old")
 
     config = LongRAGConfig()
-    gw = Gateway(config=config, encoder=InProcess(Encoder()), retriever=InProcess(OldBuild()))
+    gw = Gateway(config=config, encoder=InProcess(_OnesEncoder()), retriever=InProcess(OldBuild()))
     with TestClient(create_api(gw, Guard(config, environ={})), raise_server_exceptions=False) as client:
         r = client.post("/v1/retrieve", json={"question": "Who wrote Animal Farm?", "mode": "hybrid+graph"})
     assert r.status_code == 422, r.text

@@ -26,8 +26,10 @@ BASE = f"http://127.0.0.1:{PORT}"
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    build = write_tiny_build(tmp_path_factory.mktemp("tiny") / "build", DOCS, shards=2)
-    with serve_fake_app(build, PORT, ["index.replicas=1", f"serve.api_keys=[{KEY}]"]) as url:
+    build = write_tiny_build(tmp_path_factory.mktemp("tiny") / "build", DOCS, shards=2, links=[(1, 0)])
+    # graph mode walks from the dense top 1 (Luanda links to Animal Farm, which the dense search ranks last)
+    overrides = ["index.replicas=1", f"serve.api_keys=[{KEY}]", "retrieval.graph_depth=1", "retrieval.graph_seeds=1"]
+    with serve_fake_app(build, PORT, overrides) as url:
         with httpx.Client(base_url=url, timeout=60) as client:
             wait_healthy(client)
             yield client
@@ -64,6 +66,17 @@ def test_a_question_streams_an_answer_with_evidence_and_trace(app, tmp_path):
     assert "Animal" in shown["units"][0]["marks"] and "Farm" in shown["units"][0]["marks"]
     assert {"encode", "retrieve", "read"} <= set(shown["stages"]), shown["stages"]
     assert screenshot.stat().st_size > 10_000
+    assert problems == [], problems
+
+
+def test_the_retrieval_select_reaches_the_index_and_shows_who_found_each_unit(app, tmp_path):
+    """The page's retrieval select (here graph): the unit the link graph brought in shows "graph"."""
+    with browser_page(tmp_path / "profile") as page:
+        shown = ask(page, BASE, "What is the capital of Angola?", k=2, key=KEY, mode="graph")
+        problems = page.problems
+    assert not shown["error"], shown["status"]
+    assert [(u["titles"], u["found_by"]) for u in shown["units"]] == [("Luanda", "dense"), ("Animal Farm", "graph")]
+    assert shown["units"][1]["best_chunk"] in DOCS[0][1]
     assert problems == [], problems
 
 
