@@ -135,9 +135,11 @@ def unit_graph_from_labels(unit_ids: Sequence[str], shards: Sequence[int] | np.n
                      indices=indices.astype(np.int32))
 
 
-def unit_graph_from_documents(docs: Sequence[Document], units: Sequence[Unit], shards: Sequence[int]) -> UnitGraph:
-    """The unit graph of ``units`` (on ``shards``) over the documents they were grouped from; a
-    passage unit stands for its document (every passage of a linked document is linked)."""
+def unit_graph_from_documents(docs: Sequence[Document], units: Sequence[Unit], shards: Sequence[int],
+                              linked: bool = True) -> UnitGraph:
+    """The unit graph of ``units`` (on ``shards``) over the documents they were grouped from (a
+    document's first unit stands for it). ``linked=False``: the units without links, as a build of
+    document or passage units keeps them (only grouping resolves the corpus' links)."""
     pos = {d.doc_id: p for p, d in enumerate(docs)}
     first: dict[int, int] = {}
     for i, u in enumerate(units):
@@ -147,7 +149,7 @@ def unit_graph_from_documents(docs: Sequence[Document], units: Sequence[Unit], s
     unit_of_doc = np.full(len(docs), -1, dtype=np.int64)
     for p, i in first.items():
         unit_of_doc[p] = i
-    src, dst = link_edges(docs)
+    src, dst = link_edges(docs) if linked else (np.zeros(0, np.int64), np.zeros(0, np.int64))
     return unit_graph_from_labels([u.unit_id for u in units], shards, unit_of_doc, src, dst)
 
 

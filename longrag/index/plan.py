@@ -229,7 +229,7 @@ def plan_build(docs: list[Document], config: LongRAGConfig) -> BuildPlan:
     return BuildPlan(config=config, settings=BuildSettings.of(config), documents=len(docs), units=units,
                      shard_of=shard_of, units_by_shard=units_by_shard, digests=shard_plan(units_by_shard),
                      model_max=model_max, max_tokens=max_tokens, grouping=grouping_stats(units), group_s=group_s,
-                     graph=unit_graph_from_documents(docs, units, shard_of))
+                     graph=unit_graph_from_documents(docs, units, shard_of, linked=config.units.kind == "grouped"))
 
 
 @dataclass

@@ -379,7 +379,9 @@ def write_update(
     manifest.artifacts[DOCUMENTS_FILE] = write_documents(out, plan.docs)
     # the links of every unit again: an added document links kept units too (a few ms per 10K units)
     shard_of = [s for s in sorted(plan.units_by_shard) for _ in plan.units_by_shard[s]]
-    manifest.artifacts[GRAPH_FILE] = write_unit_graph(out, unit_graph_from_documents(plan.docs, plan.units, shard_of))
+    graph = unit_graph_from_documents(plan.docs, plan.units, shard_of, linked=pm.config.get("units", {}).get(
+        "kind", "grouped") == "grouped")
+    manifest.artifacts[GRAPH_FILE] = write_unit_graph(out, graph)
     manifest.mark_complete()
     report = {"build_id": manifest.build_id, "parent": pm.build_id, **plan.stats, "chunks_embedded": embedded,
               "kept_chunks_reembedded": reembedded, "write_s": round(time.perf_counter() - t0, 2)}

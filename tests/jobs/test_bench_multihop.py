@@ -1,16 +1,12 @@
 """jobs.bench_multihop on the first questions of the MuSiQue sample: every signal scored, and the
 invariants that hold whatever the model: evidence order changes no unit ranking (same R/AR/PR@k),
-recall grows with k and with the token budget; the fusion and the unit graph by hand."""
+recall grows with k and with the token budget (the unit graph and its walk: tests/longrag/test_unit_graph.py)."""
 
 from __future__ import annotations
 
 import json
 
-import numpy as np
-import scipy.sparse as sp
-
 from jobs import bench_multihop as B
-from longrag.types import Document, Unit
 
 
 def test_all_signals_on_a_small_pool(tmp_path, capsys):
@@ -28,9 +24,3 @@ def test_all_signals_on_a_small_pool(tmp_path, capsys):
     assert "BM25" in rows and "| signal |" in (out / "table.md").read_text()
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("{")
 
-
-def test_unit_graph_by_hand():
-    docs = [Document("a", "A", "x", ["B"]), Document("b", "B", "y", ["C"]), Document("c", "C", "z")]
-    units = [Unit("u0", ["a", "b"], ["A", "B"], "", 1), Unit("u1", ["c"], ["C"], "", 1)]
-    g = B.unit_graph(docs, units)
-    assert isinstance(g, sp.csr_matrix) and g.toarray().tolist() == [[0, 1], [1, 0]]  # A-B inside u0: no edge
