@@ -66,11 +66,20 @@ class _OnesEncoder:
         return np.ones(4, dtype=np.float32)
 
 
+def _retrieve_over(retriever, mode: str):
+    """``POST /v1/retrieve`` in ``mode`` through a gateway over ``retriever`` (called in process)."""
+    from serve.gateway import InProcess
+
+    config = LongRAGConfig()
+    gw = Gateway(config=config, encoder=InProcess(_OnesEncoder()), retriever=InProcess(retriever))
+    with TestClient(create_api(gw, Guard(config, environ={})), raise_server_exceptions=False) as client:
+        return client.post("/v1/retrieve", json={"question": "Who wrote Animal Farm?", "mode": mode})
+
+
 def test_hybrid_on_a_build_without_bm25_is_a_422_that_says_what_to_do():
     """A build written before hybrid retrieval: the index raises LexicalIndexMissing (an InvalidRequest),
     the gateway answers 422 with its message (not a retried 503, not a degraded result)."""
     from longrag.index.lexical import LexicalIndexMissing
-    from serve.gateway import InProcess
 
     class OldBuild:
         calls = 0
@@ -81,10 +90,7 @@ def test_hybrid_on_a_build_without_bm25_is_a_422_that_says_what_to_do():
                 raise LexicalIndexMissing("retrieval.mode=hybrid needs the BM25 index of every shard (...): rebuild it")
             raise AssertionError("the dense path is not under test here")
 
-    config = LongRAGConfig()
-    gw = Gateway(config=config, encoder=InProcess(_OnesEncoder()), retriever=InProcess(OldBuild()))
-    with TestClient(create_api(gw, Guard(config, environ={})), raise_server_exceptions=False) as client:
-        r = client.post("/v1/retrieve", json={"question": "Who wrote Animal Farm?", "mode": "hybrid"})
+    r = _retrieve_over(OldBuild(), "hybrid")
     assert r.status_code == 422, r.text
     error = r.json()["error"]
     assert "needs the BM25 index" in error["message"] and "rebuild" in error["message"]
@@ -95,7 +101,6 @@ def test_graph_on_a_build_without_its_unit_graph_is_a_422_that_says_what_to_do()
     """A build written before graph expansion: GraphMissing (an InvalidRequest) is a 422 with its
     message, not retried."""
     from longrag.index.graph import GraphMissing
-    from serve.gateway import InProcess
 
     class OldBuild:
         calls: list = []
@@ -104,10 +109,7 @@ def test_graph_on_a_build_without_its_unit_graph_is_a_422_that_says_what_to_do()
             OldBuild.calls.append((text, graph))
             raise GraphMissing("b-old")
 
-    config = LongRAGConfig()
-    gw = Gateway(config=config, encoder=InProcess(_OnesEncoder()), retriever=InProcess(OldBuild()))
-    with TestClient(create_api(gw, Guard(config, environ={})), raise_server_exceptions=False) as client:
-        r = client.post("/v1/retrieve", json={"question": "Who wrote Animal Farm?", "mode": "hybrid+graph"})
+    r = _retrieve_over(OldBuild(), "hybrid+graph")
     assert r.status_code == 422, r.text
     message = r.json()["error"]["message"]
     assert "b-old" in message and "unit link graph" in message and "rebuild" in message
