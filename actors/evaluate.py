@@ -25,7 +25,8 @@ from longrag.eval.links import link_stats
 from longrag.eval.plan import FINGERPRINT_FILE, EvalRun, EvalSetting, file_digest, index_fingerprint, index_uri
 from longrag.eval.run import add_links
 from longrag.index.fusion import Fusion
-from longrag.index.graph import GRAPH_FILE, GraphExpansion, GraphMissing, expand, split_mode
+from longrag.index.artifacts import ArtifactStore, require_unit_graph
+from longrag.index.graph import GRAPH_FILE, GraphExpansion, expand, split_mode
 from longrag.index.lexical import lexical_missing
 from longrag.index.plan import BuildSettings, ResumeError
 from longrag.progress import progress as progress_bar
@@ -44,7 +45,6 @@ def ensure_index(run: EvalRun, setting: EvalSetting, docs: list[Document], corpu
     """Reuse a complete build with the same fingerprint, or build one (resuming an unfinished build
     at the same place); returns index info."""
     from actors.build import build_from_documents
-    from longrag.index.artifacts import ArtifactStore
 
     ev = run.eval
     cfg = run.config_for(setting.unit)
@@ -127,7 +127,7 @@ def retrieve_local(
     hybrid, graph or hybrid+graph); returns (retrieved lists, stats)."""
     hybrid, graph = split_mode(config.retrieval.mode)
     expansion = GraphExpansion.of(config.retrieval) if graph else None
-    unit_graph = _unit_graph(index_uri) if graph else None
+    unit_graph = require_unit_graph(ArtifactStore.open(index_uri)) if graph else None
     evidence = config.retrieval.document_order == "evidence"
     t0 = time.perf_counter()
     vecs, used_mode = encode_queries(questions, config, encode_mode)
@@ -143,7 +143,7 @@ def retrieve_local(
         for start in range(0, len(questions), SEARCH_BATCH):
             batch = vecs[start : start + SEARCH_BATCH]
             texts = questions[start : start + len(batch)] if hybrid else None
-            res = index.search_sync(batch, max(k, expansion.depth) if expansion else k, texts,
+            res = index.search_sync(batch, expansion.first_stage_k(k) if expansion else k, texts,
                                     Fusion.of(config.retrieval))
             if res.coverage.degraded:
                 degraded += 1
@@ -180,16 +180,6 @@ def retrieve_local(
         "corpus_chunks": counts.chunks,
     }
     return out, stats
-
-
-def _unit_graph(index_uri: str) -> Any:
-    from longrag.index.artifacts import ArtifactStore, read_unit_graph
-
-    store = ArtifactStore.open(index_uri)
-    graph = read_unit_graph(store)
-    if graph is None:
-        raise GraphMissing(store.read_manifest().build_id)
-    return graph
 
 
 def _search_config(config: LongRAGConfig) -> Any:

@@ -33,7 +33,7 @@ from ray.serve.handle import DeploymentHandle
 
 from longrag.config import EmbeddingConfig, IndexConfig, LLMConfig, ReaderConfig, RetrievalConfig
 from longrag.index.fusion import Fusion
-from longrag.index.graph import GraphExpansion, GraphMissing, UnitGraph, expand
+from longrag.index.graph import GraphExpansion, UnitGraph, expand
 from longrag.llm.base import LLM, ChatResult
 from longrag.types import InvalidRequest
 from longrag.mixpr.config import MixPRConfig
@@ -188,7 +188,7 @@ class Retriever:
             else:
                 expansion = GraphExpansion.of(self.retrieval) if graph else None
                 unit_graph = await self._unit_graph(backend) if graph else None
-                depth = max(k, expansion.depth) if expansion else k
+                depth = expansion.first_stage_k(k) if expansion else k
                 res = await backend.search(query[None, :], depth, None if text is None else [text],
                                            Fusion.of(self.retrieval))
                 hits = res.hits[0]
@@ -208,14 +208,11 @@ class Retriever:
     async def _unit_graph(self, backend: Any) -> UnitGraph:
         """The unit link graph of ``backend``'s build, read once (the first graph request loads it)."""
         build_id = backend.manifest.build_id
-        if build_id not in self._graphs:
-            from longrag.index.artifacts import ArtifactStore, read_unit_graph
+        if build_id not in self._graphs:  # refresh() drops a retired build's
+            from longrag.index.artifacts import ArtifactStore, require_unit_graph
 
-            graph = await asyncio.to_thread(read_unit_graph, ArtifactStore.open(self._uris[build_id]))
-            if graph is None:
-                raise GraphMissing(build_id)
-            self._graphs = {b: g for b, g in self._graphs.items() if b in self._uris}  # drop retired builds'
-            self._graphs[build_id] = graph
+            store = ArtifactStore.open(self._uris[build_id])
+            self._graphs[build_id] = await asyncio.to_thread(require_unit_graph, store)
         return self._graphs[build_id]
 
     def _watch(self) -> None:

@@ -9,7 +9,7 @@ import httpx
 
 from lab.bench.load import LevelResult, grows_with_concurrency
 from longrag.config import LongRAGConfig
-from longrag.index.artifacts import ArtifactStore, read_unit_graph
+from longrag.index.artifacts import ArtifactStore, require_unit_graph
 from longrag.index.fusion import Fusion
 from longrag.index.graph import GraphExpansion, expand, split_mode
 from longrag.types import Retrieval
@@ -181,14 +181,15 @@ class InProcessRetrieval:
         self.index = InProcessIndex(index, cfg.index)
         self.fusion = Fusion.of(cfg.retrieval)
         self.expansion = GraphExpansion.of(cfg.retrieval)
-        self.graph = read_unit_graph(ArtifactStore.open(index))
+        self.uri, self.graph = index, None  # the graph is read by the first graph-mode call
 
     def __call__(self, question: str, k: int, mode: str = "dense") -> Retrieval:
         hybrid, graph = split_mode(mode)
         query = self.embedder.encode_queries([question])
-        found = self.index.search_sync(query, max(k, self.expansion.depth) if graph else k,
+        found = self.index.search_sync(query, self.expansion.first_stage_k(k) if graph else k,
                                        [question] if hybrid else None, self.fusion)
         if not graph:
             return Retrieval(units=self.index.retrieve_units_sync(found.hits[0]), coverage=found.coverage)
+        self.graph = self.graph or require_unit_graph(ArtifactStore.open(self.uri))
         hits = expand(found.hits[0], self.graph, k, self.expansion)
         return Retrieval(units=self.index.retrieve_units_sync(hits, query[0], False), coverage=found.coverage)

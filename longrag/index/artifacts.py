@@ -25,7 +25,7 @@ from typing import Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from longrag.index.graph import GRAPH_FILE, UnitGraph
+from longrag.index.graph import GRAPH_FILE, GraphMissing, UnitGraph
 from longrag.index.lexical import LexicalIndex, lexical_file_names
 from longrag.index.manifest import FileEntry, Manifest, ShardEntry
 from longrag.index.maxp import INDEX_FILES, MaxPIndex
@@ -289,6 +289,15 @@ def read_unit_graph(store: ArtifactStore, *, verify: bool = True) -> UnitGraph |
     (built before the graph was kept)."""
     data = _read_artifact(store, GRAPH_FILE, verify)
     return None if data is None else UnitGraph.from_parquet(data)
+
+
+def require_unit_graph(store: ArtifactStore) -> UnitGraph:
+    """The build's unit link graph; :class:`longrag.index.graph.GraphMissing` (a 422 on the API) when
+    the build was written without one."""
+    graph = read_unit_graph(store)
+    if graph is None:
+        raise GraphMissing(store.read_manifest().build_id)
+    return graph
 
 
 def copy_shard(src: ArtifactStore, dst: ArtifactStore, shard_id: int) -> ShardEntry:

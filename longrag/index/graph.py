@@ -173,6 +173,10 @@ class GraphExpansion:
         return cls(seeds=retrieval.graph_seeds, alpha=retrieval.graph_alpha, blend=retrieval.graph_blend,
                    depth=retrieval.graph_depth, radius=retrieval.graph_radius, max_nodes=retrieval.graph_max_nodes)
 
+    def first_stage_k(self, k: int) -> int:
+        """Units the first stage returns for a top-``k`` answer: its candidates for the walk."""
+        return max(k, self.depth)
+
     def __post_init__(self) -> None:
         if self.seeds < 1 or self.depth < 1 or self.radius < 0 or self.max_nodes < 1:
             raise ValueError(f"seeds, depth and max_nodes must be >= 1 and radius >= 0, got {self}")
@@ -232,7 +236,7 @@ def expand(hits: Sequence[UnitHit], graph: UnitGraph, k: int, settings: GraphExp
     Hits whose unit the graph does not hold (a build older than its graph) take part unlinked."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    first = list(hits[: max(settings.depth, k)])
+    first = list(hits[: settings.first_stage_k(k)])
     if not first:
         return []
     pos = graph.position
