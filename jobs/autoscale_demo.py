@@ -34,7 +34,7 @@ import httpx
 import yaml
 
 from cluster import ray_private
-from lab.autoscale import AutoscaleFigures, BurstPlan, Sample, Timeline, burst, plot
+from lab.autoscale import AutoscaleFigures, BurstPlan, Sample, Timeline, burst, plot, scaled_down
 from longrag.cli import job_setup, transcript
 from longrag.data import SAMPLE_WIKI, data_path
 from serve.run import readiness
@@ -204,11 +204,10 @@ def run(args: argparse.Namespace, out: Any) -> AutoscaleFigures:
         if errors:
             fig.problems.append(f"errors: {errors}")
 
-        # 4. scale-down: replicas at their minimum, no more nodes than before the burst
+        # 4. scale-down: replicas at their minimum, no more nodes than before the burst (but those holding shards)
         def settled() -> bool:
-            s = tl.samples[-1]
-            return s.t > t_end and all(v <= 1 for k, v in s.replicas.items() if k in args.scaled) and all(
-                s.nodes.get(k, 0) <= v for k, v in before.nodes.items()) and set(s.nodes) <= set(before.nodes)
+            holding = Counter(sampler.types.get(n) for n in set(shard_nodes()))
+            return tl.samples[-1].t > t_end and scaled_down(tl.samples[-1], before, args.scaled, holding)
 
         if wait_for(settled, args.settle_timeout_s):
             fig.time_to_scale_down_s = round(tl.samples[-1].t - t_end, 1)

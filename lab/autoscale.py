@@ -17,7 +17,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 import httpx
 from pydantic import BaseModel, Field
@@ -32,6 +32,15 @@ class Sample:
     replicas: dict[str, int]  # RUNNING replicas, by deployment
     in_flight: int
 
+
+
+def scaled_down(now: Sample, before: Sample, scaled: Sequence[str], holding: Mapping[str, int]) -> bool:
+    """After a burst: the ``scaled`` deployments at one replica, and no node type with more nodes
+    than ``before`` it, except up to ``holding[type]``, the nodes of that type holding a shard
+    replica (Serve may respread a lost node's replicas over two new nodes and never moves a
+    running replica back, so neither is idle), and no node type that was not there before."""
+    return all(v <= 1 for k, v in now.replicas.items() if k in scaled) and set(now.nodes) <= set(before.nodes) and all(
+        now.nodes.get(k, 0) <= max(v, holding.get(k, 0)) for k, v in before.nodes.items())
 
 @dataclass
 class Timeline:

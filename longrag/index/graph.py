@@ -14,13 +14,14 @@ the neighbourhood, not on the corpus; with a radius that covers the seeds' conne
 is the PPR of the whole graph, whose mass never leaves that component.
 
 Where the graph lives: with the Retriever (the shards hold chunks and units; the walk needs the
-edges across them), read on a build's first graph request: ~144 MB per million units with ~8
-links each, a walk p50 8 ms (``python -m jobs.bench_graph``; docs/evaluation.md).
+edges across them), read on a build's first graph request: ~175 MB per million units with ~8
+links each, a walk p50 9 ms (``python -m jobs.bench_graph``; docs/evaluation.md).
 """
 
 from __future__ import annotations
 
 import io
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -95,6 +96,19 @@ class UnitGraph:
         """The adjacency as a scipy CSR (one byte per link end beside the shared index arrays)."""
         data = np.ones(self.indices.shape[0], dtype=np.uint8)
         return sp.csr_matrix((data, self.indices, self.indptr), shape=(self.n_units, self.n_units), copy=False)
+
+    def nbytes(self) -> int:
+        """Bytes this graph holds now: its arrays, the id strings and their list, and the id lookup
+        and scipy CSR once a walk has built them (a count of the objects, not a sampled RSS)."""
+        arrays = [self.shards, self.indptr, self.indices]
+        total = sys.getsizeof(self.unit_ids) + sum(sys.getsizeof(u) for u in self.unit_ids)
+        if "position" in self.__dict__:  # keys are the strings counted above; ints past 256 are objects
+            total += sys.getsizeof(self.position) + sum(sys.getsizeof(i) for i in range(257, self.n_units))
+        if "matrix" in self.__dict__:
+            m = self.matrix
+            arrays += [a for a in (m.data, m.indices, m.indptr)
+                       if not any(np.shares_memory(a, b) for b in (self.indices, self.indptr))]
+        return total + sum(int(a.nbytes) for a in arrays)
 
     def neighbours(self, i: int) -> np.ndarray:
         return self.indices[self.indptr[i] : self.indptr[i + 1]]

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from lab.autoscale import AutoscaleFigures, BurstPlan, Sample, Timeline, burst, plot
+from lab.autoscale import AutoscaleFigures, BurstPlan, Sample, Timeline, burst, plot, scaled_down
 
 
 class App:
@@ -118,6 +118,19 @@ def test_timeline_queries():
     assert tl.peak_nodes() == {"cpu": 3, "index_cpu": 1} and tl.peak_nodes(0, 1) == {"cpu": 1}
     assert tl.replica_range(2) == {"QueryEncoder": [1, 2], "LLMServer": [1, 1]}
 
+
+
+def test_scaled_down_allows_only_the_nodes_that_hold_shards():
+    before = Sample(0.0, {"cpu": 2, "index_cpu": 2}, {"Retriever": 1}, 0)
+    scaled = ["Retriever", "QueryEncoder"]
+    assert scaled_down(Sample(9.0, {"cpu": 2, "index_cpu": 2}, {"Retriever": 1, "LLMServer": 3}, 0), before, scaled, {})
+    assert not scaled_down(Sample(9.0, {"cpu": 2, "index_cpu": 2}, {"Retriever": 2}, 0), before, scaled, {})
+    assert not scaled_down(Sample(9.0, {"cpu": 3, "index_cpu": 2}, {"Retriever": 1}, 0), before, scaled, {"index_cpu": 2})
+    # the killed node's replicas respread over two new nodes: three index nodes, each holding a shard
+    three = Sample(9.0, {"cpu": 2, "index_cpu": 3}, {"Retriever": 1}, 0)
+    assert scaled_down(three, before, scaled, {"index_cpu": 3})
+    assert not scaled_down(three, before, scaled, {"index_cpu": 2})  # one of them idle: it must go
+    assert not scaled_down(Sample(9.0, {"cpu": 2, "gpu_l4": 1}, {}, 0), before, scaled, {})  # a new type
 
 def test_plot_writes_a_png(tmp_path):
     path = plot(_timeline(), tmp_path / "t.png", title="test")

@@ -65,6 +65,23 @@ def test_parquet_round_trip():
     assert empty.n_units == 0 and empty.n_links == 0
 
 
+
+def test_nbytes_counts_the_lookup_and_the_csr_once_built():
+    rng = np.random.default_rng(2)
+    n = 1_000
+    g = unit_graph_from_labels([f"unit-{i:05d}" for i in range(n)], np.zeros(n), np.arange(n),
+                               rng.integers(0, n, 3_000), rng.integers(0, n, 3_000))
+    arrays = g.shards.nbytes + g.indptr.nbytes + g.indices.nbytes
+    bare = g.nbytes()
+    assert bare >= arrays + n * (49 + 10)  # a compact ASCII string object is 49 bytes + its characters
+    _ = g.position
+    with_lookup = g.nbytes()
+    assert with_lookup - bare >= 8 * n  # a dict slot per unit at least
+    _ = g.matrix
+    # the CSR shares the neighbour array: only its one-byte data and its own row bounds are new
+    added = g.nbytes() - with_lookup
+    assert g.matrix.data.nbytes == 2 * g.n_links and added <= g.matrix.data.nbytes + g.indptr.nbytes
+
 def _ring_graph(n: int, chords: list[tuple[int, int]]) -> tuple[UnitGraph, nx.Graph]:
     pairs = [(i, (i + 1) % n) for i in range(n)] + chords
     ids = [f"u{i:02d}" for i in range(n)]
