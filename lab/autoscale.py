@@ -33,7 +33,6 @@ class Sample:
     in_flight: int
 
 
-
 def scaled_down(now: Sample, before: Sample, scaled: Sequence[str], holding: Mapping[str, int]) -> bool:
     """After a burst: the ``scaled`` deployments at one replica, and no node type with more nodes
     than ``before`` it, except up to ``holding[type]``, the nodes of that type holding a shard
@@ -41,6 +40,7 @@ def scaled_down(now: Sample, before: Sample, scaled: Sequence[str], holding: Map
     running replica back, so neither is idle), and no node type that was not there before."""
     return all(v <= 1 for k, v in now.replicas.items() if k in scaled) and set(now.nodes) <= set(before.nodes) and all(
         now.nodes.get(k, 0) <= max(v, holding.get(k, 0)) for k, v in before.nodes.items())
+
 
 @dataclass
 class Timeline:
