@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from longrag.config import RetrievalConfig
 
 __all__ = ["GRAPH_FILE", "GraphExpansion", "GraphMissing", "UnitGraph", "expand", "split_mode",
-           "unit_graph_from_documents", "unit_graph_from_labels"]
+           "links_units", "unit_graph_from_documents", "unit_graph_from_labels"]
 
 GRAPH_FILE = "unit_graph.parquet"
 
@@ -147,6 +147,12 @@ def unit_graph_from_labels(unit_ids: Sequence[str], shards: Sequence[int] | np.n
     indptr, indices = csr_from_edges(len(unit_ids), a[keep], b[keep], symmetric=True, what="unit links")
     return UnitGraph(unit_ids=list(unit_ids), shards=np.asarray(shards, dtype=np.int32), indptr=indptr,
                      indices=indices.astype(np.int32))
+
+
+def links_units(unit_kind: str) -> bool:
+    """Whether a build of ``unit_kind`` units links them: only grouping resolves the corpus' links
+    (the distributed path resolves none for document or passage units, so no path does)."""
+    return unit_kind == "grouped"
 
 
 def unit_graph_from_documents(docs: Sequence[Document], units: Sequence[Unit], shards: Sequence[int],

@@ -213,7 +213,7 @@ class BuildPlan:
 def plan_build(docs: list[Document], config: LongRAGConfig) -> BuildPlan:
     """Group ``docs`` into units and assign them to ``index.shards`` shards (fewer when there are
     fewer units)."""
-    from longrag.index.graph import unit_graph_from_documents
+    from longrag.index.graph import links_units, unit_graph_from_documents
     from longrag.index.units import grouping_stats
 
     model_max, max_tokens = chunk_limits(config)
@@ -229,7 +229,7 @@ def plan_build(docs: list[Document], config: LongRAGConfig) -> BuildPlan:
     return BuildPlan(config=config, settings=BuildSettings.of(config), documents=len(docs), units=units,
                      shard_of=shard_of, units_by_shard=units_by_shard, digests=shard_plan(units_by_shard),
                      model_max=model_max, max_tokens=max_tokens, grouping=grouping_stats(units), group_s=group_s,
-                     graph=unit_graph_from_documents(docs, units, shard_of, linked=config.units.kind == "grouped"))
+                     graph=unit_graph_from_documents(docs, units, shard_of, linked=links_units(config.units.kind)))
 
 
 @dataclass

@@ -322,7 +322,7 @@ def write_update(
         write_shard,
         write_unit_graph,
     )
-    from longrag.index.graph import GRAPH_FILE, unit_graph_from_documents
+    from longrag.index.graph import GRAPH_FILE, links_units, unit_graph_from_documents
     from longrag.types import Chunk
 
     t0 = time.perf_counter()
@@ -379,8 +379,8 @@ def write_update(
     manifest.artifacts[DOCUMENTS_FILE] = write_documents(out, plan.docs)
     # the links of every unit again: an added document links kept units too (a few ms per 10K units)
     shard_of = [s for s in sorted(plan.units_by_shard) for _ in plan.units_by_shard[s]]
-    graph = unit_graph_from_documents(plan.docs, plan.units, shard_of, linked=pm.config.get("units", {}).get(
-        "kind", "grouped") == "grouped")
+    linked = links_units(pm.config.get("units", {}).get("kind", "grouped"))
+    graph = unit_graph_from_documents(plan.docs, plan.units, shard_of, linked=linked)
     manifest.artifacts[GRAPH_FILE] = write_unit_graph(out, graph)
     manifest.mark_complete()
     report = {"build_id": manifest.build_id, "parent": pm.build_id, **plan.stats, "chunks_embedded": embedded,
