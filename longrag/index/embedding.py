@@ -236,6 +236,10 @@ class Embedder:
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         if vectors.shape != (len(texts), self.dim):
             raise RuntimeError(f"encoder returned shape {vectors.shape}, expected {(len(texts), self.dim)}")
+        if self.config.normalize:
+            # Normalized again in float32: a half-precision model normalizes in its own dtype (bfloat16
+            # norms are off by up to 0.35%), and inner product must be cosine for every dtype.
+            vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), np.float32(1e-12))
         return vectors
 
     def encode_passages(self, texts: Sequence[str]) -> np.ndarray:
