@@ -114,6 +114,43 @@ def bench_llamacpp(requests, levels, max_tokens, min_requests: int, threads: int
     return asyncio.run(go())
 
 
+def thread_setting(name: str) -> int:
+    """``--phases`` entries: ``default`` (llama-cpp-python's own: cpu_count() // 2), ``held`` (the
+    product's: every CPU this process may use, see ``resolve_threads``) or a number."""
+    from longrag.llm.llamacpp import resolve_threads
+
+    if name == "default":
+        return max(1, (os.cpu_count() or 2) // 2)
+    return resolve_threads(None) if name == "held" else int(name)
+
+
+def phase_rates(settings: list[str], requests, max_tokens: int, log) -> list[dict[str, Any]]:
+    """Prompt evaluation and generation tokens/s of the bundled reader per thread setting, from
+    llama.cpp's own counters, every prompt evaluated cold (no prefix reused)."""
+    rows = []
+    for name in settings:
+        threads = thread_setting(name)
+        llm = build_llm(LLMConfig(context_window=4096, n_threads=threads, prompt_cache_mb=0))
+        try:
+            llm.chat_sync(requests[-1], max_tokens=4)  # warm
+            before, load0 = llm.phase_counters(), os.getloadavg()[0]
+            for messages in requests[:-1]:
+                llm.forget_prefixes()
+                llm.chat_sync(messages, max_tokens=max_tokens)
+            after = llm.phase_counters()
+        finally:
+            llm.close()
+        d = {k: after[k] - before[k] for k in after}
+        row = {"setting": name, "threads": threads, "requests": len(requests) - 1,
+               "prompt_tok_per_s": round(d["prompt_tokens"] / d["prompt_ms"] * 1e3, 1),
+               "generate_tok_per_s": round(d["generated_tokens"] / d["generate_ms"] * 1e3, 2),
+               "prompt_tokens": d["prompt_tokens"], "generated_tokens": d["generated_tokens"],
+               "load_avg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)]}
+        log(f"bench_llm: phases {json.dumps(row)}")
+        rows.append(row)
+    return rows
+
+
 def bench_vllm(requests, levels, max_tokens, min_requests: int, port: int, log) -> tuple[list[dict[str, Any]], float]:
     """Deploy the llm app of vllm-cpu.yaml on a local Ray, bench it, shut it down. Returns the rows
     and the seconds from deploy to RUNNING."""
@@ -158,6 +195,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="requests per level at least (a level runs max(this, its concurrency))")
     p.add_argument("--max-tokens", type=number(int, min_value=1), default=24, help="completion tokens per request at most")
     p.add_argument("--threads", type=number(int, min_value=1), default=os.cpu_count() or 1, help="llama.cpp threads")
+    p.add_argument("--phases", default="",
+                   help="instead of the backends: llama.cpp's prompt-evaluation and generation tokens/s per thread "
+                   "setting, comma-separated of default (llama-cpp-python's cpu_count()//2), held (the product's) or N")
     p.add_argument("--port", type=number(int, min_value=1, max_value=65535), default=8000, help="vLLM app's HTTP port")
     p.add_argument("--out", help="also write the JSON result here")
     args = p.parse_args(argv)
@@ -180,6 +220,16 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    if args.phases:
+        settings = [s.strip() for s in args.phases.split(",") if s.strip()]
+        result = {"bench": "llm-phases", "model": LLMConfig().model, "cpus": os.cpu_count(),
+                  "max_tokens": args.max_tokens,
+                  "results": phase_rates(settings, prompts(args.requests + 1), args.max_tokens, log)}
+        print(json.dumps(result), flush=True)
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(result) + "\n")
+        return 0
     requests = prompts(sum(level_sizes(args.concurrency, args.requests)) + 1)
     result: dict[str, Any] = {"bench": "llm", "min_requests_per_level": args.requests, "max_tokens": args.max_tokens,
                               "cpus": os.cpu_count(), "load_avg_start": [round(x, 2) for x in os.getloadavg()],

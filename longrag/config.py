@@ -25,11 +25,20 @@ class EmbeddingConfig(_Section):
 
     model: str = Field(
         "all-MiniLM-L6-v2",
-        description="A bundled model name (see longrag.models), a local folder, or a hub name.",
+        description="A known model name (all-MiniLM-L6-v2, bundled; embeddinggemma-300m, make setup-embedder; "
+        "bge-large-en-v1.5; see longrag.index.embedding.resolve_embedding_model), a local folder, or a hub name.",
     )
     query_instruction: str | None = Field(
-        None, description="Prefix for queries; None takes the model's known default (bge: its instruction)."
+        None, description="Prefix for queries; None takes the model's known default (bge: its instruction; "
+        "a sentence-transformers folder's own 'query' prompt, e.g. EmbeddingGemma's)."
     )
+    document_instruction: str | None = Field(
+        None, description="Prefix for chunks (documents); None takes the model's own 'document' prompt "
+        "(EmbeddingGemma: 'title: none | text: '), none for models without one. Chunks leave room for its tokens."
+    )
+    dim: int | None = Field(
+        None, gt=0, description="Matryoshka dimension: vectors cut to their first dim components and normalized "
+        "again (embeddinggemma-300m: 768, 512, 256 or 128); None = the model's full dimension.")
     max_seq_length: int | None = Field(None, description="Model input limit in tokens; None = the model's own.")
     batch_size: int = 32
     normalize: bool = True
@@ -189,7 +198,16 @@ class LLMConfig(_Section):
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://host:8000/v1")
     api_key_env: str = "OPENAI_API_KEY"
     context_window: int = Field(8192, gt=0)
-    n_threads: int | None = None
+    n_threads: int | None = Field(
+        None, ge=1, description="llamacpp: threads for prompt evaluation and generation. None: the CPUs the process "
+        "holds: behind Serve the LLMServer replica's num_cpus rounded up (llm.num_cpus), in a driver every core it may "
+        "run on. (llama-cpp-python's own default is cpu_count() // 2, one thread on a 2-core machine: generation ran at "
+        "9.6 tokens/s there against 17.8 with 2 threads; docs/benchmarks.md.)",
+    )
+    num_cpus: float = Field(
+        1.0, gt=0, description="CPUs the LLMServer replica reserves (a Serve config's ray_actor_options win); "
+        "llama.cpp runs that many threads, rounded up, when n_threads is None.",
+    )
     flash_attn: bool = Field(True, description="llamacpp: flash attention (faster prompt processing on CPU too).")
     prompt_cache_mb: int = Field(
         256, ge=0, description="llamacpp: RAM for saved KV states, so a conversation's next turn reuses its "

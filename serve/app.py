@@ -92,7 +92,7 @@ def build_app(cfg: LongRAGConfig, index: str, *, encoder_cls: Any = None, index_
               engine_cls: Any = None) -> serve.Application:
     """The application graph over the build at ``index``. The backends default to the real ones
     (see :mod:`serve.deployments`); tests inject fakes (``tests/fakes.py``)."""
-    llm = LLMServer.bind(cfg.llm, engine_cls)
+    llm = LLMServer.options(ray_actor_options={"num_cpus": cfg.llm.num_cpus}).bind(cfg.llm, engine_cls)
     if cfg.serve.colocate:
         return Ingress.bind(cfg, llm, {}, index=index, encoder_cls=encoder_cls, index_cls=index_cls)
     return Ingress.bind(cfg, llm, {

@@ -28,6 +28,7 @@ import time
 from typing import Any, AsyncIterator, Callable, Iterator
 
 import numpy as np
+import ray
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
@@ -37,7 +38,7 @@ from longrag.index.graph import GraphExpansion, UnitGraph, expand
 from longrag.llm.base import LLM, ChatResult
 from longrag.types import InvalidRequest
 from longrag.mixpr.config import MixPRConfig
-from longrag.reading.reader import ReaderResult
+from longrag.reading.reader import ReaderResult, ShortAnswer
 from longrag.types import Retrieval, Unit
 from serve.schemas import IndexDescription, LLMDescription, ShardRedundancy
 
@@ -294,6 +295,12 @@ class LLMServer:
             from longrag.llm.factory import build_llm
 
             engine_cls = build_llm
+        if llm.backend == "llamacpp" and llm.n_threads is None:
+            # llama.cpp runs the CPUs this replica holds (Serve config's ray_actor_options or llm.num_cpus)
+            from longrag.llm.llamacpp import resolve_threads
+
+            cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+            llm = llm.model_copy(update={"n_threads": resolve_threads(None, cpus)})
         self.config = llm
         self.llm = engine_cls(llm)
         self.in_flight = 0
@@ -412,13 +419,15 @@ class Reader:
             self.llm.context_window = (await self.llm_handle.describe.remote()).context_window
             self._window_known = True
 
-    async def read(self, question: str, units: list[Unit], compression: str | None = None) -> ReaderResult:
+    async def read(self, question: str, units: list[Unit], compression: str | None = None,
+                   long_answer: bool | None = None) -> ReaderResult:
         await self._know_window()
-        return await self.reader.read(question, units, compression)
+        return await self.reader.read(question, units, compression, long_answer)
 
-    async def read_stream(self, question: str, units: list[Unit],
-                          compression: str | None = None) -> AsyncIterator[str | ReaderResult]:
-        """:meth:`longrag.reading.reader.LongReader.read_stream`: the long answer's deltas, then the result."""
+    async def read_stream(self, question: str, units: list[Unit], compression: str | None = None,
+                          long_answer: bool | None = None) -> AsyncIterator[str | ShortAnswer | ReaderResult]:
+        """:meth:`longrag.reading.reader.LongReader.read_stream`: the short answer as soon as it is
+        ready, the long answer's deltas, then the result."""
         await self._know_window()
-        async for item in self.reader.read_stream(question, units, compression):
+        async for item in self.reader.read_stream(question, units, compression, long_answer):
             yield item

@@ -35,6 +35,8 @@ _READ_TRACE = {
     "answer_fallback": "answer_fallback",
     "reader_model": "model",
     "answer_mode": "answer_mode",
+    "time_to_answer_ms": "time_to_answer_ms",
+    "long_answer_cached_tokens": "long_answer_cached_tokens",
 }
 
 
@@ -144,16 +146,21 @@ class Gateway:
         if read is not None:
             self.metrics.llm_tokens(read.prompt_tokens, read.completion_tokens)
 
-    async def read(self, question: str, units: list[Any], compression: str | None, trace: dict[str, Any]) -> ReaderResult:
+    async def read(self, question: str, units: list[Any], compression: str | None, trace: dict[str, Any],
+                   long_answer: bool | None = None) -> ReaderResult:
         return await stages.run_stage("read", self.config.serve.timeouts.read_s,
-                                      lambda: self.reader.read.remote(question, units, compression), trace=trace)
+                                      lambda: self.reader.read.remote(question, units, compression, long_answer),
+                                      trace=trace)
 
-    async def read_stream(self, question: str, units: list[Any], compression: str | None):
-        """The Reader's stream: the long answer's deltas (str), then the ReaderResult; retried once
-        when it fails before its first delta (:func:`serve.stages.stream_stage`)."""
+    async def read_stream(self, question: str, units: list[Any], compression: str | None,
+                          long_answer: bool | None = None):
+        """The Reader's stream: the ShortAnswer as soon as it is ready, the long answer's deltas
+        (str), then the ReaderResult; retried once when it fails before its first item
+        (:func:`serve.stages.stream_stage`)."""
         async for item in stages.stream_stage(
                 "read", self.config.serve.timeouts.read_s,
-                lambda: self.reader.options(stream=True).read_stream.remote(question, units, compression)):
+                lambda: self.reader.options(stream=True).read_stream.remote(question, units, compression,
+                                                                            long_answer)):
             yield item
 
     def answer_response(self, question: str, found: Retrieval, read: ReaderResult, trace: dict[str, Any],

@@ -79,8 +79,13 @@ STRATEGY_DESCRIPTION = (
 
 class AnswerRequest(RetrieveRequest):
     stream: bool = Field(
-        False, description="Stream server-sent events: retrieval (units, coverage), token (the long answer as "
-        "the reader writes it), trace (the whole answer).",
+        False, description="Stream server-sent events: retrieval (units, coverage), answer (the short answer, "
+        "as soon as it is ready), token (the long answer as the reader writes it), trace (the whole answer).",
+    )
+    long_answer: bool | None = Field(
+        None, description="Write the long answer too (a few sentences after the short answer; a second LLM call "
+        "that reuses the documents' prefix). Default: reader.long_answer. false: one LLM call, the response comes "
+        "as soon as the short answer is ready. The two_turn reader always writes it.",
     )
     compression: Literal["truncate", "mixpr"] | None = Field(
         None,

@@ -23,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import math
+import os
 import threading
 import time
 import weakref
@@ -58,7 +60,8 @@ def _close_open_models() -> None:
 class LlamaCppLLM(LLM):
     """llama.cpp in process.
 
-    ``n_ctx`` is clamped to the model's trained context; ``n_threads=None`` lets llama.cpp pick.
+    ``n_ctx`` is clamped to the model's trained context; ``n_threads=None`` runs every CPU the process
+    may use (:func:`resolve_threads`; a Serve replica passes its own CPUs).
     Token counts in results are the model's own (from llama.cpp's ``usage``).
     """
 
@@ -79,8 +82,7 @@ class LlamaCppLLM(LLM):
     ) -> None:
         if n_ctx <= 0:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
-        if n_threads is not None and n_threads <= 0:
-            raise ValueError(f"n_threads must be positive or None, got {n_threads}")
+        n_threads = resolve_threads(n_threads)
         try:
             from llama_cpp import Llama
         except ImportError as e:  # pragma: no cover - depends on the environment
@@ -104,9 +106,8 @@ class LlamaCppLLM(LLM):
         chat_format = chat_format or (bundled.chat_format if bundled else None)
         if chat_format:
             kwargs["chat_format"] = chat_format
-        if n_threads is not None:
-            kwargs["n_threads"] = n_threads
-            kwargs["n_threads_batch"] = n_threads
+        kwargs["n_threads"] = n_threads  # generation
+        kwargs["n_threads_batch"] = n_threads  # prompt evaluation
         if lora_path:
             lora = Path(lora_path).expanduser()
             if not lora.is_file() or lora.suffix != ".gguf":
@@ -159,6 +160,18 @@ class LlamaCppLLM(LLM):
             return self._llama.detokenize(tokens).decode("utf-8", errors="ignore")
 
     # -- generation ---------------------------------------------------------------------------
+
+    def phase_counters(self) -> dict[str, float]:
+        """llama.cpp's own counters of this context since it was made: prompt tokens evaluated and the
+        milliseconds they took, tokens generated and theirs (a benchmark's tokens/s per phase)."""
+        import llama_cpp
+
+        with self._lock:
+            if self._llama is None:
+                raise LLMError(f"{self.name} is closed")
+            perf = llama_cpp.llama_perf_context(self._llama.ctx)
+            return {"prompt_tokens": int(perf.n_p_eval), "prompt_ms": float(perf.t_p_eval_ms),
+                    "generated_tokens": int(perf.n_eval), "generate_ms": float(perf.t_eval_ms)}
 
     def _evaluated_prompt_tokens(self) -> int:
         """Prompt tokens llama.cpp has evaluated in this context so far (its perf counter)."""
@@ -386,6 +399,32 @@ class LlamaCppLLM(LLM):
 
     async def aclose(self) -> None:
         self.close()
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one, else the machine's)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+def resolve_threads(n_threads: int | None, cpus: float | None = None) -> int:
+    """llama.cpp threads for a call of ``n_threads`` (``llm.n_threads``): a number is kept; None takes
+    ``cpus`` (the CPUs a Ray replica holds) rounded up, or every usable CPU when ``cpus`` is None, and
+    never more than the process may run on.
+
+    llama-cpp-python's own default is ``cpu_count() // 2`` (one thread on a 2-core machine): it
+    assumes hyper-threads, where a second thread per core buys little. Generation is bound by memory
+    bandwidth and prompt evaluation by arithmetic; both scale with the cores a replica really holds."""
+    if n_threads is not None:
+        if n_threads <= 0:
+            raise ValueError(f"n_threads must be positive or None, got {n_threads}")
+        return int(n_threads)
+    if cpus is not None and cpus <= 0:
+        raise ValueError(f"cpus must be positive or None, got {cpus}")
+    limit = usable_cpus()
+    return limit if cpus is None else max(1, min(limit, math.ceil(cpus - 1e-9)))
 
 
 @dataclass

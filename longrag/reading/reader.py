@@ -6,7 +6,10 @@
 
    * ``direct`` (default): one message over the same documents asks for the answer alone
      (:func:`~longrag.reading.prompts.direct_messages`). The long answer never feeds it, so it cannot
-     degrade it; with ``reader.long_answer`` off, step 1 is skipped and a read is one LLM call.
+     degrade it, and it is made *first*: a stream sends it as soon as it is ready and the long
+     answer follows, its call reusing the documents' KV prefix that the short answer's call just
+     evaluated. With ``reader.long_answer`` off (or a request's ``long_answer: false``) step 1 is
+     skipped and a read is one LLM call.
    * ``two_turn`` (the paper's): the turn-1 conversation plus the model's reply plus a new user
      message (optionally with worked examples) -> the short answer. With small readers this loses
      5-15 EM points to a bare prompt over the same documents: the second turn paraphrases, copies a
@@ -102,6 +105,27 @@ class ReaderResult:
     #: The unit text the reader was given, as fitted to its budget (evaluation scores which gold
     #: paragraphs it held: ``reader_paragraph_recall``).
     context: str = ""
+    #: Milliseconds from the start of the read to the short answer (``direct``: the answer comes
+    #: first and the long answer after it; ``two_turn``: after the long answer, which it reads).
+    time_to_answer_ms: float = 0.0
+    #: Prompt tokens of the long answer's call that the backend took from its prefix cache: with
+    #: ``direct`` the short answer's call evaluated the documents just before, so this is their
+    #: shared prefix.
+    long_answer_cached_tokens: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ShortAnswer:
+    """What :meth:`LongReader.read_stream` yields as soon as the short answer is ready (cleaned and
+    checked: the same ``answer`` as the :class:`ReaderResult` that ends the stream)."""
+
+    answer: str
+    raw_short_answer: str
+    answer_fallback: str | None
+    time_to_answer_ms: float
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -229,59 +253,85 @@ class LongReader:
         prompt = completion_prompt(messages)
         return await self.llm.complete(prompt, max_tokens=max_tokens, stop=stop + ["\n\n"])
 
-    @property
-    def writes_long_answer(self) -> bool:
-        return self.config.answer == "two_turn" or self.config.long_answer
+    def wants_long_answer(self, long_answer: bool | None) -> bool:
+        """Whether a read writes the long answer: ``two_turn`` always (its short answer reads it);
+        ``direct`` as the request says (``long_answer``), or ``reader.long_answer`` when it says nothing."""
+        if self.config.answer == "two_turn":
+            return True
+        return self.config.long_answer if long_answer is None else bool(long_answer)
 
-    async def read(self, question: str, units: list[Unit], compression: str | None = None) -> ReaderResult:
+    async def read(self, question: str, units: list[Unit], compression: str | None = None,
+                   long_answer: bool | None = None) -> ReaderResult:
         """Answer ``question`` from ``units`` (best first). With no units the model answers from
-        the question alone (the context says no documents were found)."""
-        question, fitted, context, messages, t_start = await self._prepare_off_loop(question, units, compression)
-        t_fit = time.perf_counter()
-        first = None
-        if self.writes_long_answer:
-            first = await self._generate(messages, max_tokens=self.config.long_answer_max_tokens, stop=_TURN1_STOP)
-        t_long = time.perf_counter()
-        second = await self._short(question, context, messages, first)
-        return self._finish(question, fitted, context, first, second, (t_start, t_fit, t_long, time.perf_counter()))
+        the question alone (the context says no documents were found). ``long_answer``: write the
+        long answer too (None: ``reader.long_answer``; ``two_turn`` always writes it)."""
+        result = None
+        async for item in self.read_stream(question, units, compression, long_answer, stream_long=False):
+            result = item
+        assert isinstance(result, ReaderResult)
+        return result
 
     async def read_stream(
-        self, question: str, units: list[Unit], compression: str | None = None
-    ) -> AsyncIterator[str | ReaderResult]:
-        """:meth:`read`, streamed: yields the long answer's text deltas (turn 1) as the model
-        writes them, then the :class:`ReaderResult`. The short answer is not streamed: it is
-        cleaned and checked (:func:`clean_short_answer`, :func:`short_answer_problem`) before
-        anyone may see it, and it is a few tokens. A base model (no chat template) is not streamed
-        either: its long answer comes as one delta. Without a long answer (``reader.long_answer``
-        off) only the result comes."""
+        self, question: str, units: list[Unit], compression: str | None = None, long_answer: bool | None = None,
+        *, stream_long: bool = True,
+    ) -> AsyncIterator[str | ShortAnswer | ReaderResult]:
+        """:meth:`read`, streamed: yields a :class:`ShortAnswer` as soon as the short answer is ready,
+        the long answer's text deltas as the model writes them, then the :class:`ReaderResult`.
+
+        ``direct`` (the default): the short answer comes first, from one call over the documents, and
+        the long answer follows; its call shares the system message and the documents with the short
+        answer's, so a backend with a prefix cache evaluates only its own instruction
+        (``long_answer_cached_tokens``). ``two_turn``: the short answer is extracted from the long
+        answer, so it comes after it. The short answer is never streamed token by token: it is
+        cleaned and checked (:func:`clean_short_answer`, :func:`short_answer_problem`) before anyone
+        may see it, and it is a few tokens. A base model (no chat template), or ``stream_long``
+        False, gives the long answer as one delta."""
         question, fitted, context, messages, t_start = await self._prepare_off_loop(question, units, compression)
         t_fit = time.perf_counter()
-        first = None
-        if self.writes_long_answer and self.llm.is_chat_model:
-            async for item in self.llm.stream_chat(messages, max_tokens=self.config.long_answer_max_tokens,
-                                                   stop=_TURN1_STOP):
-                if isinstance(item, ChatResult):
-                    first = item
-                else:
-                    yield item
-            if first is None:
-                raise RuntimeError(f"{self.llm.name}: the stream ended without its ChatResult")
-        elif self.writes_long_answer:
-            first = await self._generate(messages, max_tokens=self.config.long_answer_max_tokens, stop=_TURN1_STOP)
-            if first.text:
-                yield first.text
+        write_long = self.wants_long_answer(long_answer)
+        first = short = None
+        t_short = t_fit
+        if self.config.answer == "direct":
+            short = await self._generate(direct_messages(question, context),
+                                         max_tokens=self.config.short_answer_max_tokens, stop=_TURN1_STOP)
+            t_short = time.perf_counter()
+            yield self._short_answer(question, context, None, short, t_short - t_start)
+        if write_long:
+            if stream_long and self.llm.is_chat_model:
+                async for item in self.llm.stream_chat(messages, max_tokens=self.config.long_answer_max_tokens,
+                                                       stop=_TURN1_STOP):
+                    if isinstance(item, ChatResult):
+                        first = item
+                    else:
+                        yield item
+                if first is None:
+                    raise RuntimeError(f"{self.llm.name}: the stream ended without its ChatResult")
+            else:
+                first = await self._generate(messages, max_tokens=self.config.long_answer_max_tokens,
+                                             stop=_TURN1_STOP)
+                if first.text and stream_long:
+                    yield first.text
         t_long = time.perf_counter()
-        second = await self._short(question, context, messages, first)
-        yield self._finish(question, fitted, context, first, second, (t_start, t_fit, t_long, time.perf_counter()))
+        if short is None:  # two_turn: the second turn reads the long answer
+            short = await self._generate(self._turn2(question, messages, first),
+                                         max_tokens=self.config.short_answer_max_tokens, stop=_TURN2_STOP)
+            t_short = time.perf_counter()
+            yield self._short_answer(question, context, first, short, t_short - t_start)
+        yield self._finish(question, fitted, context, first, short, (t_start, t_fit, t_short, t_long,
+                                                                     time.perf_counter()))
 
-    async def _short(self, question: str, context: str, messages: list[dict], first: ChatResult | None) -> ChatResult:
-        """The short-answer call: turn 2 of the conversation (``two_turn``) or the direct message."""
+    def _short_answer(self, question: str, context: str, first: ChatResult | None, short: ChatResult,
+                      elapsed_s: float) -> ShortAnswer:
+        answer, fallback = self._clean(question, context, first, short)
+        return ShortAnswer(answer, short.text, fallback, elapsed_s * 1000.0)
+
+    def _clean(self, question: str, context: str, first: ChatResult | None, short: ChatResult) -> tuple[str, str | None]:
         if self.config.answer == "two_turn":
-            assert first is not None
-            return await self._generate(self._turn2(question, messages, first),
-                                        max_tokens=self.config.short_answer_max_tokens, stop=_TURN2_STOP)
-        return await self._generate(direct_messages(question, context), max_tokens=self.config.short_answer_max_tokens,
-                                    stop=_TURN1_STOP)
+            examples = FEW_SHOT_EXAMPLES[: self.config.few_shot_examples]
+            long_answer = first.text.strip() if first is not None else ""
+            return finish_short_answer(short.text, question, long_answer, context, examples)
+        # the long answer never feeds the direct answer: with or without it, the same answer
+        return finish_short_answer(short.text, question, "", context)
 
     async def _prepare_off_loop(self, question: str, units: list[Unit], compression: str | None):
         """:meth:`_prepare` in a worker thread: token counting and MixPR compression are CPU work (and
@@ -308,14 +358,14 @@ class LongReader:
         ]
 
     def _finish(self, question: str, fitted: FittedContext, context: str, first: ChatResult | None,
-                second: ChatResult, times: tuple[float, float, float, float]) -> ReaderResult:
-        t_start, t_fit, t_long, t_short = times
+                second: ChatResult, times: tuple[float, float, float, float, float]) -> ReaderResult:
+        t_start, t_fit, t_short, t_long, t_end = times
         long_answer = first.text.strip() if first is not None else ""
-        if self.config.answer == "two_turn":
-            examples = FEW_SHOT_EXAMPLES[: self.config.few_shot_examples]
-            answer, fallback = finish_short_answer(second.text, question, long_answer, context, examples)
-        else:  # the long answer never feeds the direct answer: with or without it, the same answer
-            answer, fallback = finish_short_answer(second.text, question, "", context)
+        answer, fallback = self._clean(question, context, first, second)
+        if self.config.answer == "two_turn":  # long answer, then the short answer from it
+            long_ms, short_ms = (t_long - t_fit) * 1000.0, (t_short - t_long) * 1000.0
+        else:  # the short answer, then the long answer
+            short_ms, long_ms = (t_short - t_fit) * 1000.0, (t_long - t_short) * 1000.0
         calls = [c for c in (first, second) if c is not None]
         return ReaderResult(
             answer=answer,
@@ -325,9 +375,9 @@ class LongReader:
             completion_tokens=sum(c.completion_tokens for c in calls),
             stages_ms={
                 "fit_context": (t_fit - t_start) * 1000.0,
-                "long_answer": (t_long - t_fit) * 1000.0,
-                "short_answer": (t_short - t_long) * 1000.0,
-                "total": (t_short - t_start) * 1000.0,
+                "long_answer": long_ms,
+                "short_answer": short_ms,
+                "total": (t_end - t_start) * 1000.0,
             },
             truncated=fitted.truncated,
             context_tokens=fitted.tokens,
@@ -338,4 +388,6 @@ class LongReader:
             model=second.model,
             answer_mode=self.config.answer,
             context=context,
+            time_to_answer_ms=(t_short - t_start) * 1000.0,
+            long_answer_cached_tokens=first.cached_prompt_tokens if first is not None else 0,
         )

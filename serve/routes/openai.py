@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
 
+from longrag.reading.reader import ShortAnswer
 from longrag.types import InvalidRequest, Retrieval
 from serve import openai_compat as oai
 from serve import stages
@@ -71,11 +72,13 @@ async def _chat_events(gw: Gateway, cid: str, created: int, model: str, question
     t1 = time.perf_counter()
     try:
         async for item in gw.read_stream(question, units, compression):
-            if isinstance(item, str):
+            if isinstance(item, str):  # the long answer, after the short one (direct reader)
                 yield oai.chunk(cid, model, created, {"reasoning_content": item})
                 continue
+            if isinstance(item, ShortAnswer):  # sent as soon as it is ready
+                yield oai.chunk(cid, model, created, {"content": item.answer})
+                continue
             response = gw.answer_response(question, found, item, trace, t0, t1)
-            yield oai.chunk(cid, model, created, {"content": response.answer})
             usage = {"prompt_tokens": item.prompt_tokens, "completion_tokens": item.completion_tokens,
                      "total_tokens": item.prompt_tokens + item.completion_tokens}
             yield oai.chunk(cid, model, created, {}, "stop", usage=usage,

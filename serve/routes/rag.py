@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
 
+from longrag.reading.reader import ShortAnswer
 from longrag.types import Retrieval
 from serve import openai_compat as oai
 from serve import stages
@@ -30,7 +31,8 @@ async def retrieve(req: RetrieveRequest, gw: Gateway = Depends(gateway)) -> Retr
 
 @router.post("/v1/answer", response_model=AnswerResponse, responses={**ERRORS, 200: {
     "description": "The answer; with \"stream\": true a text/event-stream of events: retrieval (the "
-    "units found and the coverage), token (the long answer as the reader writes it, {\"text\"}), then "
+    "units found and the coverage), answer (the short answer as soon as it is ready, {\"answer\", "
+    "\"answer_fallback\", \"time_to_answer_ms\"}), token (the long answer as the reader writes it, {\"text\"}), then "
     "trace (the whole AnswerResponse), or error ({\"error\"}).",
     "content": {"text/event-stream": {}}}})
 async def answer(req: AnswerRequest, gw: Gateway = Depends(gateway)) -> Any:
@@ -41,23 +43,26 @@ async def answer(req: AnswerRequest, gw: Gateway = Depends(gateway)) -> Any:
     if req.strategy is not None:
         return await gw.answer_dual(req.strategy, question, found, units, trace, t0)
     if req.stream:
-        return StreamingResponse(_events(gw, question, k, found, units, req.compression, trace, t0),
+        return StreamingResponse(_events(gw, question, k, found, units, req.compression, req.long_answer, trace, t0),
                                  media_type="text/event-stream")
     t1 = time.perf_counter()
-    read = await gw.read(question, units, req.compression, trace)
+    read = await gw.read(question, units, req.compression, trace, req.long_answer)
     return gw.answer_response(question, found, read, trace, t0, t1)
 
 
 async def _events(gw: Gateway, question: str, k: int, found: Retrieval, units: list[Any],
-                  compression: str | None, trace: dict[str, Any], t0: float):
+                  compression: str | None, long_answer: bool | None, trace: dict[str, Any], t0: float):
     yield oai.sse("retrieval", {"question": question, "k": k,
                                 "units": [u.model_dump(mode="json") for u in found.units],
                                 "coverage": found.coverage.to_dict(), "trace": dict(trace)})
     t1 = time.perf_counter()
     try:
-        async for item in gw.read_stream(question, units, compression):
+        async for item in gw.read_stream(question, units, compression, long_answer):
             if isinstance(item, str):
                 yield oai.sse("token", {"text": item})
+            elif isinstance(item, ShortAnswer):
+                yield oai.sse("answer", {"answer": item.answer, "answer_fallback": item.answer_fallback,
+                                         "time_to_answer_ms": round(item.time_to_answer_ms, 1)})
             else:
                 response = gw.answer_response(question, found, item, trace, t0, t1)
                 yield oai.sse("trace", response.model_dump(mode="json"))

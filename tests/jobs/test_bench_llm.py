@@ -42,3 +42,16 @@ def test_each_level_reads_prompts_of_its_own():
     assert len(set(sent)) == len(sent) == 7  # no prompt twice: nothing for a prefix cache to find
     for r in rows:
         assert r["p50_ms"] <= r["p99_ms"] and r["req_per_s"] > 0
+
+
+def test_phase_settings_name_llama_cpp_python_default_and_the_products(monkeypatch):
+    """``--phases default,held,3``: llama-cpp-python's own cpu_count() // 2, the CPUs the product
+    gives llama.cpp (every usable one in a driver), or a number."""
+    import os
+
+    from jobs.bench_llm import thread_setting
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert [thread_setting(s) for s in ("default", "held", "3")] == [1, 2, 3]
+    assert parse_args(["--phases", "default,held"]).phases == "default,held"

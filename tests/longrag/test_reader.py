@@ -10,7 +10,7 @@ import pytest
 
 from longrag.config import ReaderConfig
 from longrag.reading.prompts import FEW_SHOT_EXAMPLES, completion_prompt, format_unit
-from longrag.reading.reader import LongReader, ReaderResult
+from longrag.reading.reader import LongReader, ReaderResult, ShortAnswer
 from longrag.types import Unit
 from tests.fakes import ScriptedLLM
 
@@ -122,7 +122,7 @@ def test_question_must_be_text():
 
 
 def test_no_units_still_answers():
-    llm = ScriptedLLM(["I do not know.", "unknown"])
+    llm = ScriptedLLM(["unknown", "I do not know."])  # direct: the short answer first
     res = run(LongReader(llm).read("who?", []))
     assert res.units_used == [] and res.truncated is False and res.answer == "unknown"
     assert "(no documents were found)" in llm.calls[0]["messages"][-1]["content"]
@@ -136,34 +136,48 @@ async def _collect(stream):
 
 
 @pytest.mark.parametrize("is_chat_model", [True, False])
-def test_read_stream_streams_the_long_answer_then_gives_what_read_gives(is_chat_model):
-    """Turn 1 (the long answer) streams delta by delta; turn 2 is cleaned before it is shown, so
-    the stream ends with the same ReaderResult that read() returns (base models: one delta)."""
-    script = ["Canberra is the capital of Australia.", 'Short answer: "Canberra".']
+def test_read_stream_sends_the_short_answer_first_then_streams_the_long_answer(is_chat_model):
+    """Issue 39: the direct short answer is made first and sent as soon as it is cleaned (a
+    ShortAnswer, never token by token); the long answer streams delta by delta after it (base
+    models: one delta), and the stream ends with the same ReaderResult that read() returns."""
+    script = ['Short answer: "Canberra".', "Canberra is the capital of Australia."]
     units = [Unit("u1", ["d1"], ["Australia"], "Australia's capital is Canberra.", 6)]
     items = run(_collect(LongReader(ScriptedLLM(list(script), is_chat_model=is_chat_model)).read_stream(
         "what is the capital of australia", units)))
-    *deltas, result = items
+    short, *deltas, result = items
     expected = run(LongReader(ScriptedLLM(list(script), is_chat_model=is_chat_model)).read(
         "what is the capital of australia", units))
-    assert all(isinstance(d, str) for d in deltas) and "".join(deltas) == script[0]
+    assert isinstance(short, ShortAnswer) and short.answer == "Canberra" and short.answer_fallback is None
+    assert short.raw_short_answer == script[0] and short.time_to_answer_ms > 0
+    assert all(isinstance(d, str) for d in deltas) and "".join(deltas) == script[1]
     assert len(deltas) == (6 if is_chat_model else 1)
     assert isinstance(result, ReaderResult)
     assert (result.answer, result.long_answer, result.units_used, result.prompt_tokens, result.completion_tokens) == (
         expected.answer, expected.long_answer, expected.units_used, expected.prompt_tokens, expected.completion_tokens)
-    assert result.answer == "Canberra"
+    assert result.answer == short.answer == "Canberra"
+    assert 0 < result.time_to_answer_ms <= result.stages_ms["total"]
+
+
+def test_two_turn_stream_sends_the_short_answer_after_the_long_answer_it_reads():
+    script = ["Canberra is the capital of Australia.", "Canberra"]
+    units = [Unit("u1", ["d1"], ["Australia"], "Australia's capital is Canberra.", 6)]
+    items = run(_collect(LongReader(ScriptedLLM(list(script)), ReaderConfig(answer="two_turn")).read_stream(
+        "what is the capital of australia", units)))
+    *deltas, short, result = items
+    assert "".join(deltas) == script[0] and isinstance(short, ShortAnswer) and short.answer == "Canberra"
+    assert isinstance(result, ReaderResult) and result.answer == "Canberra"
 
 
 # -- the direct short answer (the default) ----------------------------------------------------
 
 
-def test_direct_answer_is_one_message_over_the_documents_beside_the_long_answer():
-    llm = ScriptedLLM(["Canberra is the capital of Australia.", "The answer is Canberra."])
+def test_direct_answer_is_one_message_over_the_documents_before_the_long_answer():
+    llm = ScriptedLLM(["The answer is Canberra.", "Canberra is the capital of Australia."])
     units = [Unit("u1", ["d1"], ["Australia"], "Australia's capital is Canberra.", 6)]
     res = run(LongReader(llm).read("what is the capital of australia", units))
     assert ReaderConfig().answer == "direct" and res.answer == "Canberra" and res.answer_fallback is None
     assert res.long_answer == "Canberra is the capital of Australia."
-    long_msgs, short_msgs = llm.calls[0]["messages"], llm.calls[1]["messages"]
+    short_msgs, long_msgs = llm.calls[0]["messages"], llm.calls[1]["messages"]
     # the short answer's call never sees the long answer: a fresh system + user message
     assert [m["role"] for m in short_msgs] == ["system", "user"]
     assert "Canberra is the capital" not in short_msgs[-1]["content"]
@@ -173,32 +187,40 @@ def test_direct_answer_is_one_message_over_the_documents_beside_the_long_answer(
     assert short_msgs[0] == long_msgs[0]
     docs_end = long_msgs[1]["content"].index("Australia's capital is Canberra.") + len("Australia's capital is Canberra.")
     assert short_msgs[1]["content"][:docs_end] == long_msgs[1]["content"][:docs_end]
-    assert llm.calls[1]["max_tokens"] == ReaderConfig().short_answer_max_tokens
+    assert llm.calls[0]["max_tokens"] == ReaderConfig().short_answer_max_tokens
+    assert llm.calls[1]["max_tokens"] == ReaderConfig().long_answer_max_tokens
     assert res.prompt_tokens == llm.count_message_tokens(long_msgs) + llm.count_message_tokens(short_msgs)
 
 
 def test_direct_answer_does_not_depend_on_the_long_answer():
     """The same short reply gives the same answer whatever the long answer says, and without one
-    (reader.long_answer off) a read is a single call."""
+    (reader.long_answer off, or a request's long_answer=False) a read is a single call."""
     units = [make_unit("a", 12)]
     q = "Were both bands from England?"
     answers = []
     for long_answer in ("No. Only the Beatles were English.", "Yes, both were.", None):
-        script = ([long_answer] if long_answer is not None else []) + ["yes"]
+        script = ["yes"] + ([long_answer] if long_answer is not None else [])
         llm = ScriptedLLM(script)
         cfg = ReaderConfig(long_answer=long_answer is not None)
         res = run(LongReader(llm, cfg).read(q, units))
         assert len(llm.calls) == (2 if long_answer is not None else 1)
         answers.append(res.answer)
     assert answers == ["yes", "yes", "yes"]
+    # a request overrides reader.long_answer either way
+    llm = ScriptedLLM(["yes", "Yes, both were."])
+    assert run(LongReader(llm, ReaderConfig(long_answer=True)).read(q, units, long_answer=False)).long_answer == ""
+    assert len(llm.calls) == 1
+    llm = ScriptedLLM(["yes", "Yes, both were."])
+    res = run(LongReader(llm, ReaderConfig(long_answer=False)).read(q, units, long_answer=True))
+    assert res.long_answer == "Yes, both were." and len(llm.calls) == 2
 
 
-def test_direct_answer_without_long_answer_streams_only_the_result():
+def test_direct_answer_without_long_answer_streams_only_the_short_answer_and_result():
     llm = ScriptedLLM(["Canberra"])
     units = [Unit("u1", ["d1"], ["Australia"], "Australia's capital is Canberra.", 6)]
     items = run(_collect(LongReader(llm, ReaderConfig(long_answer=False)).read_stream("capital of australia?", units)))
-    assert len(items) == 1 and isinstance(items[0], ReaderResult)
-    assert items[0].answer == "Canberra" and items[0].long_answer == "" and len(llm.calls) == 1
+    assert [type(i) for i in items] == [ShortAnswer, ReaderResult]
+    assert items[1].answer == items[0].answer == "Canberra" and items[1].long_answer == "" and len(llm.calls) == 1
 
 
 @pytest.mark.parametrize("raw, expected", [

@@ -129,7 +129,7 @@ def test_reader_replaces_a_bad_short_answer_with_the_long_answer_span(reply, rea
 
 
 def test_reader_keeps_a_good_short_answer_and_says_so():
-    llm = ScriptedLLM(["Animal Farm was written by George Orwell.", "George Orwell"])
+    llm = ScriptedLLM(["George Orwell", "Animal Farm was written by George Orwell."])  # short answer first
     unit = Unit("u1", ["d1"], ["Animal Farm"], ORWELL_EVIDENCE, 20)
     res = run(LongReader(llm, ReaderConfig()).read("Who wrote the novel Animal Farm?", [unit]))
     assert res.answer == "George Orwell" and res.answer_fallback is None

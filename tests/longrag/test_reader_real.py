@@ -70,3 +70,33 @@ def test_read_answers_and_reuses_the_documents_prefix(llm, mode, question, units
     # llama.cpp takes that prefix from its KV cache
     context = sum(u.n_tokens for u in units)
     assert res.cached_prompt_tokens >= context, res
+
+
+def _chatml(messages: list[dict]) -> str:
+    """The ChatML prompt of the bundled reader, written out here (llama-cpp-python's ``chatml`` format)."""
+    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages) + "<|im_start|>assistant\n"
+
+
+def test_short_answer_first_then_the_long_answer_reuses_exactly_the_shared_prefix(llm):
+    """Issue 39: with the direct reader the short answer's call runs first; the long answer's call
+    then evaluates only what its prompt does not share with it. The tokens taken from the KV cache
+    equal the common token prefix of the two prompts, tokenized here from their ChatML text."""
+    from longrag.reading.prompts import direct_messages, format_context, format_unit, turn1_messages
+
+    question = "Who wrote the novel Animal Farm?"
+    units = [FILLER, ANIMAL_FARM]
+    llm.forget_prefixes()
+    items = asyncio.run(_collect(LongReader(llm, ReaderConfig(answer="direct")).read_stream(question, units)))
+    short, result = items[0], items[-1]
+    assert short.answer == result.answer and "orwell" in short.answer.lower()
+    assert 0 < short.time_to_answer_ms < result.stages_ms["total"]
+    context = format_context([format_unit(u) for u in units])
+    tokens = [llm._llama.tokenize(_chatml(m(question, context)).encode(), special=True)
+              for m in (direct_messages, turn1_messages)]
+    shared = next(i for i, (a, b) in enumerate(zip(*tokens)) if a != b)
+    assert shared > sum(u.n_tokens for u in units)  # the system message and both documents
+    assert result.long_answer_cached_tokens == shared, (result.long_answer_cached_tokens, shared)
+
+
+async def _collect(stream):
+    return [item async for item in stream]

@@ -101,9 +101,10 @@ def test_playground_answers_with_the_real_models(client, tmp_path):
 
 
 def test_chat_completion_streams_the_real_reader_through_the_openai_client(client):
-    """The official openai client against the app with the bundled reader: llama.cpp's tokens of
-    the long answer stream through the LLMServer and Reader handles as reasoning_content deltas,
-    then the short answer as content, then [DONE] (the client stops there)."""
+    """The official openai client against the app with the bundled reader: the short answer as
+    content first (issue 39), then llama.cpp's tokens of the long answer stream through the
+    LLMServer and Reader handles as reasoning_content deltas, reusing the documents' KV prefix, then
+    [DONE] (the client stops there)."""
     import openai
 
     oai = openai.OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key="no-keys-configured", max_retries=0,
@@ -118,6 +119,9 @@ def test_chat_completion_streams_the_real_reader_through_the_openai_client(clien
     assert content.strip() and "orwell" in (content + long_answer).lower()
     extra = chunks[-1].model_extra["longrag"]
     assert extra["long_answer"] == long_answer.strip() and extra["trace"]["completion_tokens"] > 0
+    first_content = next(i for i, c in enumerate(chunks) if c.choices[0].delta.content)
+    assert first_content < next(i for i, r in enumerate(reasoning) if r)
+    assert extra["trace"]["long_answer_cached_tokens"] > 0  # the documents were evaluated once
 
 
 @pytest.mark.parametrize(

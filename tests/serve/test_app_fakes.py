@@ -259,6 +259,10 @@ def test_chat_completion_streams_with_the_openai_client(client):
     reasoning = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks)
     content = "".join(c.choices[0].delta.content or "" for c in chunks)
     assert reasoning == "The documents say: Luanda." and content == "Luanda"
+    # issue 39: the short answer (content) comes before the long answer's first delta
+    first_content = next(i for i, c in enumerate(chunks) if c.choices[0].delta.content)
+    first_reasoning = next(i for i, c in enumerate(chunks) if c.choices[0].delta.model_extra.get("reasoning_content"))
+    assert first_content < first_reasoning
     assert sum(1 for c in chunks if c.choices[0].delta.model_extra.get("reasoning_content")) == 4  # word by word
     last = chunks[-1]
     assert last.choices[0].finish_reason == "stop" and last.usage.completion_tokens > 0
@@ -312,18 +316,34 @@ def _events(r: httpx.Response) -> list[tuple[str, Any]]:
     return out
 
 
-def test_answer_streams_retrieval_tokens_then_the_trace(client):
+def test_answer_streams_retrieval_the_short_answer_tokens_then_the_trace(client):
     with client.stream("POST", "/v1/answer", json={"question": "What is the capital of Angola?", "k": 2,
                                                    "stream": True}) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = _events(r)
     names = [n for n, _ in events]
-    assert names[0] == "retrieval" and names[-1] == "trace" and set(names[1:-1]) == {"token"}
+    # issue 39: the short answer as soon as it is ready, then the long answer's tokens
+    assert names[:2] == ["retrieval", "answer"] and names[-1] == "trace" and set(names[2:-1]) == {"token"}
+    assert events[1][1]["answer"] == "Luanda" and events[1][1]["time_to_answer_ms"] > 0
     retrieval = events[0][1]
     assert retrieval["units"][0]["titles"] == ["Luanda"] and retrieval["coverage"]["answered"] == 2
     assert "".join(d["text"] for n, d in events if n == "token") == "The documents say: Luanda."
     final = events[-1][1]
     assert final["answer"] == "Luanda" and final["evidence"][0]["used"] is True and final["trace"]["total_ms"] > 0
+    assert 0 < final["trace"]["time_to_answer_ms"] <= final["trace"]["read_ms"]
+
+
+def test_answer_without_the_long_answer_is_one_llm_call(client):
+    """A request's long_answer=false: the response comes when the short answer is ready."""
+    r = client.post("/v1/answer", json={"question": "What is the capital of Angola?", "k": 2, "long_answer": False})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["answer"] == "Luanda" and body["long_answer"] == ""
+    assert body["trace"]["completion_tokens"] == 1  # the short answer's one word, no long answer
+    with client.stream("POST", "/v1/answer", json={"question": "What is the capital of Angola?", "k": 2,
+                                                   "stream": True, "long_answer": False}) as r:
+        names = [n for n, _ in _events(r)]
+    assert names == ["retrieval", "answer", "trace"]
 
 
 # ---------------------------------------------------------------------------- keys, limits, CORS, metrics

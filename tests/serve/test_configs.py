@@ -127,6 +127,8 @@ def test_cpu_config_fits_a_two_core_machine(config_file):
     cfg = LongRAGConfig().with_overrides(app["args"].get("overrides", []))
     shards = int(re.search(r"--shards (\d+)", (ROOT / "Makefile").read_text()).group(1))  # `make index`
     deployments = _effective(app)
+    if cfg.serve.colocate:  # serve.app.build_app deploys the Ingress and the LLMServer only
+        deployments = {name: deployments[name] for name in ("Ingress", "LLMServer")}
     total = sum(o["num_cpus"] * o["max_replicas"] for o in deployments.values())
     if not cfg.serve.colocate:
         total += shards * cfg.index.replicas * cfg.index.shard_num_cpus
