@@ -213,6 +213,18 @@ class LLMConfig(_Section):
         256, ge=0, description="llamacpp: RAM for saved KV states, so a conversation's next turn reuses its "
         "prefix even when other requests ran in between (0: only the last prompt's prefix is reused).",
     )
+    unit_cache_mb: int = Field(
+        256, ge=0, description="llamacpp: RAM for the KV states of hot top units (longrag.llm.kvcache): a question "
+        "whose top unit was read before evaluates only its own tokens and the units after the first, with the same "
+        "answer as a cold read (0: off). A state costs ~12 KB per prefix token with the 0.5B, ~28 KB with the 1.5B.",
+    )
+    unit_cache_disk_mb: int = Field(
+        0, ge=0, description="llamacpp: a node-local disk tier under the RAM one (states written through, read back "
+        "on a RAM miss, so a restarted replica keeps its hot units); 0: off.",
+    )
+    unit_cache_dir: str | None = Field(
+        None, description="llamacpp: the disk tier's folder (None: $LONGRAG_MODEL_CACHE/../kv or ~/.cache/longrag/kv).",
+    )
     temperature: float = 0.0
     seed: int = 0
     timeout_s: float = 120.0

@@ -314,9 +314,10 @@ class LLMServer:
             self.in_flight -= 1
 
     async def chat(self, messages: list[dict[str, str]], max_tokens: int, temperature: float | None = None,
-                   stop: list[str] | None = None) -> ChatResult:
+                   stop: list[str] | None = None, cache_prefix: str | None = None) -> ChatResult:
         with self._running():
-            return await self.llm.chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop)
+            return await self.llm.chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop,
+                                       cache_prefix=cache_prefix)
 
     async def complete(self, prompt: str, max_tokens: int, temperature: float | None = None,
                        stop: list[str] | None = None) -> ChatResult:
@@ -330,11 +331,12 @@ class LLMServer:
             return await self.llm.chat_json(messages, schema=schema, max_tokens=max_tokens, temperature=temperature)
 
     async def stream_chat(self, messages: list[dict[str, str]], max_tokens: int, temperature: float | None = None,
-                          stop: list[str] | None = None) -> AsyncIterator[str | ChatResult]:
+                          stop: list[str] | None = None,
+                          cache_prefix: str | None = None) -> AsyncIterator[str | ChatResult]:
         """:meth:`longrag.llm.base.LLM.stream_chat` over the handle (``handle.options(stream=True)``)."""
         with self._running():
             async for item in self.llm.stream_chat(messages, max_tokens=max_tokens, temperature=temperature,
-                                                   stop=stop):
+                                                   stop=stop, cache_prefix=cache_prefix):
                 yield item
 
     def describe(self) -> LLMDescription:
@@ -356,14 +358,17 @@ class RemoteLLM(LLM):
         # both backends constrain JSON (llama.cpp grammars, OpenAI response_format)
         self.supports_json_schema = config.backend in ("llamacpp", "openai")
 
-    async def chat(self, messages, *, max_tokens, temperature=None, stop=None) -> ChatResult:  # type: ignore[override]
-        return await self.handle.chat.remote(messages, max_tokens, temperature, stop)
+    async def chat(self, messages, *, max_tokens, temperature=None, stop=None,  # type: ignore[override]
+                   cache_prefix=None) -> ChatResult:
+        return await self.handle.chat.remote(messages, max_tokens, temperature, stop, cache_prefix)
 
     async def complete(self, prompt, *, max_tokens, temperature=None, stop=None) -> ChatResult:  # type: ignore[override]
         return await self.handle.complete.remote(prompt, max_tokens, temperature, stop)
 
-    async def stream_chat(self, messages, *, max_tokens, temperature=None, stop=None):  # type: ignore[override]
-        stream = self.handle.options(stream=True).stream_chat.remote(messages, max_tokens, temperature, stop)
+    async def stream_chat(self, messages, *, max_tokens, temperature=None, stop=None,  # type: ignore[override]
+                          cache_prefix=None):
+        stream = self.handle.options(stream=True).stream_chat.remote(messages, max_tokens, temperature, stop,
+                                                                     cache_prefix)
         async for item in stream:
             yield item
 

@@ -37,6 +37,7 @@ _READ_TRACE = {
     "answer_mode": "answer_mode",
     "time_to_answer_ms": "time_to_answer_ms",
     "long_answer_cached_tokens": "long_answer_cached_tokens",
+    "unit_cache": "unit_cache",
 }
 
 

@@ -51,11 +51,12 @@ class ScriptedLLM(LLM):
             text = " ".join(words[:max_tokens])
         return ChatResult(text, prompt_tokens, self.count_tokens(text), 0.0, self.name)
 
-    async def chat(self, messages, *, max_tokens, temperature=None, stop=None) -> ChatResult:
+    async def chat(self, messages, *, max_tokens, temperature=None, stop=None, cache_prefix=None) -> ChatResult:
         check_messages(messages)
         check_max_tokens(max_tokens)
         self.calls.append(
-            dict(kind="chat", messages=copy.deepcopy(messages), max_tokens=max_tokens, temperature=temperature, stop=stop)
+            dict(kind="chat", messages=copy.deepcopy(messages), max_tokens=max_tokens, temperature=temperature, stop=stop,
+                 cache_prefix=cache_prefix)
         )
         prompt_tokens = self.count_message_tokens(messages)
         if prompt_tokens + max_tokens > self.context_window:
@@ -64,9 +65,10 @@ class ScriptedLLM(LLM):
             )
         return self._result(prompt_tokens, self._next(messages), max_tokens)
 
-    async def stream_chat(self, messages, *, max_tokens, temperature=None, stop=None):
+    async def stream_chat(self, messages, *, max_tokens, temperature=None, stop=None, cache_prefix=None):
         """The scripted reply streamed word by word (each delta a word with its leading space)."""
-        res = await self.chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop)
+        res = await self.chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop,
+                              cache_prefix=cache_prefix)
         for i, word in enumerate(res.text.split(" ")):
             yield word if i == 0 else " " + word
         yield res
@@ -354,18 +356,20 @@ class FaultyReader(TitleReader):
                 self.failed.add(marker)
                 raise LLMError(f"the engine failed (a test fault: {marker})")
 
-    async def chat(self, messages, *, max_tokens, temperature=None, stop=None):
+    async def chat(self, messages, *, max_tokens, temperature=None, stop=None, cache_prefix=None):
         await self._misbehave(messages)
-        return await super().chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop)
+        return await super().chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop,
+                                  cache_prefix=cache_prefix)
 
     async def chat_json(self, messages, *, schema, max_tokens, temperature=None):
         await self._misbehave(messages)
         return await super().chat_json(messages, schema=schema, max_tokens=max_tokens, temperature=temperature)
 
-    async def stream_chat(self, messages, *, max_tokens, temperature=None, stop=None):
+    async def stream_chat(self, messages, *, max_tokens, temperature=None, stop=None, cache_prefix=None):
         text = " ".join(m.get("content", "") for m in messages)
         n = 0
-        async for item in super().stream_chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop):
+        async for item in super().stream_chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop,
+                                              cache_prefix=cache_prefix):
             if "[fail-mid-stream]" in text and n == 2:
                 from longrag.llm.base import LLMError
 

@@ -39,6 +39,10 @@ class ChatResult:
     #: Prompt tokens served from the backend's prefix (KV) cache instead of being evaluated again
     #: (llama.cpp: the reader's second turn repeats the first; vLLM: ``prompt_tokens_details``).
     cached_prompt_tokens: int = 0
+    #: Where the state of the call's ``cache_prefix`` came from (llama.cpp's unit cache,
+    #: :mod:`longrag.llm.kvcache`): "ram", "disk", "miss" (evaluated and stored), "context" (the
+    #: previous call left it in the context), or "" (no prefix given, or no cache).
+    prefix_cache: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,9 +105,12 @@ class LLM(abc.ABC):
         max_tokens: int,
         temperature: float | None = None,
         stop: list[str] | None = None,
+        cache_prefix: str | None = None,
     ) -> ChatResult:
         """Answer a conversation with the model's chat template. ``temperature=None`` takes the
-        backend's configured default."""
+        backend's configured default. ``cache_prefix``: a text the last user message starts with
+        (the reader's documents' top unit) whose KV state a backend may keep for later prompts that
+        open the same way; a hint, backends without such a store ignore it."""
 
     @abc.abstractmethod
     async def complete(
@@ -123,12 +130,14 @@ class LLM(abc.ABC):
         max_tokens: int,
         temperature: float | None = None,
         stop: list[str] | None = None,
+        cache_prefix: str | None = None,
     ) -> AsyncIterator[str | ChatResult]:
         """:meth:`chat`, streamed: yields the reply's text deltas as they are generated, then one
         :class:`ChatResult` for the whole reply (its ``text`` is the deltas joined). Backends that
         stream override this (llama.cpp ``stream=True``, OpenAI ``stream``); this default yields
         the whole reply as one delta."""
-        res = await self.chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop)
+        res = await self.chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop,
+                              cache_prefix=cache_prefix)
         if res.text:
             yield res.text
         yield res

@@ -6,6 +6,18 @@ from longrag.config import LLMConfig
 from longrag.llm.base import LLM
 
 
+def unit_cache(config: LLMConfig):
+    """The llama.cpp backend's unit KV cache from ``llm.unit_cache_*`` (None when off)."""
+    if config.unit_cache_mb <= 0:
+        return None
+    from longrag.llm.bundled import model_cache_dir
+    from longrag.llm.kvcache import PrefixStateCache
+
+    disk_dir = config.unit_cache_dir or str(model_cache_dir().parent / "kv")
+    return PrefixStateCache(config.unit_cache_mb << 20, config.unit_cache_disk_mb << 20,
+                            disk_dir if config.unit_cache_disk_mb else None)
+
+
 def build_llm(config: LLMConfig) -> LLM:
     """``config.backend`` -> a ready :class:`LLM` (llama.cpp loads its model here)."""
     if config.backend == "llamacpp":
@@ -22,6 +34,7 @@ def build_llm(config: LLMConfig) -> LLM:
             prompt_cache_mb=config.prompt_cache_mb,
             lora_path=config.lora_path,
             lora_scale=config.lora_scale,
+            unit_cache=unit_cache(config),
         )
     if config.backend == "openai":
         if not config.base_url:

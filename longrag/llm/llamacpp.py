@@ -22,15 +22,18 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import hashlib
 import logging
 import math
 import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, AsyncIterator
+
+import numpy as np
 
 from longrag.llm.base import (
     LLM,
@@ -42,7 +45,8 @@ from longrag.llm.base import (
     check_prompt,
     resolve_temperature,
 )
-from longrag.llm.bundled import BUNDLED_MODELS, DEFAULT_READER_MODEL, BundledModel, resolve_model_path
+from longrag.llm.bundled import BUNDLED_MODELS, DEFAULT_READER_MODEL, BundledModel, file_sha256, resolve_model_path
+from longrag.llm.kvcache import PrefixState, PrefixStateCache
 
 __all__ = ["BUNDLED_MODELS", "BundledModel", "LlamaCppLLM", "resolve_model_path"]
 
@@ -79,6 +83,8 @@ class LlamaCppLLM(LLM):
         prompt_cache_mb: int = 0,
         lora_path: str | None = None,
         lora_scale: float = 1.0,
+        unit_cache: PrefixStateCache | None = None,
+        min_cached_prefix_tokens: int = 32,
     ) -> None:
         if n_ctx <= 0:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
@@ -141,6 +147,15 @@ class LlamaCppLLM(LLM):
             self.is_chat_model = bool(chat_format or (llama.metadata or {}).get("tokenizer.chat_template"))
         self.chat_format = chat_format
         self.n_threads = n_threads
+        self.unit_cache = unit_cache
+        self.min_cached_prefix_tokens = int(min_cached_prefix_tokens)
+        self._formatter = _chat_formatter(llama) if unit_cache is not None else None
+        if unit_cache is not None and self._formatter is None:
+            log.warning("%s: chat format %r cannot be rendered here: the unit KV cache is off", self.name,
+                        llama.chat_format)
+        self._lora = (Path(lora_path).expanduser(), float(lora_scale)) if lora_path else None
+        self._prefix_key_base: str | None = None
+        self._model_sha256 = bundled.sha256 if bundled is not None else None  # pinned for assembled models
 
     # -- tokens -------------------------------------------------------------------------------
 
@@ -223,29 +238,31 @@ class LlamaCppLLM(LLM):
         temperature: float | None = None,
         stop: list[str] | None = None,
         response_format: dict | None = None,
+        cache_prefix: str | None = None,
     ) -> ChatResult:
         """Blocking chat (what :meth:`chat` runs in a thread). ``response_format``
         ``{"type": "json_object", "schema": {...}}`` constrains decoding with a grammar built from the
-        schema (llama-cpp-python's own conversion)."""
+        schema (llama-cpp-python's own conversion). ``cache_prefix``: see :meth:`_use_prefix`."""
         check_messages(messages)
         check_max_tokens(max_tokens)
         if not self.is_chat_model:
             raise LLMError(f"{self.name} is a base model without a chat template: use complete()")
         temp = self._temperature(temperature)
         t0 = time.perf_counter()
-        out, evaluated = self._run(
-            lambda: self._llama.create_chat_completion(
+        def call() -> tuple[dict, str]:
+            source = self._use_prefix(messages, cache_prefix)
+            return self._llama.create_chat_completion(
                 messages=[{"role": m["role"], "content": m["content"]} for m in messages],
                 max_tokens=max_tokens,
                 temperature=temp,
                 stop=stop or None,
                 seed=self.seed,
                 response_format=response_format,
-            ),
-            "chat",
-        )
+            ), source
+
+        (out, source), evaluated = self._run(call, "chat")
         text = out["choices"][0]["message"].get("content") or ""
-        return self._result(out, evaluated, text, t0)
+        return replace(self._result(out, evaluated, text, t0), prefix_cache=source)
 
     def complete_sync(
         self,
@@ -279,9 +296,11 @@ class LlamaCppLLM(LLM):
         max_tokens: int,
         temperature: float | None = None,
         stop: list[str] | None = None,
+        cache_prefix: str | None = None,
     ) -> ChatResult:
         return await asyncio.to_thread(
-            self.chat_sync, messages, max_tokens=max_tokens, temperature=temperature, stop=stop
+            self.chat_sync, messages, max_tokens=max_tokens, temperature=temperature, stop=stop,
+            cache_prefix=cache_prefix,
         )
 
     async def stream_chat(
@@ -291,6 +310,7 @@ class LlamaCppLLM(LLM):
         max_tokens: int,
         temperature: float | None = None,
         stop: list[str] | None = None,
+        cache_prefix: str | None = None,
     ) -> AsyncIterator[str | ChatResult]:
         """``create_chat_completion(stream=True)`` in a worker thread, its deltas handed to the
         event loop as they come; the model's lock is held for the whole generation."""
@@ -303,7 +323,8 @@ class LlamaCppLLM(LLM):
         queue: asyncio.Queue = asyncio.Queue()
         t0 = time.perf_counter()
 
-        def generate() -> tuple[int, int]:
+        def generate() -> tuple[int, str]:
+            source = self._use_prefix(messages, cache_prefix)
             pieces = self._llama.create_chat_completion(
                 messages=[{"role": m["role"], "content": m["content"]} for m in messages],
                 max_tokens=max_tokens, temperature=temp, stop=stop or None, seed=self.seed, stream=True,
@@ -312,7 +333,7 @@ class LlamaCppLLM(LLM):
                 delta = chunk["choices"][0].get("delta", {}).get("content")
                 if delta:
                     loop.call_soon_threadsafe(queue.put_nowait, delta)
-            return int(self._llama.n_tokens)
+            return int(self._llama.n_tokens), source
 
         def run() -> None:
             try:
@@ -332,13 +353,13 @@ class LlamaCppLLM(LLM):
         await worker
         if isinstance(item.value, BaseException):
             raise item.value
-        in_context, evaluated = item.value
+        (in_context, source), evaluated = item.value
         text = "".join(parts)
         completion = self.count_tokens(text)
         prompt_tokens = max(0, in_context - completion)
         yield ChatResult(text=text, prompt_tokens=prompt_tokens, completion_tokens=completion,
                          latency_ms=(time.perf_counter() - t0) * 1000.0, model=self.name,
-                         cached_prompt_tokens=max(0, prompt_tokens - evaluated))
+                         cached_prompt_tokens=max(0, prompt_tokens - evaluated), prefix_cache=source)
 
     supports_json_schema = True
 
@@ -373,6 +394,90 @@ class LlamaCppLLM(LLM):
             self.complete_sync, prompt, max_tokens=max_tokens, temperature=temperature, stop=stop
         )
 
+    # -- the unit KV cache ----------------------------------------------------------------------
+
+    def chat_prompt_tokens(self, messages: list[dict]) -> list[int]:
+        """The tokens ``create_chat_completion`` evaluates for ``messages`` (the chat format's prompt,
+        tokenized as llama-cpp-python's formatter handler does). Needs the unit cache's formatter."""
+        if self._formatter is None:
+            raise LLMError(f"{self.name}: no chat formatter (the unit cache is off)")
+        res = self._formatter(messages=[{"role": m["role"], "content": m["content"]} for m in messages])
+        return list(self._llama.tokenize(res.prompt.encode("utf-8"), add_bos=not res.added_special, special=True))
+
+    def _use_prefix(self, messages: list[dict], cache_prefix: str | None) -> str:
+        """Before a chat call, under the lock: put the KV state of the prompt's ``cache_prefix`` in
+        the context, from the unit cache ("ram", "disk") or, on a miss, by evaluating exactly the
+        prefix's tokens and storing their state ("miss"); "context" when the context already holds
+        them; "" when there is nothing to do (no cache or prefix, a cold read, a short prefix).
+
+        The prefix's tokens are the prompt's own: the common token prefix of the whole prompt and of
+        the same conversation cut after ``cache_prefix``. A stored state is loaded only when its
+        token ids equal them, and llama.cpp then evaluates the rest of the prompt as it would after
+        any prefix it holds, so a hit gives the same tokens as a cold run."""
+        if self.unit_cache is None or self._formatter is None or not cache_prefix or self.cold_reads:
+            return ""
+        last = messages[-1]
+        if last["role"] != "user" or not last["content"].startswith(cache_prefix):
+            return ""
+        full = self.chat_prompt_tokens(messages)
+        head = self.chat_prompt_tokens(messages[:-1] + [{"role": "user", "content": cache_prefix}])
+        n = min(_common_prefix(full, head), len(full) - 1)  # llama.cpp evaluates the last token again
+        if n < self.min_cached_prefix_tokens:
+            return ""
+        prefix = np.asarray(full[:n], dtype=np.int32)
+        llama = self._llama
+        if llama.n_tokens >= n and np.array_equal(np.asarray(llama._input_ids[:n], dtype=np.int32), prefix):
+            return "context"
+        key = self._prefix_key(prefix)
+        entry, source = self.unit_cache.get(key)
+        if entry is not None and np.array_equal(entry.tokens, prefix):
+            self._load_prefix(entry)
+            return source
+        llama.reset()
+        llama.eval(prefix.tolist())
+        saved = llama.save_state()
+        self.unit_cache.put(key, PrefixState(tokens=prefix, state=saved.llama_state,
+                                             scores=np.array(saved.scores[-1:], dtype=np.float32), seed=saved.seed))
+        return "miss"
+
+    def _load_prefix(self, entry: PrefixState) -> None:
+        import llama_cpp
+
+        llama = self._llama
+        input_ids = np.zeros(llama._n_ctx, dtype=np.intc)
+        input_ids[: len(entry.tokens)] = entry.tokens
+        llama.load_state(llama_cpp.LlamaState(
+            input_ids=input_ids, scores=entry.scores.copy(), n_tokens=len(entry.tokens),
+            llama_state=entry.state, llama_state_size=len(entry.state), seed=entry.seed))
+
+    def _prefix_key(self, prefix: np.ndarray) -> str:
+        """sha256 of the model file's sha256, the adapter's and its scale, the chat format and the
+        prefix's token ids (which spell the prompt template and the unit's content)."""
+        if self._prefix_key_base is None:
+            model_sha = self._model_sha256 or file_sha256(self.model_path)
+            lora = f"{file_sha256(self._lora[0])}:{self._lora[1]}" if self._lora else "-"
+            self._prefix_key_base = f"{model_sha}|{lora}|{self._llama.chat_format}|{KV_FORMAT_VERSION}"
+        h = hashlib.sha256(self._prefix_key_base.encode())
+        h.update(prefix.astype("<i4").tobytes())
+        return h.hexdigest()
+
+    def next_token_logits(self, messages: list[dict], cache_prefix: str | None = None) -> np.ndarray:
+        """The logits of the first token a chat call would generate for ``messages`` (a copy), with
+        ``cache_prefix`` taken from the unit cache as a call would (exactness checks and benchmarks)."""
+
+        def run() -> np.ndarray:
+            self._use_prefix(messages, cache_prefix)
+            llama = self._llama
+            full = self.chat_prompt_tokens(messages)
+            n = _common_prefix(list(llama._input_ids[: llama.n_tokens]), full[:-1])
+            if n == 0:
+                llama.reset()
+            llama.n_tokens = n
+            llama.eval(full[n:])
+            return np.ctypeslib.as_array(llama._ctx.get_logits(), shape=(llama.n_vocab(),)).copy()
+
+        return self._run(run, "logits")[0]
+
     def forget_prefixes(self) -> None:
         """The context's tokens and the RAM prompt cache emptied: the next prompt is evaluated whole."""
         with self._lock:
@@ -399,6 +504,36 @@ class LlamaCppLLM(LLM):
 
     async def aclose(self) -> None:
         self.close()
+
+
+KV_FORMAT_VERSION = "1"
+"""Part of every unit-cache key: bump when what a stored state holds changes."""
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _chat_formatter(llama: Any) -> Any:
+    """The formatter behind ``llama.create_chat_completion``: a named chat format's (``chatml``) or
+    the GGUF's own template (llama-cpp-python's ``chat_template.default``); None when neither."""
+    from llama_cpp import llama_chat_format as lcf
+
+    name = llama.chat_format
+    if name == "chat_template.default":
+        template = (llama.metadata or {}).get("tokenizer.chat_template")
+        if not template:
+            return None
+        eos, bos = llama.token_eos(), llama.token_bos()
+        return lcf.Jinja2ChatFormatter(
+            template=template, eos_token=llama._model.token_get_text(eos) if eos != -1 else "",
+            bos_token=llama._model.token_get_text(bos) if bos != -1 else "", stop_token_ids=[eos])
+    return getattr(lcf, "format_" + str(name).replace("-", "_"), None) if name else None
 
 
 def usable_cpus() -> int:

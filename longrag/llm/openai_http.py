@@ -194,6 +194,7 @@ class OpenAIHTTPLLM(LLM):
         max_tokens: int,
         temperature: float | None = None,
         stop: list[str] | None = None,
+        cache_prefix: str | None = None,  # the server's own prefix caching sees it (vLLM)
     ) -> ChatResult:
         payload = self._chat_payload(messages, max_tokens, temperature, stop)
         t0 = time.perf_counter()
@@ -208,6 +209,7 @@ class OpenAIHTTPLLM(LLM):
         max_tokens: int,
         temperature: float | None = None,
         stop: list[str] | None = None,
+        cache_prefix: str | None = None,  # the server's own prefix caching sees it (vLLM)
     ) -> AsyncIterator[str | ChatResult]:
         """``stream=True`` with ``stream_options.include_usage`` (the last chunk carries the usage);
         retries cover opening the stream, not a stream that breaks midway (raised as LLMError)."""

@@ -117,6 +117,16 @@ def format_context(blocks: list[str]) -> str:
     return UNIT_SEPARATOR.join(blocks)
 
 
+DOCUMENTS_HEADER = "Documents:\n\n"
+
+
+def documents_head(blocks: list[str]) -> str | None:
+    """The opening that the reader's user messages (turn 1, the direct answer) share up to the end
+    of the top unit: the text whose KV state a backend may keep for the next question with the same
+    top unit (``cache_prefix``, :mod:`longrag.llm.kvcache`). None without units."""
+    return DOCUMENTS_HEADER + blocks[0] if blocks else None
+
+
 def format_examples(n: int) -> str:
     """The first ``n`` few-shot examples as text (empty for n=0)."""
     if n < 0:

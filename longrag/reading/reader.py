@@ -39,6 +39,7 @@ from longrag.llm.base import LLM, ChatResult, ContextOverflowError
 from longrag.reading.prompts import (
     FEW_SHOT_EXAMPLES,
     direct_messages,
+    documents_head,
     UNIT_SEPARATOR,
     completion_prompt,
     format_context,
@@ -112,6 +113,9 @@ class ReaderResult:
     #: ``direct`` the short answer's call evaluated the documents just before, so this is their
     #: shared prefix.
     long_answer_cached_tokens: int = 0
+    #: Where the first call found the KV state of the system message and the top unit (llama.cpp's
+    #: unit cache): "ram", "disk", "miss", "context" or "" (no cache).
+    unit_cache: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -247,9 +251,10 @@ class LongReader:
 
     # -- generation ---------------------------------------------------------------------------
 
-    async def _generate(self, messages: list[dict], *, max_tokens: int, stop: list[str]) -> ChatResult:
+    async def _generate(self, messages: list[dict], *, max_tokens: int, stop: list[str],
+                        cache_prefix: str | None = None) -> ChatResult:
         if self.llm.is_chat_model:
-            return await self.llm.chat(messages, max_tokens=max_tokens, stop=stop)
+            return await self.llm.chat(messages, max_tokens=max_tokens, stop=stop, cache_prefix=cache_prefix)
         prompt = completion_prompt(messages)
         return await self.llm.complete(prompt, max_tokens=max_tokens, stop=stop + ["\n\n"])
 
@@ -289,17 +294,18 @@ class LongReader:
         question, fitted, context, messages, t_start = await self._prepare_off_loop(question, units, compression)
         t_fit = time.perf_counter()
         write_long = self.wants_long_answer(long_answer)
+        head = documents_head(fitted.blocks)  # the top unit's KV state may come from the backend's cache
         first = short = None
         t_short = t_fit
         if self.config.answer == "direct":
-            short = await self._generate(direct_messages(question, context),
+            short = await self._generate(direct_messages(question, context), cache_prefix=head,
                                          max_tokens=self.config.short_answer_max_tokens, stop=_TURN1_STOP)
             t_short = time.perf_counter()
             yield self._short_answer(question, context, None, short, t_short - t_start)
         if write_long:
             if stream_long and self.llm.is_chat_model:
                 async for item in self.llm.stream_chat(messages, max_tokens=self.config.long_answer_max_tokens,
-                                                       stop=_TURN1_STOP):
+                                                       stop=_TURN1_STOP, cache_prefix=head):
                     if isinstance(item, ChatResult):
                         first = item
                     else:
@@ -308,7 +314,7 @@ class LongReader:
                     raise RuntimeError(f"{self.llm.name}: the stream ended without its ChatResult")
             else:
                 first = await self._generate(messages, max_tokens=self.config.long_answer_max_tokens,
-                                             stop=_TURN1_STOP)
+                                             stop=_TURN1_STOP, cache_prefix=head)
                 if first.text and stream_long:
                     yield first.text
         t_long = time.perf_counter()
@@ -390,4 +396,5 @@ class LongReader:
             context=context,
             time_to_answer_ms=(t_short - t_start) * 1000.0,
             long_answer_cached_tokens=first.cached_prompt_tokens if first is not None else 0,
+            unit_cache=(first if self.config.answer == "two_turn" else second).prefix_cache,
         )

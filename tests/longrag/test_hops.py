@@ -22,7 +22,7 @@ class FakeLLM:
     def __init__(self, replies: list[str]) -> None:
         self.replies, self.prompts = list(replies), []
 
-    async def chat(self, messages, *, max_tokens, temperature=None, stop=None):
+    async def chat(self, messages, *, max_tokens, temperature=None, stop=None, cache_prefix=None):
         self.prompts.append(messages[-1]["content"])
         return ChatResult(text=self.replies.pop(0), prompt_tokens=50, completion_tokens=3, latency_ms=1.0, model="fake")
 

@@ -149,7 +149,12 @@ def test_long_reader_answers_from_context(llm):
             0,
         ),
     ]
-    reader = LongReader(llm, ReaderConfig(long_answer_max_tokens=48, short_answer_max_tokens=16, few_shot_examples=3))
+    # two_turn: SmolLM2-135M's direct reply to this prompt, evaluated in one pass, is the document's
+    # opening ("Title: Zorbland\nZorbland is a small island nation"); it said "rowing" only while the
+    # long answer's call ran first and its prompt's prefix came from that call's KV state (another
+    # batch split). The direct reader with the default 0.5B is tested in test_reader_real.py.
+    reader = LongReader(llm, ReaderConfig(answer="two_turn", long_answer_max_tokens=48, short_answer_max_tokens=16,
+                                          few_shot_examples=3))
     res = asyncio.run(reader.read("What is the national sport of Zorbland?", units))
     assert res.answer.strip() and res.long_answer.strip()
     assert "rowing" in res.answer.lower(), res

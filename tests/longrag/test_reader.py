@@ -261,8 +261,9 @@ class _SlowCountingLLM(ScriptedLLM):
             time.sleep(self.delay_s)  # blocks the thread it runs on, as CPU work does
         return super().count_tokens(text)
 
-    async def stream_chat(self, messages, *, max_tokens, temperature=None, stop=None):
-        async for item in super().stream_chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop):
+    async def stream_chat(self, messages, *, max_tokens, temperature=None, stop=None, cache_prefix=None):
+        async for item in super().stream_chat(messages, max_tokens=max_tokens, temperature=temperature, stop=stop,
+                                              cache_prefix=cache_prefix):
             await asyncio.sleep(0.01)
             yield item
 

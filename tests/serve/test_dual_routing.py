@@ -41,7 +41,7 @@ class FakeLLMServer:
     def _result(self, text: str) -> ChatResult:
         return ChatResult(text, prompt_tokens=10, completion_tokens=2, latency_ms=1.0, model=self.name)
 
-    async def chat(self, messages, max_tokens, temperature=None, stop=None):
+    async def chat(self, messages, max_tokens, temperature=None, stop=None, cache_prefix=None):
         self.calls.append("chat")
         return self._result(self.reply(messages))
 
