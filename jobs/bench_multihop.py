@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     counter = counter_for_model_dir(tokenizer_dir(embedder.spec))
     t0 = time.perf_counter()
     units = make_units(docs, kind="grouped", counter=counter, budget=4096)
-    chunks = chunk_units(units, embedder.max_seq_length - 2, counter)
+    chunks = chunk_units(units, embedder.max_chunk_tokens, counter)
     chunk_unit = np.array([{u.unit_id: i for i, u in enumerate(units)}[c.unit_id] for c in chunks])
     log(f"{len(docs)} documents -> {len(units)} units, {len(chunks)} chunks; embedding ...")
     vectors = embedder.encode_passages([c.text for c in chunks])

@@ -192,7 +192,7 @@ def retrieve_candidates(
     embedder = Embedder(embedding or EmbeddingConfig())
     counter = counter_for_model_dir(embedder.tokenizer_path)
     unit_list = make_units_from_config(docs, units or UnitConfig(kind="grouped"), counter)
-    chunks = chunk_units(unit_list, embedder.max_seq_length - 2, counter)
+    chunks = chunk_units(unit_list, embedder.max_chunk_tokens, counter)
     progress(f"{len(docs)} documents -> {len(unit_list)} units -> {len(chunks)} chunks; embedding")
     t1 = time.perf_counter()
     vectors = embedder.encode_passages([c.text for c in chunks])

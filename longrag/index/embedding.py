@@ -3,17 +3,23 @@
 "Similarity search").
 
 :func:`resolve_embedding_model` maps a model name to where its weights live and what it expects
-(dimension, input limit, query instruction). :class:`Embedder` wraps sentence-transformers and
-returns float32 C-contiguous ``(n, d)`` matrices, L2-normalized when the config says so, so inner
-product equals cosine similarity.
+(dimension, input limit, query and document prompts, Matryoshka dimensions). :class:`Embedder` wraps
+sentence-transformers and returns float32 C-contiguous ``(n, d)`` matrices, L2-normalized when the config
+says so, so inner product equals cosine similarity. Every path that encodes (the builds, ``jobs.update``,
+the query encoder deployment, the evaluation) goes through :meth:`Embedder.encode_passages` and
+:meth:`Embedder.encode_queries`, which prepend the document and query prompts (:func:`embedding_prompts`).
+With ``embedding.dim`` a Matryoshka model's vectors are cut to their first ``dim`` components and
+normalized again (:func:`embedding_dim`).
 
 Loading never reaches a model hub unless ``HF_HUB_OFFLINE=0`` is set explicitly: the bundled
-model is a folder inside an installed package, and other models must be local folders or already
-in the Hugging Face cache.
+model is a folder inside an installed package, ``embeddinggemma-300m`` a folder of the model cache
+assembled and verified by ``make setup-embedder`` (:mod:`longrag.index.fetched`), and other models must be
+local folders or already in the Hugging Face cache.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +32,17 @@ from longrag.config import EmbeddingConfig
 BUNDLED_MINILM = "all-MiniLM-L6-v2"
 BGE_LARGE = "BAAI/bge-large-en-v1.5"
 BGE_INSTRUCTION = "Represent this sentence for searching relevant passages: "
+EMBEDDINGGEMMA = "embeddinggemma-300m"
+SPECIAL_TOKENS = 2
+"""Tokens the encoder adds around a text ([CLS]/[SEP], <bos>/<eos>)."""
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Where a model's weights are and what it expects; None = read it from the loaded model."""
+    """Where a model's weights are and what it expects; None = read it from the loaded model (for the
+    prompts: the ``query``/``document`` prompts of its ``config_sentence_transformers.json``).
+    ``matryoshka_dims``: the dimensions it was trained to be cut to (``embedding.dim``); empty for a
+    known model that was not, where a cut is refused."""
 
     name: str
     path_or_name: str
@@ -38,6 +50,8 @@ class ModelSpec:
     max_seq_length: int | None
     query_instruction: str | None
     bundled: bool = False
+    document_instruction: str | None = None
+    matryoshka_dims: tuple[int, ...] = ()
 
 
 def bundled_minilm_path() -> Path:
@@ -61,7 +75,10 @@ def bundled_minilm_path() -> Path:
 
 
 def resolve_embedding_model(name: str) -> ModelSpec:
-    """Known names get their spec; any other string is a local folder or hub name."""
+    """Known names get their spec; any other string is a local folder or hub name.
+
+    ``embeddinggemma-300m`` is the folder that ``make setup-embedder`` assembled and verified in the model
+    cache (FileNotFoundError naming the target when it is missing); its prompts are read from the folder."""
     if not name or not name.strip():
         raise ValueError("embedding model name is empty")
     key = name.strip()
@@ -69,7 +86,69 @@ def resolve_embedding_model(name: str) -> ModelSpec:
         return ModelSpec(BUNDLED_MINILM, str(bundled_minilm_path()), 384, 256, None, bundled=True)
     if key.lower() in ("bge-large-en-v1.5", "baai/bge-large-en-v1.5"):
         return ModelSpec(BGE_LARGE, BGE_LARGE, 1024, 512, BGE_INSTRUCTION)
+    if key.lower() in (EMBEDDINGGEMMA, "google/embeddinggemma-300m"):
+        from longrag.index.fetched import verified_model_dir
+
+        return ModelSpec(EMBEDDINGGEMMA, str(verified_model_dir(EMBEDDINGGEMMA)), 768, 2048, None, bundled=True,
+                         matryoshka_dims=(768, 512, 256, 128))
     return ModelSpec(key, key, None, None, None)
+
+
+def _folder_prompts(spec: ModelSpec) -> dict[str, str]:
+    """The ``prompts`` of a local sentence-transformers folder's ``config_sentence_transformers.json``."""
+    path = Path(spec.path_or_name).expanduser() / "config_sentence_transformers.json"
+    try:
+        prompts = json.loads(path.read_text()).get("prompts") or {}
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in prompts.items() if isinstance(v, str)}
+
+
+def embedding_prompts(config: EmbeddingConfig, spec: ModelSpec | None = None) -> tuple[str, str]:
+    """``(query prompt, document prompt)`` prepended to queries and to chunks: the config's
+    ``query_instruction``/``document_instruction`` when set, else the spec's, else the model folder's own
+    ``query``/``document`` prompts (EmbeddingGemma: ``task: search result | query: `` and
+    ``title: none | text: ``), else none."""
+    spec = spec or resolve_embedding_model(config.model)
+    folder = _folder_prompts(spec)
+
+    def first(*prompts: str | None) -> str:
+        return next((p for p in prompts if p is not None), "")
+
+    return (first(config.query_instruction, spec.query_instruction, folder.get("query")),
+            first(config.document_instruction, spec.document_instruction, folder.get("document")))
+
+
+def embedding_dim(config: EmbeddingConfig, spec: ModelSpec | None = None) -> int | None:
+    """The dimension of the stored vectors: ``embedding.dim`` (a Matryoshka cut, checked against the
+    dimensions the model supports) or the model's own; None when only the loaded model knows it."""
+    spec = spec or resolve_embedding_model(config.model)
+    if config.dim is None:
+        return spec.dim
+    if not config.normalize:
+        raise ValueError("embedding.dim cuts Matryoshka vectors, which compare by cosine only: it needs "
+                         "embedding.normalize=true")
+    if spec.dim is not None and config.dim not in (spec.matryoshka_dims or (spec.dim,)):
+        allowed = (", ".join(map(str, spec.matryoshka_dims)) if spec.matryoshka_dims
+                   else f"only {spec.dim} (not Matryoshka-trained)")
+        raise ValueError(f"embedding.dim={config.dim} is not a dimension of {spec.name}: {allowed}")
+    return config.dim
+
+
+def chunk_token_limit(config: EmbeddingConfig, model_max: int, spec: ModelSpec | None = None) -> int:
+    """Tokens a chunk may hold so that it fits the encoder's input (``model_max``) with the special tokens
+    and the document prompt (:func:`embedding_prompts`), counted with the model's own tokenizer. One token
+    more is kept free where tokens may cross the prompt's end (tokenizers that are not ``additive``, such
+    as Gemma's SentencePiece one), so a chunk is never truncated by the encoder."""
+    spec = spec or resolve_embedding_model(config.model)
+    prompt = embedding_prompts(config, spec)[1]
+    reserve = 0
+    if prompt:
+        from longrag.text.tokens import counter_for_model_dir
+
+        counter = counter_for_model_dir(tokenizer_dir(spec))
+        reserve = counter.count(prompt) + (0 if getattr(counter, "additive", False) else 1)
+    return model_max - SPECIAL_TOKENS - reserve
 
 
 def tokenizer_dir(model: str | ModelSpec) -> str:
@@ -175,8 +254,11 @@ class Embedder:
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1" if offline else "0")
         from sentence_transformers import SentenceTransformer
 
+        truncate_dim = embedding_dim(self.config, self.spec) if self.config.dim is not None else None
+        # truncate_dim: sentence-transformers cuts the vectors before it normalizes them (Matryoshka)
         self.model = SentenceTransformer(
-            self.spec.path_or_name, device=self.device, local_files_only=offline or self.spec.bundled
+            self.spec.path_or_name, device=self.device, local_files_only=offline or self.spec.bundled,
+            truncate_dim=truncate_dim,
         )
         import torch
 
@@ -190,11 +272,11 @@ class Embedder:
         dim = get_dim()
         if dim is None:
             dim = int(self.model.encode(["x"], convert_to_numpy=True).shape[1])
-        if self.spec.dim is not None and dim != self.spec.dim:
-            raise ValueError(f"{self.spec.name} loaded with dimension {dim}, expected {self.spec.dim}")
+        expected = truncate_dim or self.spec.dim
+        if expected is not None and dim != expected:
+            raise ValueError(f"{self.spec.name} loaded with dimension {dim}, expected {expected}")
         self._dim = int(dim)
-        instruction = self.config.query_instruction
-        self.query_instruction: str = instruction if instruction is not None else (self.spec.query_instruction or "")
+        self.query_instruction, self.document_instruction = embedding_prompts(self.config, self.spec)
 
     @property
     def dim(self) -> int:
@@ -223,6 +305,12 @@ class Embedder:
         enc = self.model.tokenizer(texts, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
         return [len(ids) for ids in enc]
 
+    @property
+    def max_chunk_tokens(self) -> int:
+        """Tokens a chunk may hold: the input limit less the special tokens and the document prompt
+        (:func:`chunk_token_limit`)."""
+        return chunk_token_limit(self.config, self.max_seq_length, self.spec)
+
     def _encode(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
@@ -243,12 +331,13 @@ class Embedder:
         return vectors
 
     def encode_passages(self, texts: Sequence[str]) -> np.ndarray:
-        """Chunk texts -> float32 (n, dim). Texts over the input limit are truncated by the model,
-        so chunk them to ``max_seq_length`` first."""
-        return self._encode(_check_texts(texts, "texts"))
+        """Chunk texts -> float32 (n, dim), with the model's document prompt prepended. Texts over the
+        input limit are truncated by the model, so chunk them to :attr:`max_chunk_tokens` first."""
+        texts = _check_texts(texts, "texts")
+        return self._encode([self.document_instruction + t for t in texts] if self.document_instruction else texts)
 
     def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
-        """Questions -> float32 (n, dim), with the model's query instruction prepended."""
+        """Questions -> float32 (n, dim), with the model's query prompt prepended."""
         texts = _check_texts(texts, "queries")
         return self._encode([self.query_instruction + t for t in texts])
 

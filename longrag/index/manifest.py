@@ -50,6 +50,7 @@ class EmbeddingInfo(_Model):
     dim: int = Field(gt=0)
     max_seq_length: int | None = None
     query_instruction: str | None = None
+    document_instruction: str | None = None
     normalize: bool = True
 
 
@@ -124,6 +125,7 @@ class Manifest(_Model):
         dim: int,
         max_seq_length: int | None = None,
         query_instruction: str | None = None,
+        document_instruction: str | None = None,
         build_id: str | None = None,
         documents: int = 0,
         argv: list[str] | None = None,
@@ -139,6 +141,7 @@ class Manifest(_Model):
                 dim=dim,
                 max_seq_length=max_seq_length if max_seq_length is not None else emb.get("max_seq_length"),
                 query_instruction=query_instruction,
+                document_instruction=document_instruction,
                 normalize=emb.get("normalize", True),
             ),
             metric=idx["metric"],

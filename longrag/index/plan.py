@@ -50,6 +50,9 @@ class EmbeddingBuild(_Frozen):
     model: str
     max_seq_length: int | None
     normalize: bool
+    # None (the model's own) is left out of as_dict: builds made before the fields keep their fingerprint
+    document_instruction: str | None = None
+    dim: int | None = None
 
 
 class UnitsBuild(_Frozen):
@@ -79,10 +82,10 @@ class IndexBuild(_Frozen):
 class BuildSettings(_Frozen):
     """The config fields that decide what an index build holds -- its units, chunks and vectors.
 
-    In: the embedding model, its input length and normalization (they make the stored vectors); the
-    unit settings that the unit kind reads (the group budget, link symmetry and link source only for
-    grouped units, the TF-IDF link settings only where they make the links, the passage length only
-    for passages); chunking; the FAISS factory, metric and shard count.
+    In: the embedding model, its input length, normalization, document prompt and Matryoshka dimension
+    (they make the stored vectors); the unit settings that the unit kind reads (the group budget, link
+    symmetry and link source only for grouped units, the TF-IDF link settings only where they make the
+    links, the passage length only for passages); chunking; the FAISS factory, metric and shard count.
     Out: ``embedding.query_instruction`` (it changes query vectors only, and the query encoder reads
     it from the serving config), resources (batch size, device and dtype, GPUs, actor counts, replicas) and the
     reader/serving sections. Settings outside may change between a build and its resume, and an
@@ -107,7 +110,10 @@ class BuildSettings(_Frozen):
         kind = units["kind"]
         tfidf = kind == "grouped" and units["links"] in ("tfidf", "both")
         return cls(
-            embedding=EmbeddingBuild(model=emb["model"], max_seq_length=emb["max_seq_length"], normalize=emb["normalize"]),
+            embedding=EmbeddingBuild(
+                model=emb["model"], max_seq_length=emb["max_seq_length"], normalize=emb["normalize"],
+                document_instruction=emb.get("document_instruction"), dim=emb.get("dim"),
+            ),
             units=UnitsBuild(
                 kind=kind, text_mode=units["text_mode"],
                 max_group_tokens=units["max_group_tokens"] if kind == "grouped" else None,
@@ -125,6 +131,8 @@ class BuildSettings(_Frozen):
         """Section -> fields, leaving out the unit fields the unit kind does not read."""
         out = self.model_dump(mode="json")
         out["units"] = {k: v for k, v in out["units"].items() if v is not None}
+        out["embedding"] = {k: v for k, v in out["embedding"].items()
+                            if v is not None or k not in ("document_instruction", "dim")}
         return out
 
     def diff(self, other: "BuildSettings") -> list[str]:
@@ -167,15 +175,19 @@ def assign_shards(units: list[Unit], n_shards: int) -> list[int]:
 
 
 def chunk_limits(config: LongRAGConfig) -> tuple[int, int]:
-    """``(model input limit, tokens per chunk)``. The encoder adds [CLS]/[SEP] (or <s>/</s>), so
-    chunks stay 2 tokens under its input limit; a larger ``chunking.max_tokens`` is refused."""
-    from longrag.index.embedding import resolve_embedding_model
+    """``(model input limit, tokens per chunk)``. The encoder adds [CLS]/[SEP] (or <bos>/<eos>) and the
+    document prompt (EmbeddingGemma's ``title: none | text: ``), so chunks stay that many tokens under its
+    input limit (:func:`longrag.index.embedding.chunk_token_limit`); a larger ``chunking.max_tokens`` is
+    refused."""
+    from longrag.index.embedding import chunk_token_limit, resolve_embedding_model
 
     spec = resolve_embedding_model(config.embedding.model)
     model_max = config.embedding.max_seq_length or spec.max_seq_length or 512
-    max_tokens = config.chunking.max_tokens or model_max - 2
-    if max_tokens > model_max - 2:
-        raise ValueError(f"chunking.max_tokens={max_tokens} exceeds the model input ({model_max} tokens incl. specials)")
+    limit = chunk_token_limit(config.embedding, model_max, spec)
+    max_tokens = config.chunking.max_tokens or limit
+    if max_tokens > limit:
+        raise ValueError(f"chunking.max_tokens={max_tokens} exceeds the model input ({model_max} tokens incl. specials"
+                         f" and the document prompt: at most {limit})")
     return model_max, max_tokens
 
 
@@ -338,7 +350,7 @@ class BuildStart:
 def start_build(store: Any, plan: AnyPlan, *, resume: bool, command: list[str] | None) -> BuildStart:
     """Write the ``building`` manifest (or, with ``resume``, take the interrupted one and decide which
     shards to keep)."""
-    from longrag.index.embedding import resolve_embedding_model
+    from longrag.index.embedding import embedding_dim, embedding_prompts, resolve_embedding_model
 
     kept: dict[int, ShardEntry] = {}
     redo: dict[int, str] = {}
@@ -349,11 +361,13 @@ def start_build(store: Any, plan: AnyPlan, *, resume: bool, command: list[str] |
         manifest.provenance.command = list(command or sys.argv)
     else:
         spec = resolve_embedding_model(plan.config.embedding.model)
+        query_prompt, document_prompt = embedding_prompts(plan.config.embedding, spec)
         manifest = Manifest.create(
             plan.config,
-            dim=spec.dim or _probe_dim(plan.config),
+            dim=embedding_dim(plan.config.embedding, spec) or _probe_dim(plan.config),
             max_seq_length=plan.model_max,
-            query_instruction=spec.query_instruction,
+            query_instruction=query_prompt or None,
+            document_instruction=document_prompt or None,
             documents=plan.documents,
             argv=command or sys.argv,
         )

@@ -66,6 +66,7 @@ PAIRS = [
     (["units.kind=document"], ["chunking.max_tokens=64"]),
     (["units.kind=document"], ["index.factory=SQ8"]),
     (["units.kind=document"], ["embedding.normalize=false"]),
+    (["units.kind=document"], ["embedding.document_instruction='passage: '"]),
     (["units.kind=grouped"], ["index.shards=3"]),
 ]
 
