@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-reader": ("jobs.bench_reader", "reader settings vs the bare prompt, EM/F1"),
     "bench-index": ("jobs.bench_index", "FAISS factories, shard memory, capacity plan"),
     "bench-llm": ("jobs.bench_llm", "LLM backends' throughput and latency"),
+    "bench-unit-cache": ("jobs.bench_unit_cache", "the reader's KV cache of hot top units on a Zipf workload"),
     "bench-embed": ("jobs.bench_embed", "embedding throughput per device, batch size and dtype"),
     "bench-mixpr": ("jobs.bench_mixpr", "MixPR speed and recall"),
     "bench-multihop": ("jobs.bench_multihop", "which retrieval signal finds the other hops (dense, BM25, PPR, bridge)"),
