@@ -175,3 +175,12 @@ def test_dual_stages_have_their_own_autoscaling_and_the_gpu_config_gives_e_and_f
     if config_file == "gpu.yaml":
         assert cfg.dual.extractor_llm.model == cfg.dual.filter_llm.model == "small" != cfg.llm.model
         assert cfg.dual.generator_llm is None  # the generator uses the app's (stronger) reader model
+
+
+@pytest.mark.parametrize("config_file", ["gpu.yaml", "vllm-gpu.yaml"])
+def test_gpu_readers_reuse_the_documents_prefix(config_file):
+    """Issue 39: on GPUs vLLM's prefix caching keeps the KV blocks of the reader's documents-first
+    prompts (system message, top unit) across requests, as the llama.cpp path's unit cache does."""
+    config = yaml.safe_load((ROOT / "serve" / "configs" / config_file).read_text())
+    llm_configs = [c for app in config["applications"] if app["name"] == "llm" for c in app["args"]["llm_configs"]]
+    assert llm_configs and all(c["engine_kwargs"].get("enable_prefix_caching") is True for c in llm_configs)
