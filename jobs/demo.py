@@ -76,6 +76,40 @@ def ask_streamed(client: httpx.Client, question: str, k: int) -> tuple[int, Any,
     return 200, body, first_ms, (time.perf_counter() - t0) * 1e3
 
 
+def raw_short_answers(build: str, config: Any, asked: list[tuple[str, list[str]]]) -> list[float]:
+    """``--raw-baseline``: ms of plain llama-cpp-python (``Llama.create_chat_completion``, context
+    reset, the threads the LLMServer had) on each short answer's own prompt: the units the app
+    retrieved, fitted by the reader's rules, in the direct prompt. Runs after Ray is shut down."""
+    from llama_cpp import Llama
+
+    from longrag.index.artifacts import ArtifactStore, load_shard_units
+    from longrag.llm import build_llm
+    from longrag.llm.llamacpp import resolve_model_path, resolve_threads
+    from longrag.reading.prompts import direct_messages, format_context
+    from longrag.reading.reader import LongReader
+
+    store = ArtifactStore.open(build)
+    units = {u.unit_id: u for s in store.read_manifest().shards for u in load_shard_units(store, s.shard_id)}
+    fitter = build_llm(config.llm.model_copy(update={"unit_cache_mb": 0, "prompt_cache_mb": 0}))
+    reader = LongReader(fitter, config.reader)
+    prompts = [direct_messages(q, format_context(reader.fit(q, [units[i] for i in ids]).blocks)) for q, ids in asked]
+    chat_format = fitter.chat_format
+    fitter.close()
+    threads = resolve_threads(config.llm.n_threads, config.llm.num_cpus)
+    llm = Llama(model_path=str(resolve_model_path(config.llm.model)), n_ctx=config.llm.context_window,
+                n_threads=threads, n_threads_batch=threads, flash_attn=config.llm.flash_attn, chat_format=chat_format,
+                verbose=False)
+    out = []
+    for messages in prompts:
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.create_chat_completion(messages=messages, max_tokens=config.reader.short_answer_max_tokens,
+                                   temperature=0.0, stop=["\nQuestion:"], seed=config.llm.seed)
+        out.append((time.perf_counter() - t0) * 1e3)
+    llm.close()
+    return out
+
+
 def p50(values: list[float]) -> float:
     return latency_stats(values, digits=1).p50_ms
 
@@ -125,6 +159,7 @@ def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], st
     retrieve_ms: list[float] = []
     answer_ms: list[float] = []
     short_ms: list[float] = []
+    asked: list[tuple[str, list[str]]] = []  # (question, retrieved unit ids best first)
     correct: list[bool] = []
     report: dict[str, Any] = {}
     index_peak = 0
@@ -173,6 +208,7 @@ def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], st
                         continue
                     short_ms.append(first_ms)
                     answer_ms.append(whole_ms)
+                    asked.append((q, [ev["unit_id"] for ev in body["evidence"]]))
                     if not body["answer"].strip():
                         failures.append(f"answer {q!r}: empty answer")
                     if body["coverage"]["degraded"]:
@@ -216,6 +252,10 @@ def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], st
         "peak_rss_gib_by_phase": {"index": round(index_peak / 2**30, 2), "serve": round(mem.peak_bytes / 2**30, 2)},
         "failures": failures,
     }
+    if args.raw_baseline and asked:
+        raw = raw_short_answers(out, config, asked)
+        summary["raw_short_answer_p50_ms"] = p50(raw)
+        summary["short_answer_to_raw_p50"] = round(p50(short_ms) / p50(raw), 3)
     if args.max_rss_gib is not None and summary["peak_rss_gib"] > args.max_rss_gib:
         failures.append(f"peak RSS {summary['peak_rss_gib']} GiB is over --max-rss-gib {args.max_rss_gib}")
     return summary, ray_logs
@@ -233,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--questions", type=int, default=len(QUESTIONS))
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--num-cpus", type=float, default=2, help="logical CPUs of the local Ray (default: 2, this machine's cores)")
+    p.add_argument("--raw-baseline", action="store_true", help="also time plain llama-cpp-python on each short "
+                   "answer's own prompt (after the run) and print the ratio of the short answer's p50 to it")
     p.add_argument("--max-rss-gib", type=float, help="fail when the peak RSS (this process, Ray and its "
                    "workers, sampled every 0.5 s) is above this many GiB")
     add_config_flags(p)
