@@ -15,6 +15,7 @@ import hashlib
 import io
 import os
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Callable, Generic, Iterator, TypeVar
@@ -61,6 +62,22 @@ class ChecksumError(RuntimeError):
         return (type(self), (self.name, self.expected, self.actual))
 
 
+class WriteConflict(RuntimeError):
+    """A conditional write (:meth:`Storage.swap_bytes`) found ``key`` holding something other than
+    what the caller expected: ``found`` is what it holds now (None: nothing)."""
+
+    def __init__(self, uri: str, key: str, found: bytes | None) -> None:
+        super().__init__(f"{key} in {uri} changed since it was read: another writer replaced it first")
+        self.uri, self.key, self.found = uri, key, found
+
+    def __reduce__(self):
+        return (type(self), (self.uri, self.key, self.found))
+
+
+#: How long :meth:`Storage.swap_bytes` waits for another writer's lock on a local or shared filesystem.
+SWAP_LOCK_TIMEOUT_S = 30.0
+
+
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -77,7 +94,8 @@ class Storage:
 
     What is the product's own here is small: the key checks, atomic local writes (temp file +
     rename, so a crash never leaves a torn file under a final name; an object store's PUT is atomic
-    already), listings of files only (S3 has directory markers), and errors that name the key."""
+    already), the compare-and-swap of one small key (:meth:`swap_bytes`), listings of files only (S3
+    has directory markers), and errors that name the key."""
 
     def __init__(self, filesystem: Any, base: str, uri: str) -> None:
         self.filesystem = filesystem
@@ -117,6 +135,54 @@ class Storage:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+    def swap_bytes(self, key: str, data: bytes, expected: bytes | None) -> None:
+        """Write ``data`` under ``key`` only if ``key`` holds exactly ``expected`` now (None: only if it
+        does not exist), as one step against every other ``swap_bytes`` of the key: of two writers that
+        read the same old value, one writes and the other gets :class:`WriteConflict` with what the
+        first wrote. Readers need no lock (the write itself is atomic, as in :meth:`write_bytes`); a
+        plain :meth:`write_bytes` of the key is not ordered against it.
+
+        On a local or shared filesystem: an exclusive ``fcntl.flock`` on a lock file beside the key
+        (``.<name>.lock``, left in place: deleting it would let a waiter lock an unlinked file) around
+        read, compare, write (temp file + rename). flock rather than an ``O_CREAT|O_EXCL`` or
+        ``os.link`` lock file: the kernel drops it when its holder dies, so there is never a stale
+        lock to break by age (which no reader can do safely). NFS: Linux clients map flock onto
+        NFS byte-range locks (since 2.6.12), which the server arbitrates between hosts on NFSv4, and
+        on NFSv3 through lockd; a mount with ``nolock`` (or ``local_lock=flock``) keeps locks on one
+        host, and FUSE mounts of object stores often have none: publish through ``s3://`` there.
+        On S3 (:class:`S3Storage`): a conditional PUT (``If-Match`` the ETag read, ``If-None-Match: *``
+        when absent). Elsewhere (``gs://``) :class:`NotImplementedError`."""
+        if not self._local:
+            raise NotImplementedError(f"{self.uri}: this store has no conditional write here; keep aliases on "
+                                      "a local or shared filesystem or on s3://")
+        import fcntl
+
+        path = self.path(key)
+        folder, _, name = path.rpartition("/")
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(f"{folder}/.{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            deadline = time.monotonic() + SWAP_LOCK_TIMEOUT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise TimeoutError(f"{key} in {self.uri}: another writer held {folder}/.{name}.lock for "
+                                           f"{SWAP_LOCK_TIMEOUT_S:.0f}s") from None
+                    time.sleep(0.005)
+            try:
+                with open(path, "rb") as fh:
+                    found: bytes | None = fh.read()
+            except FileNotFoundError:
+                found = None
+            if found != expected:
+                raise WriteConflict(self.uri, key, found)
+            self.write_bytes(key, data)
+        finally:
+            os.close(fd)  # releases the lock
 
     def read_table(self, key: str, columns: list[str] | None = None) -> pa.Table:
         """One parquet file, read by pyarrow through this storage's filesystem (no bytes copy)."""
@@ -205,9 +271,56 @@ class S3Storage(Storage):
         if endpoint_url:
             scheme, sep, host = endpoint_url.partition("://")
             options.update(endpoint_override=host if sep else endpoint_url, scheme=scheme if sep else "https")
-        self.bucket, self.prefix = bucket, prefix
+        self.bucket, self.prefix, self.endpoint_url = bucket, prefix, endpoint_url
+        self._client: Any = None
         uri = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
         super().__init__(pafs.S3FileSystem(**options), f"{bucket}/{prefix}".rstrip("/"), uri)
+
+    def _s3(self) -> Any:
+        """A boto3 S3 client on this storage's endpoint (pyarrow's S3 has no conditional PUT)."""
+        if self._client is None:
+            import boto3
+
+            self._client = boto3.client("s3", endpoint_url=self.endpoint_url,
+                                        region_name=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"))
+        return self._client
+
+    def _read_versioned(self, key: str) -> tuple[bytes | None, str | None]:
+        """``(bytes, ETag)`` of ``key`` now, ``(None, None)`` when it does not exist."""
+        from botocore.exceptions import ClientError
+
+        try:
+            obj = self._s3().get_object(Bucket=self.bucket, Key=self.path(key)[len(self.bucket) + 1:])
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None, None
+            raise
+        return obj["Body"].read(), obj["ETag"]
+
+    def swap_bytes(self, key: str, data: bytes, expected: bytes | None) -> None:
+        """:meth:`Storage.swap_bytes` on S3: read the object and its ETag, compare, then PUT with
+        ``If-Match: <ETag>`` (``If-None-Match: *`` when it did not exist): S3 refuses the PUT (412)
+        when another write landed in between. A 409 (a conditional write racing this one on S3's
+        side) is tried again, reading anew."""
+        from botocore.exceptions import ClientError
+
+        for attempt in range(5):
+            found, etag = self._read_versioned(key)
+            if found != expected:
+                raise WriteConflict(self.uri, key, found)
+            condition = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
+            try:
+                self._s3().put_object(Bucket=self.bucket, Key=self.path(key)[len(self.bucket) + 1:], Body=data,
+                                      **condition)
+                return
+            except ClientError as exc:
+                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                if status == 409 and attempt < 4:
+                    time.sleep(0.05 * (attempt + 1))
+                    continue
+                if status in (409, 412):
+                    raise WriteConflict(self.uri, key, self._read_versioned(key)[0]) from None
+                raise
 
 
 class _StreamReader(io.RawIOBase):

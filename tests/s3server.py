@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import socket
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -22,12 +24,24 @@ def moto_s3(*buckets: str) -> Iterator[str]:
     :func:`longrag.store.open_storage` reaches it. moto and boto3 are required (the dev extra)."""
     import boto3
     import moto.server as server_mod
+    from moto.s3.responses import S3Response
 
     port = free_port()
     server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
     mp = pytest.MonkeyPatch()
+    # S3 evaluates a conditional PUT (If-Match / If-None-Match, which moto supports) atomically; moto's
+    # threaded server checks the condition and stores the object in two steps, so two racing PUTs could
+    # both pass its check: one PUT at a time here, as on S3 (tests/longrag/test_alias_race.py races them).
+    put, lock = S3Response.put_object, threading.Lock()
+
+    @functools.wraps(put)
+    def one_put_at_a_time(self, *args, **kwargs):
+        with lock:
+            return put(self, *args, **kwargs)
+
+    mp.setattr(S3Response, "put_object", one_put_at_a_time)
     try:
         for var, value in {
             "AWS_ACCESS_KEY_ID": "testing",
