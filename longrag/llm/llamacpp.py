@@ -149,7 +149,7 @@ class LlamaCppLLM(LLM):
         self.n_threads = n_threads
         self.unit_cache = unit_cache
         self.min_cached_prefix_tokens = int(min_cached_prefix_tokens)
-        self._formatter = _chat_formatter(llama) if unit_cache is not None else None
+        self._formatter = _chat_formatter(llama)
         if unit_cache is not None and self._formatter is None:
             log.warning("%s: chat format %r cannot be rendered here: the unit KV cache is off", self.name,
                         llama.chat_format)
@@ -408,13 +408,16 @@ class LlamaCppLLM(LLM):
         """Before a chat call, under the lock: put the KV state of the prompt's ``cache_prefix`` in
         the context, from the unit cache ("ram", "disk") or, on a miss, by evaluating exactly the
         prefix's tokens and storing their state ("miss"); "context" when the context already holds
-        them; "" when there is nothing to do (no cache or prefix, a cold read, a short prefix).
+        them; "" when there is nothing to do (no prefix, a cold read, a short prefix) or no cache.
 
         The prefix's tokens are the prompt's own: the common token prefix of the whole prompt and of
         the same conversation cut after ``cache_prefix``. A stored state is loaded only when its
         token ids equal them, and llama.cpp then evaluates the rest of the prompt as it would after
-        any prefix it holds, so a hit gives the same tokens as a cold run."""
-        if self.unit_cache is None or self._formatter is None or not cache_prefix or self.cold_reads:
+        any prefix it holds. Without a cache the prefix is still evaluated first, then the rest: a
+        prompt is evaluated in the same batches with the cache on, off, hit or missed, so its
+        logits are the same to the bit and greedy answers never depend on the cache (one whole
+        evaluation differs from a split one in the last bits of its sums)."""
+        if self._formatter is None or not cache_prefix or self.cold_reads:
             return ""
         last = messages[-1]
         if last["role"] != "user" or not last["content"].startswith(cache_prefix):
@@ -428,6 +431,10 @@ class LlamaCppLLM(LLM):
         llama = self._llama
         if llama.n_tokens >= n and np.array_equal(np.asarray(llama._input_ids[:n], dtype=np.int32), prefix):
             return "context"
+        if self.unit_cache is None:
+            llama.reset()
+            llama.eval(prefix.tolist())
+            return ""
         key = self._prefix_key(prefix)
         entry, source = self.unit_cache.get(key)
         if entry is not None and np.array_equal(entry.tokens, prefix):

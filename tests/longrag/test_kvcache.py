@@ -167,3 +167,9 @@ def test_a_hit_reads_like_a_cold_run_with_the_real_reader(tmp_path):
         assert res.prefix_cache == "disk" and res.text == cold.text
     finally:
         again.close()
+    off = build_llm(cfg.model_copy(update={"unit_cache_mb": 0}))  # no cache: the same split, the same bits
+    try:
+        assert off.unit_cache is None
+        np.testing.assert_array_equal(off.next_token_logits(second, cache_prefix=head), hit_logits)
+    finally:
+        off.close()
