@@ -96,7 +96,7 @@ def build_app(cfg: LongRAGConfig, index: str, *, encoder_cls: Any = None, index_
     if cfg.serve.colocate:
         return Ingress.bind(cfg, llm, {}, index=index, encoder_cls=encoder_cls, index_cls=index_cls)
     return Ingress.bind(cfg, llm, {
-        "encoder": QueryEncoder.bind(cfg.embedding, encoder_cls),
+        "encoder": QueryEncoder.bind(cfg.embedding, encoder_cls, index=index),
         "retriever": Retriever.bind(index, cfg.index, index_cls, cfg.retrieval),
         "reader": Reader.bind(llm, cfg.llm, cfg.reader, cfg.mixpr),
         "longcontext": LongContextReader.bind(llm, cfg.llm, cfg.mixpr, longcontext_embedding(cfg.embedding)),
@@ -115,7 +115,7 @@ def colocated_stages(cfg: LongRAGConfig, llm: DeploymentHandle, index: str | Non
         index_cls = InProcessIndex
     chunks = longcontext_embedding(cfg.embedding)
     return {
-        "encoder": InProcess(QueryEncoder.func_or_class(cfg.embedding, encoder_cls)),
+        "encoder": InProcess(QueryEncoder.func_or_class(cfg.embedding, encoder_cls, index=index)),
         "retriever": InProcess(Retriever.func_or_class(index, cfg.index, index_cls, cfg.retrieval)),
         "reader": InProcess(Reader.func_or_class(llm, cfg.llm, cfg.reader, cfg.mixpr)),
         "longcontext": InProcess(LongContextReader.func_or_class(llm, cfg.llm, cfg.mixpr, chunks)),

@@ -35,6 +35,7 @@ from ray.serve.handle import DeploymentHandle
 from longrag.config import EmbeddingConfig, IndexConfig, LLMConfig, ReaderConfig, RetrievalConfig
 from longrag.index.fusion import Fusion
 from longrag.index.graph import GraphExpansion, UnitGraph, expand
+from longrag.index.manifest import DimensionMismatch
 from longrag.llm.base import LLM, ChatResult
 from longrag.types import InvalidRequest
 from longrag.mixpr.config import MixPRConfig
@@ -54,10 +55,14 @@ class BadQuestion(InvalidRequest):
 @serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=64)
 class QueryEncoder:
     """``encoder_cls(embedding)`` builds the encoder (anything with ``encode_queries(list[str]) ->
-    np.ndarray``); None: the core :class:`longrag.index.embedding.Embedder` with ``torch_threads``."""
+    np.ndarray``); None: the core :class:`longrag.index.embedding.Embedder` with ``torch_threads``.
+
+    With ``index`` (the build or alias the app serves), the replica refuses to start when its vectors'
+    dimension differs from the build's (:class:`longrag.index.manifest.DimensionMismatch`, e.g. an
+    ``embedding.dim`` override), instead of every search failing on shapes."""
 
     def __init__(self, embedding: EmbeddingConfig, encoder_cls: Callable[[EmbeddingConfig], Any] | None = None,
-                 torch_threads: int = 1) -> None:
+                 torch_threads: int = 1, index: str | None = None) -> None:
         if encoder_cls is None:
             import torch
 
@@ -68,6 +73,13 @@ class QueryEncoder:
             encoder_cls = Embedder
         self.embedder = encoder_cls(embedding)
         self.inflight = 0
+        if index is not None:
+            from longrag.index.alias import resolve_build
+            from longrag.index.artifacts import ArtifactStore
+
+            manifest = ArtifactStore.open(resolve_build(index)[0]).read_manifest()
+            dim = getattr(self.embedder, "dim", None) or self.embedder.encode_queries(["dimension probe"]).shape[1]
+            manifest.check_query_dim(dim, f"the query encoder ({embedding.model}, embedding.dim={embedding.dim})")
 
     async def encode(self, question: str) -> np.ndarray:
         """One question -> its vector; raises :class:`BadQuestion` for this question only.
@@ -230,6 +242,18 @@ class Retriever:
                 log.warning("index refresh from %s failed, still serving %s: %s",
                                                     self.source, self.manifest.build_id, exc)
 
+    def _check_dim(self, build_uri: str) -> None:
+        """The query encoder was checked against the build this replica started on (``QueryEncoder``): a
+        build of another dimension is refused before its shards load."""
+        from longrag.index.artifacts import ArtifactStore
+
+        other = ArtifactStore.open(build_uri).read_manifest()
+        if other.embedding.dim != self.manifest.embedding.dim:
+            raise DimensionMismatch(
+                f"build {other.build_id} ({build_uri}) holds {other.embedding.dim}-dimensional vectors, the query "
+                f"encoder makes {self.manifest.embedding.dim}-dimensional ones (those of {self.manifest.build_id}): "
+                "not switching; deploy the app again with the new build's embedding settings")
+
     async def refresh(self) -> str:
         """Follow the alias now; returns the build id served afterwards."""
         from longrag.index.alias import resolve_build
@@ -238,6 +262,7 @@ class Retriever:
             uri, _ = await asyncio.to_thread(resolve_build, self.source)
             if uri == self.build_uri:
                 return self.manifest.build_id
+            await asyncio.to_thread(self._check_dim, uri)
             new = await asyncio.to_thread(self._open, uri)  # returns once every shard of the new build is ready
             old = self.index
             self.index, self.manifest, self.build_uri = new, new.manifest, uri

@@ -99,6 +99,10 @@ class ParentBuild(_Model):
     shards_reused: list[int] = Field(default_factory=list)
 
 
+class DimensionMismatch(ValueError):
+    """A query encoder whose vectors have another dimension than a build's (a search would fail on shapes)."""
+
+
 class Manifest(_Model):
     schema_version: int = SCHEMA_VERSION
     build_id: str
@@ -151,6 +155,17 @@ class Manifest(_Model):
             config=cfg,
             provenance=collect_provenance(argv),
         )
+
+    def check_query_dim(self, dim: int, encoder: str = "the query encoder") -> None:
+        """Raise :class:`DimensionMismatch` unless query vectors of ``dim`` can search this build
+        (``encoder`` names them in the message, e.g. the serving config's model and ``embedding.dim``)."""
+        if int(dim) != self.embedding.dim:
+            cut = (self.config.get("embedding") or {}).get("dim")
+            raise DimensionMismatch(
+                f"{encoder} makes {int(dim)}-dimensional vectors, but build {self.build_id} holds "
+                f"{self.embedding.dim}-dimensional ones (embedded with {self.embedding.model}"
+                f"{f', embedding.dim={cut}' if cut else ''}): serve it with the build's own embedding settings "
+                f"(embedding.model={self.embedding.model}, embedding.dim={cut or 'unset'}) or rebuild the index")
 
     def shard(self, shard_id: int) -> ShardEntry:
         for entry in self.shards:

@@ -519,3 +519,67 @@ def test_colocated_app_keeps_health_guard_and_errors_under_its_prefix(client):
     assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_request"
     big = client.post("/local/v1/retrieve", content=b"x" * (65 * 1024), headers={"content-type": "application/json"})
     assert big.status_code == 413
+
+
+# ---------------------------------------------------------------- the query encoder's dimension against the build
+# Plain unit tests of the deployments' classes (``func_or_class``), no Ray: the check runs where a replica starts.
+
+
+class NarrowEncoder(HashEncoder):
+    """Like HashEncoder, but 32-dimensional: an encoder the tiny builds (64) were not embedded with."""
+
+    dim = 32
+
+
+class DimlessEncoder:
+    """An encoder without a ``dim``: the replica encodes a probe question to learn it (32)."""
+
+    def __init__(self, embedding=None) -> None:
+        self.encoder = NarrowEncoder(embedding)
+
+    def encode_queries(self, texts):
+        return self.encoder.encode_queries(texts)
+
+
+def test_query_encoder_refuses_a_build_of_another_dimension(build):
+    from longrag.config import EmbeddingConfig
+    from longrag.index.manifest import DimensionMismatch
+    from serve.deployments import QueryEncoder
+
+    QueryEncoder.func_or_class(EmbeddingConfig(), HashEncoder, index=build)  # 64 = 64: starts
+    with pytest.raises(DimensionMismatch, match=r"makes 32-dimensional vectors, but build \S+ holds 64-dimensional"):
+        QueryEncoder.func_or_class(EmbeddingConfig(dim=32), NarrowEncoder, index=build)
+    with pytest.raises(DimensionMismatch, match="embedding.dim=32"):
+        QueryEncoder.func_or_class(EmbeddingConfig(dim=32), DimlessEncoder, index=build)
+    QueryEncoder.func_or_class(EmbeddingConfig(), NarrowEncoder)  # no build given: nothing to check
+
+
+def test_the_app_gives_the_query_encoder_its_build():
+    app = build_app(LongRAGConfig(), "artifacts/some-build", encoder_cls=NarrowEncoder)
+    encoder = app._bound_deployment.init_args[2]["encoder"]._bound_deployment
+    assert encoder.init_kwargs == {"index": "artifacts/some-build"}
+
+
+def test_retriever_does_not_follow_an_alias_to_a_build_of_another_dimension(tmp_path, monkeypatch):
+    import asyncio
+    from types import SimpleNamespace
+
+    from longrag.config import IndexConfig
+    from longrag.index.alias import publish
+    from longrag.index.manifest import DimensionMismatch
+    from serve import deployments
+
+    wide = write_tiny_build(tmp_path / "alias" / "b64", DOCS, shards=2)
+    monkeypatch.setattr(HashEncoder, "dim", 32)
+    narrow = write_tiny_build(tmp_path / "alias" / "b32", DOCS, shards=2)
+    monkeypatch.undo()
+    alias = str(tmp_path / "alias")
+    publish(alias, wide)
+    monkeypatch.setattr(deployments.serve, "get_replica_context",
+                        lambda: SimpleNamespace(app_name="test", replica_id="r1"))
+    retriever = deployments.Retriever.func_or_class(alias, IndexConfig(refresh_s=0), FakeShardsIndex)
+    served = retriever.manifest.build_id
+    publish(alias, narrow)
+    with pytest.raises(DimensionMismatch, match="holds 32-dimensional vectors, the query encoder makes 64"):
+        asyncio.run(retriever.refresh())
+    assert retriever.manifest.build_id == served and retriever.manifest.embedding.dim == 64
