@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-llm": ("jobs.bench_llm", "LLM backends' throughput and latency"),
     "bench-unit-cache": ("jobs.bench_unit_cache", "the reader's KV cache of hot top units on a Zipf workload"),
     "bench-embed": ("jobs.bench_embed", "embedding throughput per device, batch size and dtype"),
+    "bench-embed-cpu": ("jobs.bench_embed_cpu", "EmbeddingGemma on a CPU per precision/backend vs MiniLM"),
     "bench-mixpr": ("jobs.bench_mixpr", "MixPR speed and recall"),
     "bench-multihop": ("jobs.bench_multihop", "which retrieval signal finds the other hops (dense, BM25, PPR, bridge)"),
     "bench-graph": ("jobs.bench_graph", "the unit link graph at corpus scale: memory per million units, expansion latency"),

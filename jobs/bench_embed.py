@@ -27,19 +27,10 @@ from typing import Any
 import numpy as np
 
 from lab.bench import machine
+from lab.bench.texts import chunk_texts as texts
 from longrag.cli import add_config_flags, choice_list, config_from_args, int_list, job_setup, number
-from longrag.data import DPR_PASSAGES, data_path, open_text
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-
-
-def texts(n: int, per_chunk: int = 2) -> list[str]:
-    """``n`` chunk-sized texts: the bundled DPR passages joined ``per_chunk`` at a time, cycled."""
-    with open_text(data_path(DPR_PASSAGES)) as f:
-        passages = [json.loads(line)["contents"] for line in f if line.strip()]  # '"Title"\ntext'
-    groups = [passages[i:i + per_chunk] for i in range(0, len(passages) - per_chunk + 1, per_chunk)]
-    joined = [" ".join([g[0], *(p.partition("\n")[2] for p in g[1:])]) for g in groups]
-    return [joined[i % len(joined)] for i in range(n)]
 
 
 SHAPES = {"bge-large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,

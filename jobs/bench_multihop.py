@@ -10,6 +10,9 @@ paragraph recall within token budgets) and writes it with a JSON line to ``--out
     python -m jobs.bench_multihop --data data/hotpotqa/hotpotqa_train100.json.gz --dataset hotpotqa
     python -m jobs.bench_multihop --model /path/to/sentence-transformers/folder
 
+The chunk vectors are cached on disk (``embedding.vector_cache``, :mod:`longrag.index.vector_cache`): a rerun
+with the same model, settings and sample encodes nothing again, and its ``build_s`` is then the cache's time.
+
 The LLM-made bridge (``retrieval.mode=iterative``) runs through ``jobs.evaluate``; see
 docs/evaluation.md, "Multi-hop evidence".
 """
@@ -90,12 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=number(int, min_value=1), default=None, metavar="N",
                    help="the first N questions (their paragraphs pooled); default all")
     p.add_argument("--out", default="reports/bench-multihop")
+    p.add_argument("--vector-cache", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse the chunk vectors of an earlier run with the same model and settings "
+                        "(embedding.vector_cache; default on, --no-vector-cache encodes everything)")
     args = p.parse_args(argv)
     job_setup()
     examples = load_qa(args.data, DATASET_FORMATS[args.dataset]).examples
     examples = examples[: args.limit] if args.limit else examples
     docs = build_links(pool_examples(examples).documents, LINK_METHODS["titles"])
-    embedder = Embedder(EmbeddingConfig(model=args.model))
+    embedder = Embedder(EmbeddingConfig(model=args.model, vector_cache=args.vector_cache))
     counter = counter_for_model_dir(tokenizer_dir(embedder.spec))
     t0 = time.perf_counter()
     units = make_units(docs, kind="grouped", counter=counter, budget=4096)
@@ -103,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     chunk_unit = np.array([{u.unit_id: i for i, u in enumerate(units)}[c.unit_id] for c in chunks])
     log(f"{len(docs)} documents -> {len(units)} units, {len(chunks)} chunks; embedding ...")
     vectors = embedder.encode_passages([c.text for c in chunks])
+    if embedder.cache is not None:
+        log(f"vector cache {embedder.cache.path}: {embedder.cache.hits} chunks found, {embedder.cache.misses} encoded")
     build_s = time.perf_counter() - t0
     questions = [ex.question for ex in examples]
     t1 = time.perf_counter()
@@ -170,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["| " + r["signal"] + " | " + " | ".join(str(r.get(k, "-")) for k in keys) + " |" for r in results]
     summary = {"dataset": args.dataset, "questions": len(examples), "documents": len(docs), "units": len(units),
                "chunks": len(chunks), "model": args.model, "build_s": round(build_s, 1),
+               "chunks_from_vector_cache": embedder.cache.hits if embedder.cache is not None else 0,
                "query_ms": round(query_ms, 2), "results": results}
     publish(args.out, "\n".join(lines), summary)
     return 0

@@ -47,6 +47,21 @@ class EmbeddingConfig(_Section):
         "auto", description="The encoder's weights and activations; auto: float16 on a GPU, float32 on a CPU. On an "
         "H200, float16 embeds a bge-large-sized encoder 3.5x faster than float32 with vectors at cosine >= 0.9997 "
         "to float32's (python -m jobs.bench_embed, docs/benchmarks.md); vectors are stored as float32 either way.")
+    quantize: Literal["none", "int8"] = Field(
+        "none", description="int8: dynamic int8 quantization of the encoder's Linear layers (torch "
+        "quantize_dynamic: int8 weights, activations quantized per batch), CPU and float32 only. Vectors are "
+        "stored as float32 either way; measured in docs/benchmarks.md, 'EmbeddingGemma on a CPU'.")
+    backend: Literal["torch", "openvino"] = Field(
+        "torch", description="What runs the transformer: torch, or OpenVINO (the torch module exported and converted in "
+        "memory at load, torch.export + openvino.convert_model: ~1 min for EmbeddingGemma on 2 cores; the cpu extra "
+        "installs openvino; CPU only; dtype bfloat16 runs it in bf16). Tokenizer, pooling and dense layers stay torch.")
+    vector_cache: bool = Field(
+        False, description="Reuse passage vectors encoded before with the same model and settings "
+        "(longrag.index.vector_cache, keyed by model, settings and each text's sha256). The evaluation jobs turn "
+        "it on (--no-vector-cache turns it off); index builds do not use it.")
+    vector_cache_dir: str | None = Field(
+        None, description="Folder of the vector cache; None = $LONGRAG_MODEL_CACHE/vectors "
+        "(~/.cache/longrag/models/vectors). Delete the folder to clear it.")
     num_gpus: float = Field(0.0, ge=0, description="GPUs per embedding actor in the Ray Data pool.")
     num_cpus: float | None = Field(
         None, gt=0, description="CPUs per embedding actor; None = sized from the CPUs Ray offers "

@@ -9,7 +9,8 @@ import json
 from jobs import bench_multihop as B
 
 
-def test_all_signals_on_a_small_pool(tmp_path, capsys):
+def test_all_signals_on_a_small_pool(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LONGRAG_MODEL_CACHE", str(tmp_path / "models"))  # the vector cache's, not the user's
     out = tmp_path / "bench"
     assert B.main(["--limit", "6", "--k", "1,2,4", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -24,3 +25,18 @@ def test_all_signals_on_a_small_pool(tmp_path, capsys):
     assert "BM25" in rows and "| signal |" in (out / "table.md").read_text()
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("{")
 
+
+
+def test_a_rerun_takes_the_chunk_vectors_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LONGRAG_MODEL_CACHE", str(tmp_path / "models"))  # the vector cache's default place
+    runs = []
+    for name in ("first", "second"):
+        assert B.main(["--limit", "3", "--k", "1,2", "--signals", "dense", "--out", str(tmp_path / name)]) == 0
+        runs.append(json.loads((tmp_path / name / "summary.json").read_text()))
+    assert runs[0]["chunks_from_vector_cache"] == 0
+    assert runs[1]["chunks_from_vector_cache"] == runs[1]["chunks"] > 0
+    assert runs[1]["results"] == runs[0]["results"]
+    assert list((tmp_path / "models" / "vectors").glob("*.sqlite"))
+    assert B.main(["--limit", "3", "--k", "1", "--signals", "dense", "--no-vector-cache",
+                   "--out", str(tmp_path / "off")]) == 0
+    assert json.loads((tmp_path / "off" / "summary.json").read_text())["chunks_from_vector_cache"] == 0
