@@ -274,7 +274,7 @@ def test_local_reader_compresses_overflowing_units_with_mixpr(monkeypatch):
     question = "What is the secret launch code of Project Falcon?"
 
     def run(compression: str):
-        llm = ScriptedLLM(["The code is 7342.", "7342"], context_window=1800)
+        llm = ScriptedLLM(["7342", "The code is 7342."], context_window=1800)  # the short answer first
         monkeypatch.setattr(factory, "build_llm", lambda cfg: llm)
         config = load_config(None, [f"reader.compression={compression}"])
         results = [{"qid": "q", "question": question, "answers": ["7342"], "retrieved": [dict(u) for u in units]}]
