@@ -8,7 +8,10 @@ The replica is asynchronous (:class:`IndexShardReplica` over :class:`IndexShardI
 unit fetches run in a worker thread, one at a time (FAISS has its ``index.shard_threads``), while
 ``check_health`` and ``info`` answer from the event loop at once, so a replica busy with a long
 search is never taken for dead. A call its client cancels (a stage deadline) stops waiting at once;
-the FAISS call already running finishes in its thread (FAISS cannot be interrupted).
+the FAISS call already running finishes in its thread (FAISS cannot be interrupted) and the next
+call's work waits for it (the one-at-a-time lock is held in the worker thread); a call cancelled
+before its turn never runs. A replica holding ``index.shard_max_pending`` calls refuses one more at
+once (:class:`ReplicaBusyError`, retriable: the sharded client tries another replica).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import ctypes
 import os
 import socket
 import sys
+import threading
 import time
 from typing import Any
 
@@ -175,6 +179,12 @@ def _release_load_buffers() -> None:
             pass
 
 
+def _consume(done: "asyncio.Future[Any]") -> None:
+    """Retrieve the outcome of a worker call whose client may have gone (no "exception never retrieved")."""
+    if not done.cancelled():
+        done.exception()
+
+
 def _rss_bytes() -> int | None:
     """Resident memory of this process (the shard's footprint, for capacity planning)."""
     try:
@@ -185,20 +195,66 @@ def _rss_bytes() -> int | None:
         return None
 
 
+class ReplicaBusyError(RuntimeError):
+    """A shard replica refused a call at once: it already holds ``max_pending`` calls (running,
+    waiting, or abandoned by their clients and still to finish). Retriable: another replica of the
+    shard, or a moment later (:class:`actors.sharded_index.ShardedIndex` counts it as a failed try)."""
+
+
 class IndexShardReplica:
     """A shard deployment's replica: :class:`IndexShardImpl`'s work in one worker thread at a time,
-    health from the event loop (see the module's docstring)."""
+    health from the event loop (see the module's docstring).
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.impl = IndexShardImpl(*args, **kwargs)
-        self._work = asyncio.Semaphore(1)  # one FAISS call at a time (it binds to the loop on first use)
-        self.busy = 0  # calls running or waiting for the worker thread
+    The limit is held where the work runs: a ``threading.Lock`` taken inside the worker thread, so a
+    call its client cancels keeps the lock until its FAISS call really ends and the next call's work
+    cannot start beside it; a call cancelled before its turn passes its turn without running. The
+    replica holds at most ``max_pending`` calls (``index.shard_max_pending``, the calls Serve sends it
+    at once) counting the abandoned ones still in its queue: one more is refused at once with
+    :class:`ReplicaBusyError`, so timeouts under overload cannot pile threads and work behind the
+    replica."""
+
+    def __init__(self, *args: Any, max_pending: int = 32, **kwargs: Any) -> None:
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+        self.impl = self._load(*args, **kwargs)
+        self.max_pending = max_pending
+        self._work = threading.Lock()  # one FAISS call at a time, taken in the worker thread
+        self._count = threading.Lock()  # guards pending (the worker threads decrement it)
+        self.pending = 0  # calls held: running, waiting for the lock, or abandoned and not yet past it
+        self.busy = 0  # calls whose clients still wait for them
+
+    def _load(self, *args: Any, **kwargs: Any) -> Any:
+        return IndexShardImpl(*args, **kwargs)
 
     async def _run(self, fn: Any, *args: Any) -> Any:
+        with self._count:
+            if self.pending >= self.max_pending:
+                raise ReplicaBusyError(
+                    f"shard {getattr(self.impl, 'shard_id', '?')}: this replica holds {self.pending} calls "
+                    f"(index.shard_max_pending={self.max_pending}); try another replica or again later")
+            self.pending += 1
+        abandoned = threading.Event()
+
+        def work() -> Any:
+            try:
+                with self._work:
+                    if abandoned.is_set():  # its client left before its turn: pass the turn
+                        return None
+                    return fn(*args)
+            finally:
+                with self._count:
+                    self.pending -= 1
+
+        # The worker call is shielded from the client's cancellation: once admitted it always runs
+        # (or passes its turn), so the lock and the count are released by the thread that holds them.
+        running = asyncio.ensure_future(asyncio.to_thread(work))
+        running.add_done_callback(_consume)
         self.busy += 1
         try:
-            async with self._work:
-                return await asyncio.to_thread(fn, *args)
+            return await asyncio.shield(running)
+        except asyncio.CancelledError:
+            abandoned.set()
+            raise
         finally:
             self.busy -= 1
 
@@ -216,7 +272,7 @@ class IndexShardReplica:
         return await self._run(self.impl.search_units, query, k, evidence)
 
     async def info(self) -> dict[str, Any]:
-        return {**self.impl.info(), "busy": self.busy}
+        return {**self.impl.info(), "busy": self.busy, "pending": self.pending}
 
     async def check_health(self) -> None:
         """Serve's health check: answered from the event loop, also while a search runs."""

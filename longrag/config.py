@@ -119,7 +119,9 @@ class IndexConfig(_Section):
     )
     shard_max_pending: int = Field(
         32, ge=1, description="Calls one shard replica takes at once (Serve's max_ongoing_requests); more wait in "
-        "the deployment's queue for a free replica and count towards index.autoscaling.",
+        "the deployment's queue for a free replica and count towards index.autoscaling. The replica counts calls "
+        "its clients cancelled while their search still runs or waits, and refuses one more at once "
+        "(ReplicaBusyError; the sharded client tries another replica).",
     )
     search_params: str = Field(
         "", description="FAISS search-time parameters for approximate factories, e.g. nprobe=32 or efSearch=128."

@@ -103,7 +103,8 @@ def index_app(build_uri: str, manifest: "Manifest", config: "IndexConfig", *, ve
         else:
             options["num_replicas"] = config.replicas
         shards.append(serve.deployment(shard_cls).options(**options).bind(
-            build_uri, entry.shard_id, verify, config.shard_threads, config.search_params, config.device))
+            build_uri, entry.shard_id, verify, config.shard_threads, config.search_params, config.device,
+            max_pending=config.shard_max_pending))
     return IndexBuild.bind(manifest.build_id, len(shards), *shards)
 
 

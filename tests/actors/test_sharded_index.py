@@ -129,8 +129,8 @@ def _slow_shard_cls():
     from actors.index_shard import IndexShardReplica
 
     class SlowShard(IndexShardReplica):
-        def __init__(self, uri, shard, *rest) -> None:
-            super().__init__(uri, shard, *rest)
+        def __init__(self, uri, shard, *rest, **kwargs) -> None:
+            super().__init__(uri, shard, *rest, **kwargs)
             if shard == 1:
                 search = self.impl.search
 
