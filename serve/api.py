@@ -33,6 +33,7 @@ def create_api(gw: Gateway, guard: Guard | None = None) -> FastAPI:
     guard = guard if guard is not None else Guard(gw.config)
     api = FastAPI(title=TITLE, version="0.1.0", description=DESCRIPTION)
     api.state.gateway = gw
+    api.state.guard = guard  # /readyz shows Serve's messages to a caller with a key
     api.state.ready_cache = ReadyCache(gw, gw.config.serve.readyz_cache_s)  # /readyz's report, one per replica
     install_handlers(api)
     for router in ROUTERS:

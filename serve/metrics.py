@@ -6,7 +6,14 @@ metrics port, ``ray start --metrics-export-port``, with a ``ray_`` prefix):
 * ``longrag_stage_latency_ms`` (histogram; ``stage``: encode, retrieve, read, total);
 * ``longrag_llm_tokens`` (counter; ``kind``: prompt, completion): the reader's tokens;
 * ``longrag_degraded_responses`` (counter): retrievals some shard did not answer;
-* ``longrag_shard_failovers`` (counter): replica calls retried on another replica of the shard.
+* ``longrag_shard_failovers`` (counter): replica calls retried on another replica of the shard;
+* ``longrag_shard_live_replicas`` (gauge; ``shard``): live replicas of each shard of the build served,
+  as the last ``/readyz`` report found them (0: the shard's results are degraded);
+* ``longrag_deployments_not_healthy`` (gauge): deployments of the app not HEALTHY or without a running
+  replica in that report;
+* ``longrag_ready`` (gauge): 1 when that report found this ingress ready (``/readyz`` 200), else 0.
+
+The gauges are the cluster's state, which ``/readyz`` keeps out of its status code (:mod:`serve.routes.health`).
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ class AppMetrics:
     """Created in the ingress replica (Ray metrics belong to the process that records them)."""
 
     def __init__(self) -> None:
-        from ray.util.metrics import Counter, Histogram
+        from ray.util.metrics import Counter, Gauge, Histogram
 
         self.requests = Counter("longrag_requests", "HTTP requests answered, by route and status.",
                                 tag_keys=("route", "status"))
@@ -34,6 +41,11 @@ class AppMetrics:
                               tag_keys=("kind",))
         self.degraded = Counter("longrag_degraded_responses", "Retrievals that some shard did not answer.")
         self.failovers = Counter("longrag_shard_failovers", "Shard replica calls retried on another replica.")
+        self.shard_live = Gauge("longrag_shard_live_replicas", "Live replicas of each shard (last /readyz report).",
+                                tag_keys=("shard",))
+        self.not_healthy = Gauge("longrag_deployments_not_healthy",
+                                 "Deployments not HEALTHY or without a running replica (last /readyz report).")
+        self.ready = Gauge("longrag_ready", "1 when the last /readyz report found this ingress ready, else 0.")
 
     def request(self, path: str, status: int) -> None:
         tags = {"route": path if path in ROUTES else "other", "status": str(status)}
@@ -52,6 +64,13 @@ class AppMetrics:
             self.degraded.inc(1)
         if coverage.failovers:
             self.failovers.inc(coverage.failovers)
+
+    def health(self, report: Any) -> None:
+        """The cluster's state from a readiness report (:class:`serve.schemas.Health`)."""
+        for row in report.index:
+            self.shard_live.set(row.live, {"shard": str(row.shard)})
+        self.not_healthy.set(len(report.deployments))
+        self.ready.set(0 if report.status == "unavailable" else 1)
 
     def llm_tokens(self, prompt: int, completion: int) -> None:
         if prompt:

@@ -170,9 +170,10 @@ class LLMDescription(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok", "degraded", "unavailable"] = Field(
-        description="ok: every deployment healthy and every shard fully replicated; degraded: requests are "
-        "served but something is missing (a replica, a pending deployment); unavailable (HTTP 503): a "
-        "deployment has no running replica or a shard has no live replica."
+        description="ok: every deployment healthy and every shard fully replicated; degraded: this ingress "
+        "answers but something in the cluster is missing (a replica, a shard without a live replica: its "
+        "results are degraded, a deployment unhealthy or pending, e.g. the LLM); unavailable (HTTP 503, not "
+        "ready): this ingress cannot answer (its query encoder has no running replica, or no build is loaded)."
     )
     build_id: str | None = None
     shards: int | None = None

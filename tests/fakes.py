@@ -192,6 +192,8 @@ class _FakeDeployment:
         return self._Method(self, name)
 
     async def call(self, method: str, args):
+        if not self.routed:
+            raise RuntimeError("no running replica of this shard (a test fake)")
         i = self._next[method] = self._next.get(method, -1) + 1
         r = self.routed[i % len(self.routed)]
         if r in self.dead:

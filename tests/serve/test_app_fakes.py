@@ -68,8 +68,11 @@ def client(build):
         # The single-machine profile beside it: encoder and index in the Ingress (the real
         # InProcessIndex over the same build), no QueryEncoder/Retriever deployments.
         _deploy(build, "longrag-local", "/local", index_cls=None, overrides=("serve.colocate=true",))
+        # Both replicas of shard 1 gone (issue 40, item 3): the pod stays ready, the answers degraded.
+        _deploy(build, "longrag-down", "/down", index_cls=FakeShardsIndex.with_dead((1, 0), (1, 1)),
+                overrides=("llm.num_cpus=0.1",))
         with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60, headers=AUTH) as c:
-            serve_status_wait(["longrag", "longrag-local"])
+            serve_status_wait(["longrag", "longrag-local", "longrag-down"])
             yield c
     finally:
         serve.shutdown()
@@ -193,6 +196,23 @@ def test_a_dead_replica_fails_over_and_shows_in_healthz(client):
     assert body["status"] == "degraded" and body["llm"] == "title-reader" and body["shards"] == 2
     assert body["redundancy"] == "shard 0: 2 of 2 replicas; shard 1: 1 of 2 replicas"
     assert "shard 1: 1 of 2 replicas live" in body["problems"]
+
+
+def test_a_shard_with_no_live_replica_keeps_the_pod_ready_and_the_answers_degraded(client):
+    """Issue 40, item 3: every replica of shard 1 is gone. /readyz is every KubeRay worker group's
+    readinessProbe, so it stays 200 (the pod can answer) and names the shard in its report;
+    /v1/answer answers from shard 0 with ``degraded`` set and shard 1 named."""
+    ready = client.get("/down/readyz")
+    assert ready.status_code == 200, ready.text
+    body = ready.json()
+    assert body["status"] == "degraded" and "shard 1: no live replica" in body["problems"], body
+    assert body["redundancy"] == "shard 0: 2 of 2 replicas; shard 1: 0 of 2 replicas", body
+    for _ in range(2):  # the first meets the dead replicas, the next finds none running
+        r = client.post("/down/v1/answer", json={"question": "What is the capital of Angola?", "k": 2})
+        assert r.status_code == 200, r.text
+        cov = r.json()["coverage"]
+        assert cov["degraded"] is True and cov["failed_shards"] == [1] and cov["answered"] == 1, cov
+    assert httpx.get(f"http://127.0.0.1:{PORT}/down/readyz", timeout=30).status_code == 200  # no key: the same
 
 
 def test_answer_goes_through_the_reader_and_the_llm(client):

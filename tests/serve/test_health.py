@@ -7,6 +7,7 @@ counting fake handles, in process, no Ray (``make test-fast``)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from types import SimpleNamespace
 
@@ -99,14 +100,127 @@ def test_concurrent_probes_share_one_build():
     assert [r.status_code for r in answers] == [200] * 10 and index.calls == 1
 
 
-def test_a_shard_without_a_live_replica_is_503_with_the_shard_named():
+def test_a_shard_without_a_live_replica_is_ready_with_the_shard_named():
+    """Issue 40, item 3: a shard with no live replica is the cluster's state, not this pod's: every
+    worker group's readinessProbe is /readyz, and a 503 here would take every pod out of the
+    Service. The probe stays 200; the report says degraded and names the shard."""
     api, _ = _fixture(live=(2, 0))
     with TestClient(api) as client:
         r = client.get("/readyz")
-    assert r.status_code == 503
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "degraded" and "shard 1: no live replica" in body["problems"], body
+    assert body["redundancy"] == "shard 0: 2 of 2 replicas; shard 1: 0 of 2 replicas"
+
+
+def _app_status(**deployments):
+    """``serve.status()`` with the app ``longrag`` and its deployments ``name=(status, running, message)``."""
+    return SimpleNamespace(applications={"longrag": SimpleNamespace(deployments={
+        name: SimpleNamespace(status=status, replica_states={"RUNNING": running} if running else {"STARTING": 1},
+                              message=message)
+        for name, (status, running, message) in deployments.items()})})
+
+
+SERVE_MESSAGE = "Deployment 'LLMServer' in application 'longrag' has 1 replicas that have taken more than 30s " \
+                "to be scheduled: Resources required for each replica: {'CPU': 3.0}, node 10.1.2.3"
+
+
+def _with_app(monkeypatch, status, **fixture):
+    monkeypatch.setattr(health, "serve_status", lambda: status)
+    monkeypatch.setattr(health, "placement", lambda: None)
+    monkeypatch.setattr(health, "missing_resources", lambda app, name, where: {"CPU": 3.0})
+    api, index = _fixture(**fixture)
+    api.state.gateway.app_name = "longrag"
+    return api, index
+
+
+def test_a_deployment_down_elsewhere_is_reported_not_a_503(monkeypatch):
+    """The LLM deployment without a running replica (it waits for 3 CPUs): retrieval still answers,
+    so the pod stays ready; the report names the deployment, its missing resources and Serve's reason."""
+    api, _ = _with_app(monkeypatch, _app_status(LLMServer=("UNHEALTHY", 0, SERVE_MESSAGE),
+                                                QueryEncoder=("HEALTHY", 1, ""), Retriever=("HEALTHY", 1, "")))
+    with TestClient(api) as client:
+        r = client.get("/readyz")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "degraded" and body["deployments"]["LLMServer"]["missing_resources"] == {"CPU": 3.0}
+    assert any(p.startswith("LLMServer: UNHEALTHY, 0 running") for p in body["problems"]), body
+
+
+def test_readiness_fails_on_the_pods_own_request_path(monkeypatch):
+    """503 only when this ingress cannot answer: its query encoder has no running replica, or no build
+    is loaded (the Retriever does not describe one)."""
+    api, _ = _with_app(monkeypatch, _app_status(QueryEncoder=("UNHEALTHY", 0, ""), Retriever=("HEALTHY", 1, "")))
+    with TestClient(api) as client:
+        r = client.get("/readyz")
+    assert r.status_code == 503 and "QueryEncoder" in r.json()["error"]["message"], r.text
+
+    def no_build():
+        raise RuntimeError("the Retriever failed to load secret-build-7f3a")
+
+    monkeypatch.setattr(health, "serve_status", lambda: SimpleNamespace(applications={}))
+    api, _ = _fixture()
+    api.state.gateway.retriever.describe.answer = no_build
+    with TestClient(api) as client:
+        r = client.get("/readyz")
     err = r.json()["error"]
-    assert "shard 1: no live replica" in err["message"] and err["detail"]["status"] == "unavailable"
-    assert err["detail"]["redundancy"] == "shard 0: 2 of 2 replicas; shard 1: 0 of 2 replicas"
+    assert r.status_code == 503 and "no build loaded" in err["message"], r.text
+    assert err["detail"]["status"] == "unavailable"
+
+
+def test_readyz_without_a_key_shows_no_error_text_nor_serves_messages(monkeypatch, caplog):
+    """Issue 40, item 4's last sentence: /readyz needs no key, so what it says to anyone must not
+    carry an exception's text (logged with its traceback instead) nor Serve's own messages (node
+    addresses, resources); with a key, Serve's messages are there for the operator, an exception's
+    text still is not."""
+    api, _ = _with_app(monkeypatch, _app_status(Reader=("UNHEALTHY", 0, SERVE_MESSAGE), LLMServer=("HEALTHY", 1, ""),
+                                                QueryEncoder=("HEALTHY", 1, ""), Retriever=("HEALTHY", 1, "")),
+                       api_keys="[secret-key]")
+
+    def broken():
+        raise RuntimeError("boom at secret-path-7f3a")
+
+    api.state.gateway.llm.describe.answer = broken
+    serve_log = logging.getLogger("ray.serve")  # Serve's replica logger does not propagate: listen on it
+    serve_log.addHandler(caplog.handler)
+    try:
+        with TestClient(api) as client:
+            bare = client.get("/readyz")
+            keyed = client.get("/readyz", headers={"Authorization": "Bearer secret-key"})
+    finally:
+        serve_log.removeHandler(caplog.handler)
+    assert bare.status_code == keyed.status_code == 200, (bare.text, keyed.text)
+    for secret in ("secret-path-7f3a", "boom", "10.1.2.3", "Resources required"):
+        assert secret not in bare.text, (secret, bare.text)
+    assert "secret-path-7f3a" not in keyed.text and "boom" not in keyed.text, keyed.text
+    assert keyed.json()["deployments"]["Reader"]["message"] == SERVE_MESSAGE
+    assert bare.json()["deployments"]["Reader"] == {"status": "UNHEALTHY", "running_replicas": 0, "message": "",
+                                                    "missing_resources": None}  # named, without Serve's words
+    assert "LLMServer.describe failed" in " ".join(bare.json()["problems"])
+    assert any("boom at secret-path-7f3a" in (r.exc_text or "") for r in caplog.records), \
+        "the describe error is not logged with its traceback"
+
+
+class _Recorded:
+    """Metrics that remember what the health report set."""
+
+    def __init__(self) -> None:
+        self.reports = []
+
+    def health(self, report) -> None:
+        self.reports.append(report)
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def test_the_cluster_state_goes_to_the_metrics():
+    api, _ = _fixture(live=(2, 0))
+    api.state.gateway.metrics = metrics = _Recorded()
+    with TestClient(api) as client:
+        assert client.get("/readyz").status_code == 200
+    (report,) = metrics.reports
+    assert [(r.shard, r.live) for r in report.index] == [(0, 2), (1, 0)]
 
 
 def test_a_missing_replica_is_degraded_but_ready():
