@@ -106,12 +106,15 @@ def read_staged_units(paths: list[str], filesystem: Any) -> Any:
 
 def stage_chunks(batch: dict[str, np.ndarray], store_uri: str) -> dict[str, list[int]]:
     """Ray Data callable: embedded chunks -> one parquet part per shard in the batch, under the
-    shard's staging prefix; returns the chunk count per shard."""
-    import uuid
+    shard's staging prefix; returns the chunk count per shard.
 
+    A part is named by the chunks it holds (:func:`longrag.index.distplan.staged_chunks_key`): Ray runs a task again when
+    its worker died after writing (a retry) or when its output block was lost with its node
+    (reconstruction), with the same input block, and the second write replaces the first instead of
+    adding a part with the same chunks (which the shard's build would refuse as duplicate chunk ids)."""
     import pyarrow as pa
 
-    from longrag.index.distplan import staged_chunks_prefix
+    from longrag.index.distplan import staged_chunks_key
     from longrag.index.artifacts import ArtifactStore
     from longrag.store import _table_bytes
 
@@ -129,17 +132,16 @@ def stage_chunks(batch: dict[str, np.ndarray], store_uri: str) -> dict[str, list
             "n_tokens": pa.array(np.asarray(batch["n_tokens"][sel], dtype=np.int64)),
             "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), vectors.shape[1]),
         })
-        store.storage.write_bytes(f"{staged_chunks_prefix(int(shard))}part-{uuid.uuid4().hex}.parquet", _table_bytes(table))
+        key = staged_chunks_key(int(shard), table.column("chunk_id").to_pylist())
+        store.storage.write_bytes(key, _table_bytes(table))
         out_shard.append(int(shard))
         out_n.append(len(sel))
     return {"shard": out_shard, "n_chunks": out_n}
 
 
-@ray.remote
-def build_staged_shard(store_uri: str, shard: int, factory: str, metric: str) -> str:
+def build_from_staging(store_uri: str, shard: int, factory: str, metric: str) -> str:
     """One shard from its staged units and embedded chunks -> FAISS index + files in the store;
-    returns its manifest entry as JSON. One task per shard: the shards of a build run in parallel,
-    as many at a time as the cluster has the task's resources for."""
+    returns its manifest entry as JSON. Run as a Ray task, :data:`build_staged_shard`."""
 
     import pyarrow as pa
 
@@ -170,6 +172,11 @@ def build_staged_shard(store_uri: str, shard: int, factory: str, metric: str) ->
                             factory=factory, metric=metric)
     entry = write_shard(store, shard, units, chunks, index)
     return entry.model_dump_json()
+
+
+#: :func:`build_from_staging` as a Ray task, one per shard: the shards of a build run in parallel, as
+#: many at a time as the cluster has the task's resources for.
+build_staged_shard = ray.remote(build_from_staging)
 
 
 def stage_units(store: Any, plan: BuildPlan, shards: list[int]) -> None:

@@ -18,6 +18,7 @@ link graph: ids and titles as Arrow strings, a few integers per document, 8 byte
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -75,6 +76,15 @@ def stage_shard_units(storage: Any, shard: int, units: Sequence[Unit]) -> int:
 def staged_chunks_prefix(shard: int) -> str:
     """Store prefix of a shard's embedded chunks (parquet parts) before the shard is built."""
     return f"{STAGING_PREFIX}chunks/shard-{shard:05d}/"
+
+
+def staged_chunks_key(shard: int, chunk_ids: Sequence[str]) -> str:
+    """Key of a staged part of a shard's embedded chunks, named by the chunks it holds:
+    ``part-<sha256 of the chunk ids, in order; 32 hex digits>.parquet``. The same chunks written
+    again (a Ray task retried after its worker died, or re-run to reconstruct a lost block) land
+    on the same key and replace the part instead of duplicating its chunks."""
+    digest = hashlib.sha256("\n".join(chunk_ids).encode("utf-8")).hexdigest()[:32]
+    return f"{staged_chunks_prefix(shard)}part-{digest}.parquet"
 
 
 @dataclass
