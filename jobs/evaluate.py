@@ -84,6 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--endpoint", help="running Serve app URL: retrieve/answer over HTTP instead of local actors")
     p.add_argument("--http-timeout", type=number(float, min_value=0, min_exclusive=True), default=300.0)
     p.add_argument("--encode", choices=["auto", "driver", "ray-data"], default="auto", help="query encoding")
+    p.add_argument("--vector-cache", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse chunk vectors encoded before with the same model and settings when the index is built "
+                        "(embedding.vector_cache, keyed by each text's sha256; --no-vector-cache encodes everything)")
     p.add_argument("--answer-recall-all-types", action="store_true",
                    help="answer recall over all question types (default for HotpotQA: bridge only, as in LongRAG, "
                         "Jiang et al., 2024, Section 4.2)")
@@ -147,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.pipeline == "dual":
         return _dual(args, command)
     try:  # a bad --config/--set value is refused before anything starts
-        run = EvalRun(eval=eval_config(args), config=config_from_args(args), command=command)
+        config = config_from_args(args)
+        config = config.model_copy(update={"embedding": config.embedding.model_copy(
+            update={"vector_cache": args.vector_cache})})
+        run = EvalRun(eval=eval_config(args), config=config, command=command)
     except (ValidationError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -91,6 +91,7 @@ class VectorCache:
         self.path = Path(folder).expanduser() / f"{_sha256(blob.encode())[:32]}.sqlite"
         self._settings_json = blob
         self.hits = self.misses = 0
+        self.lock_timeout_s = 60.0  # how long to wait for another process' write before a miss
 
     @classmethod
     def for_embedder(cls, embedder: Any) -> "VectorCache":
@@ -101,7 +102,7 @@ class VectorCache:
 
     def _connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        con = sqlite3.connect(self.path, timeout=60)
+        con = sqlite3.connect(self.path, timeout=self.lock_timeout_s)
         con.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
         con.execute("CREATE TABLE IF NOT EXISTS vectors (text_sha TEXT PRIMARY KEY, vec BLOB NOT NULL, "
                     "vec_sha TEXT NOT NULL)")
@@ -115,11 +116,16 @@ class VectorCache:
         return con
 
     def _open(self) -> sqlite3.Connection:
-        """The cache file, started again when SQLite cannot read it (a corrupted or foreign file)."""
+        """The cache file, started again when SQLite cannot read it (a corrupted or foreign file).
+        A file another process holds locked past the timeout (several embedding actors of one build
+        share it) raises ``sqlite3.OperationalError``: a miss for this batch, never a reason to delete
+        what the other process is writing."""
         try:
             con = self._connect()
             con.execute("SELECT count(*) FROM vectors").fetchone()
             return con
+        except sqlite3.OperationalError:
+            raise
         except sqlite3.DatabaseError:
             self.clear()
             return self._connect()
@@ -155,12 +161,13 @@ class VectorCache:
         try:
             con = self._open()
             found = self._lookup(con, list(dict.fromkeys(keys)))
-        except (sqlite3.DatabaseError, OSError) as exc:  # damaged while open, or no room: encode them all
+        except (sqlite3.DatabaseError, OSError) as exc:  # locked, damaged while open, or no room: encode them all
             log.warning("vector cache %s unreadable (%s): encoding without it", self.path, exc)
             if con is not None:
                 con.close()
             con, found = None, {}
-            self.clear()
+            if not isinstance(exc, sqlite3.OperationalError):  # locked by another process: leave its file be
+                self.clear()
         try:
             todo = list(dict.fromkeys(k for k in keys if k not in found))
             n_hit = sum(k in found for k in keys)

@@ -42,6 +42,7 @@ def _common(workdir: Path, limit: int) -> list[str]:
     return [
         "--dataset", "hotpotqa", "--data", str(HOTPOT), "--limit", str(limit), "--pool", "4",
         "--k", "1,2,4", "--index-dir", str(workdir / "index"), "--no-progress",
+        "--set", f"embedding.vector_cache_dir={workdir / 'vectors'}",
     ]
 
 
@@ -84,6 +85,12 @@ def test_retrieval_run_compares_unit_kinds(cluster, workdir):
     assert document["corpus_units"] == document["corpus_documents"] == 40
     assert grouped["corpus_units"] < 40
     assert all(len(u["titles"]) == 1 for p in dpreds for u in p["retrieved"])
+    # the builds' embedding actors wrote their chunk vectors to the evaluation's vector cache (on by default)
+    import sqlite3
+
+    (cache,) = (workdir / "vectors").glob("*.sqlite")
+    with sqlite3.connect(cache) as con:
+        assert con.execute("SELECT count(*) FROM vectors").fetchone()[0] >= 40  # every document, and the groups
     combined = json.loads((out / "metrics.json").read_text())
     assert [r["unit"] for r in combined["runs"]] == ["grouped", "document"]
     assert set(combined["summary"]["retrieval"]) == {"grouped", "document"}

@@ -114,3 +114,32 @@ def test_a_damaged_row_is_a_miss_and_is_written_again(tmp_path, reference) -> No
     np.testing.assert_array_equal(vectors, reference)
     embedder.encode_passages(TEXTS)
     assert model.calls == 2
+
+
+def test_a_file_locked_by_another_process_is_a_miss_and_is_kept(tmp_path, reference) -> None:
+    """Several embedding actors of one build share the file: one that finds it locked past the timeout
+    encodes its texts itself and leaves the file, and what the other process commits, in place."""
+    import hashlib
+    import sqlite3
+
+    from longrag.index.vector_cache import text_key
+
+    embedder, model = cached_embedder(tmp_path)
+    embedder.encode_passages(TEXTS[:1])
+    embedder.cache.lock_timeout_s = 0.05
+    other = sqlite3.connect(embedder.cache.path)
+    other.execute("BEGIN EXCLUSIVE")  # another actor in the middle of a write
+    vec = reference[1].astype(np.float32).tobytes()
+    other.execute("INSERT OR REPLACE INTO vectors VALUES (?, ?, ?)",
+                  (text_key("Another actor's text."), vec, hashlib.sha256(vec).hexdigest()))
+    try:
+        vectors = embedder.encode_passages(TEXTS)
+        np.testing.assert_array_equal(vectors, reference)
+        assert model.calls == 2 and model.texts == 1 + 3  # nothing read from the locked file
+    finally:
+        other.commit()
+        other.close()
+    fresh, counted = cached_embedder(tmp_path)
+    got = fresh.encode_passages(["Another actor's text.", TEXTS[0]])
+    assert counted.calls == 0  # the other actor's commit and the row from before both in the file
+    np.testing.assert_array_equal(got[0], reference[1])
