@@ -3,7 +3,9 @@ time, in one process (no Ray, no LLM): the product's grouped units and MaxP (exa
 over the same chunks (``bm25s``) alone and fused by reciprocal rank, Personalized PageRank over
 the unit link graph seeded by the dense scores (``retrieval.mode=graph``'s :func:`longrag.index.graph.expand`), a second search with
 the gold first-hop answer added to the question (the ceiling of an iterative second hop: a perfect
-bridge), and the documents of each unit in evidence order. Prints a table (R@k, AR@k, PR@k,
+bridge), a second search with a bridge the embedder picks (the top unit's sentence nearest the
+question; or the query moved toward the top unit's best chunk, Rocchio's dense feedback), and the
+documents of each unit in evidence order. Prints a table (R@k, AR@k, PR@k,
 paragraph recall within token budgets) and writes it with a JSON line to ``--out``.
 
     python -m jobs.bench_multihop                                   # MuSiQue sample, MiniLM
@@ -41,10 +43,11 @@ from longrag.index.fusion import Fusion, rrf_scores
 from longrag.index.graph import GraphExpansion, expand, unit_graph_from_documents
 from longrag.index.lexical import LexicalIndex
 from longrag.index.units import make_units
+from longrag.text.sentences import split_sentences
 from longrag.text.tokens import counter_for_model_dir
 from longrag.types import UnitHit
 
-SIGNALS = ("dense", "evidence", "bm25", "rrf", "ppr", "oracle")
+SIGNALS = ("dense", "evidence", "bm25", "rrf", "ppr", "oracle", "sentence", "rocchio")
 BUDGETS = (260, 650, 1024)
 
 
@@ -162,17 +165,45 @@ def main(argv: list[str] | None = None) -> int:
             fused.append([at[h.unit_id] for h in expand(hits, graph, kmax, settings)])
         results.append(score(f"dense + PPR over the unit graph ({graph.n_links} links)", fused, units, None,
                              examples, args.k, counter.truncate))
+    def second_hop(queries: np.ndarray) -> list[list[int]]:
+        """retrieval.mode=iterative's merge (longrag.retrieval.hops.merge_hops) of the first hop and a
+        second search with ``queries``: the first hop's top unit, the second's list, the first's rest."""
+        second = ranks(maxp(queries @ vectors.T, chunk_unit, len(units)))
+        merged = []
+        for a, b in zip(order, second):
+            seen: dict[int, None] = dict.fromkeys([int(a[0]), *map(int, b[:kmax]), *map(int, a[1:kmax])])
+            merged.append(list(seen)[:kmax])
+        return merged
+
+    def best_chunk(q: int) -> int:
+        """The chunk of question ``q``'s top unit that scored best (the unit's MaxP chunk)."""
+        idx = np.flatnonzero(chunk_unit == order[q][0])
+        return int(idx[np.argmax(chunk_scores[q, idx])])
+
     if "oracle" in args.signals:
         bridges = [(ex.meta.get("question_decomposition") or [{}])[0].get("answer", "") for ex in examples]
         if any(bridges):
-            second = ranks(maxp(embedder.encode_queries([f"{q} {b}" for q, b in zip(questions, bridges)]) @ vectors.T,
-                                chunk_unit, len(units)))
-            merged = []
-            for a, b in zip(order, second):
-                seen: dict[int, None] = dict.fromkeys([int(a[0]), *map(int, b[:kmax]), *map(int, a[1:kmax])])
-                merged.append(list(seen)[:kmax])
+            merged = second_hop(embedder.encode_queries([f"{q} {b}" for q, b in zip(questions, bridges)]))
             results.append(score("second hop with the gold first-hop answer (ceiling)", merged, units, None,
                                  examples, args.k, counter.truncate))
+    if "sentence" in args.signals:  # the bridge named by the embedder: the top unit's sentence nearest the question
+        t2 = time.perf_counter()
+        qvec = embedder.encode_queries(questions)
+        picked = []
+        for q in range(len(questions)):
+            sentences = split_sentences(chunks[best_chunk(q)].text) or [chunks[best_chunk(q)].text]
+            sims = embedder.encode_passages(sentences) @ qvec[q]
+            picked.append(sentences[int(np.argmax(sims))])
+        merged = second_hop(embedder.encode_queries([f"{q} {s}" for q, s in zip(questions, picked)]))
+        ms = (time.perf_counter() - t2) * 1e3 / len(questions)
+        results.append(score(f"second hop with the top unit's sentence nearest the question ({ms:.0f} ms/question)",
+                             merged, units, None, examples, args.k, counter.truncate))
+    if "rocchio" in args.signals:  # dense pseudo-relevance feedback: the query moved toward the best chunk, no encode
+        qvec = embedder.encode_queries(questions)
+        moved = qvec + np.stack([vectors[best_chunk(q)] for q in range(len(questions))])
+        merged = second_hop(moved / np.linalg.norm(moved, axis=1, keepdims=True))
+        results.append(score("second hop with the query + the top unit's best chunk vector (Rocchio)", merged, units,
+                             None, examples, args.k, counter.truncate))
     keys = [f"{m}@{k}" for k in args.k for m in ("R", "AR", "PR")] + [f"PR<{b}" for b in BUDGETS]
     lines = ["| signal | " + " | ".join(keys) + " |", "| --- " * (len(keys) + 1) + "|"]
     lines += ["| " + r["signal"] + " | " + " | ".join(str(r.get(k, "-")) for k in keys) + " |" for r in results]

@@ -1,5 +1,6 @@
 """jobs.bench_multihop on the first questions of the MuSiQue sample: every signal scored, and the
-invariants that hold whatever the model: evidence order changes no unit ranking (same R/AR/PR@k),
+invariants that hold whatever the model: evidence order changes no unit ranking (same R/AR/PR@k), a
+second hop keeps the first hop's top unit first (same @1),
 recall grows with k and with the token budget (the unit graph and its walk: tests/longrag/test_unit_graph.py)."""
 
 from __future__ import annotations
@@ -15,13 +16,17 @@ def test_all_signals_on_a_small_pool(tmp_path, capsys, monkeypatch):
     assert B.main(["--limit", "6", "--k", "1,2,4", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     rows = {r["signal"].split(" (")[0].split(",")[0]: r for r in summary["results"]}
-    assert len(summary["results"]) == 6 and summary["questions"] == 6
+    assert len(summary["results"]) == 8 and summary["questions"] == 6
     dense, evidence = summary["results"][0], summary["results"][1]
     for key in ("R@1", "R@2", "R@4", "AR@2", "PR@2", "PR@4"):
         assert dense[key] == evidence[key]
     for r in summary["results"]:
         assert r["R@1"] <= r["R@2"] <= r["R@4"] and r["PR@1"] <= r["PR@2"] <= r["PR@4"]
         assert r["PR<260"] <= r["PR<650"] <= r["PR<1024"]
+    # a second hop (gold bridge, the embedder's sentence, Rocchio) keeps the first hop's top unit first
+    for r in summary["results"][-3:]:
+        assert r["signal"].startswith("second hop") and (r["R@1"], r["AR@1"], r["PR@1"]) == \
+            (dense["R@1"], dense["AR@1"], dense["PR@1"])
     assert "BM25" in rows and "| signal |" in (out / "table.md").read_text()
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("{")
 
