@@ -8,8 +8,9 @@ Each level runs max(``--requests``, its concurrency) requests, with prompts of i
 finds another's prompts in a prefix cache). The prompts are reader-shaped: a HotpotQA question of the bundled sample with its supporting
 paragraphs, answered in a few words (greedy, ``--max-tokens``). llama.cpp runs the bundled GGUF in
 this process (what the ``LLMServer`` deployment does: one sequence at a time); vLLM serves the same
-model exported to a HuggingFace folder, deployed from the ``llm`` application of
-``serve/configs/vllm-cpu.yaml`` on a local Ray, on ``--port`` (loopback only). The backends run one
+model exported to a HuggingFace folder, deployed from the ``reader`` application of
+``serve/configs/vllm-cpu.yaml`` on a local Ray and read through its Serve handle (the app has no HTTP
+route; ``--port`` is the local proxy's). The backends run one
 after the other (vLLM's engine loop takes a core even when idle). Per backend and concurrency: wall
 time, requests and completion tokens per second, latency p50/p99. Ends with one JSON line.
 """
@@ -161,19 +162,22 @@ def bench_vllm(requests, levels, max_tokens, min_requests: int, port: int, log) 
 
     config = yaml.safe_load(VLLM_CONFIG.read_text())
     config["http_options"]["port"] = port
-    (app,) = [a for a in config["applications"] if a["name"] == "llm"]
+    (app,) = [a for a in config["applications"] if a["import_path"] == "serve.llm_app:build_private_app"]
     config["applications"] = [app]
-    model_id = app["args"]["llm_configs"][0]["model_loading_config"]["model_id"]
+    model_id = app["args"]["model_loading_config"]["model_id"]
     handle = start_or_join(None, num_cpus=4)
     try:
         t0 = time.perf_counter()
         deploy(config)
-        reason = wait_running(["llm"], schedule_timeout_s=60, ready_timeout_s=900, log=log)
+        reason = wait_running([app["name"]], schedule_timeout_s=60, ready_timeout_s=900, log=log)
         if reason:
             raise RuntimeError(reason)
         startup = time.perf_counter() - t0
-        llm = build_llm(LLMConfig(backend="openai", model=model_id, base_url=f"http://127.0.0.1:{port}{app['route_prefix']}/v1",
-                                  context_window=4096, timeout_s=900))  # fmt: skip
+        from serve.llm_handle import build_engine
+
+        # the app has no route: the bench reads through its handle, as the LongRAG app does (llm.backend=serve)
+        llm = build_engine(LLMConfig(backend="serve", serve_app=app["name"], model=model_id, context_window=4096,
+                                     timeout_s=900))
 
         async def go():
             try:

@@ -202,7 +202,19 @@ class RetrievalConfig(_Section):
 
 
 class LLMConfig(_Section):
-    backend: Literal["llamacpp", "openai"] = "llamacpp"
+    backend: Literal["llamacpp", "openai", "serve"] = Field(
+        "llamacpp", description="llamacpp: in process; openai: an OpenAI-compatible URL (llm.base_url); serve: a "
+        "ray.serve.llm application of the same cluster reached through a Serve deployment handle (llm.serve_app), "
+        "never through the HTTP proxy: the GPU configs deploy the vLLM reader with no route, so only the guarded "
+        "LongRAG app answers on the public port (docs/operations.md, 'The reader behind the app').",
+    )
+    serve_app: str | None = Field(
+        None, description="serve: the ray.serve.llm application (serve.llm_app:build_private_app) holding the model.",
+    )
+    serve_deployment: str | None = Field(
+        None, description="serve: its LLMServer deployment; None = ray.serve.llm's name for llm.model "
+        "(LLMServer:<model id with / as -- and . as _>).",
+    )
     model: str = Field(
         "qwen2.5-coder-0.5b-instruct",
         description="llamacpp: a bundled model name (qwen2.5-coder-0.5b-instruct, smollm2-135m-instruct, "
@@ -249,7 +261,7 @@ class LLMConfig(_Section):
         2, ge=0, description="openai: the client's retries on connection errors, timeouts, 408/409/429 and 5xx.",
     )
     tokenizer_file: str | None = Field(
-        None, description="openai: a tokenizer.json for exact token counts; None = words x 1.3 estimate."
+        None, description="openai, serve: a tokenizer.json for exact token counts; None = words x 1.3 estimate."
     )
     lora_path: str | None = Field(
         None, description="llamacpp: a LoRA adapter GGUF applied on top of the model (e.g. OUT/adapter.gguf from "

@@ -312,14 +312,14 @@ class LLMServer:
     """An in-process LLM behind a deployment; its calls run one at a time per replica.
 
     ``engine_cls(llm)`` builds the engine (any :class:`longrag.llm.base.LLM`), as ``engine_cls``
-    does in ``ray.serve.llm``; None: :func:`longrag.llm.factory.build_llm` (llama.cpp or an
-    OpenAI-compatible server, per ``llm.backend``)."""
+    does in ``ray.serve.llm``; None: :func:`serve.llm_handle.build_engine` (llama.cpp, an
+    OpenAI-compatible server or a ``ray.serve.llm`` application's handle, per ``llm.backend``)."""
 
     def __init__(self, llm: LLMConfig, engine_cls: Callable[[LLMConfig], LLM] | None = None) -> None:
         if engine_cls is None:
-            from longrag.llm.factory import build_llm
+            from serve.llm_handle import build_engine
 
-            engine_cls = build_llm
+            engine_cls = build_engine
         if llm.backend == "llamacpp" and llm.n_threads is None:
             # llama.cpp runs the CPUs this replica holds (Serve config's ray_actor_options or llm.num_cpus)
             from longrag.llm.llamacpp import resolve_threads
@@ -381,7 +381,7 @@ class RemoteLLM(LLM):
         self.context_window = context_window or config.context_window
         self.name = f"remote:{config.model}"
         # both backends constrain JSON (llama.cpp grammars, OpenAI response_format)
-        self.supports_json_schema = config.backend in ("llamacpp", "openai")
+        self.supports_json_schema = config.backend in ("llamacpp", "openai", "serve")
 
     async def chat(self, messages, *, max_tokens, temperature=None, stop=None,  # type: ignore[override]
                    cache_prefix=None) -> ChatResult:
@@ -406,7 +406,8 @@ class RemoteLLM(LLM):
 
 def local_token_counter(config: LLMConfig) -> Callable[[str], int]:
     """Token counting without the model's weights: llama.cpp loads the GGUF vocabulary only; an
-    OpenAI-compatible server's tokenizer is not reachable, so its counts are estimates."""
+    OpenAI-compatible server's (or a ray.serve.llm app's) tokenizer is not reachable, so its counts
+    are estimates."""
     if config.backend == "llamacpp":
         from llama_cpp import Llama
 

@@ -36,9 +36,9 @@ def stage_llm(stage: str, dual: DualConfig, app_llm: LLMConfig, llm_handle: Depl
     the shared ``LLMServer``."""
     own = getattr(dual, f"{stage}_llm")
     if own is not None:
-        from longrag.llm.factory import build_llm
+        from serve.llm_handle import build_engine
 
-        return build_llm(own)
+        return build_engine(own)
     from serve.deployments import RemoteLLM
 
     if llm_handle is None:

@@ -1,7 +1,13 @@
-"""``ray.serve.llm``'s OpenAI-compatible vLLM app, able to serve the bundled reader.
+"""``ray.serve.llm``'s vLLM apps, able to serve the bundled reader.
 
+``import_path: serve.llm_app:build_private_app`` (what the configs deploy) takes one model's
+:class:`ray.serve.llm.LLMConfig` fields as ``args`` and builds its ``LLMServer`` deployment alone
+(``ray.serve.llm.build_llm_deployment``): deployed with ``route_prefix: null`` it has no HTTP route,
+and the LongRAG app reaches it through a deployment handle (``llm.backend=serve``,
+:mod:`serve.llm_handle`), so the public proxy serves only the guarded app.
 ``import_path: serve.llm_app:build_app`` takes the same ``args`` as ``ray.serve.llm:build_openai_app``
-(``llm_configs``: a list of :class:`ray.serve.llm.LLMConfig` fields), with one addition: a
+(``llm_configs``: a list of LLMConfig fields): the OpenAI-compatible router, for a proxy only trusted
+clients reach. Both add one thing: a
 ``model_loading_config.model_source`` of ``bundled:<name>`` (e.g. ``bundled:qwen2.5-coder-0.5b-instruct``)
 is the bundled GGUF model exported to a HuggingFace folder (:func:`longrag.llm.hf_export.export_hf_model`,
 cached), so vLLM serves exactly the model llama.cpp runs by default. Any other source (a hub name, a
@@ -17,7 +23,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ray.serve.llm import LLMConfig, build_openai_app
+from ray.serve.llm import LLMConfig, build_llm_deployment, build_openai_app
 
 from longrag.llm.hf_export import export_hf_model
 
@@ -40,3 +46,11 @@ def build_app(args: dict[str, Any]) -> Any:
         raise ValueError(f"serve.llm_app needs args {{'llm_configs': [<LLMConfig fields>, ...]}}, got {args!r}")
     rest = {k: v for k, v in args.items() if k != "llm_configs"}
     return build_openai_app({**rest, "llm_configs": [resolve_llm_config(c) for c in args["llm_configs"]]})
+
+
+def build_private_app(args: dict[str, Any]) -> Any:
+    """Serve application builder: one model's ``LLMServer`` deployment, no router (see module doc)."""
+    if not isinstance(args, dict) or not isinstance(args.get("model_loading_config"), dict):
+        raise ValueError(f"serve.llm_app:build_private_app needs one model's LLMConfig fields as args "
+                         f"(model_loading_config, engine_kwargs, ...), got {args!r}")
+    return build_llm_deployment(resolve_llm_config(args))

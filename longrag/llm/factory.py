@@ -57,4 +57,7 @@ def build_llm(config: LLMConfig) -> LLM:
             max_retries=config.max_retries,
             tokenizer_file=config.tokenizer_file,
         )
-    raise ValueError(f"unknown llm.backend {config.backend!r}; expected 'llamacpp' or 'openai'")
+    if config.backend == "serve":
+        raise ValueError("llm.backend=serve reaches a ray.serve.llm application through a Serve handle: it is built "
+                         "inside a Ray process (serve.llm_handle.build_engine), not by the Ray-free core")
+    raise ValueError(f"unknown llm.backend {config.backend!r}; expected 'llamacpp', 'openai' or 'serve'")

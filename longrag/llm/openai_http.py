@@ -41,6 +41,13 @@ estimate_tokens = WhitespaceCounter(1.3).count
 """Rough token count of English text: ``ceil(1.3 * whitespace words)`` (:class:`~longrag.text.tokens.WhitespaceCounter`)."""
 
 
+def error_class(message: str) -> type[LLMError]:
+    """:class:`ContextOverflowError` for a server's "prompt too long" message, else :class:`LLMError`."""
+    low = message.lower()
+    overflow = "context length" in low or "maximum context" in low or "too long" in low
+    return ContextOverflowError if overflow else LLMError
+
+
 def _server_message(exc: openai.APIStatusError) -> str:
     """The error text an OpenAI-style server put in its body (``{"error": {"message": ...}}``;
     the client has already unwrapped ``error``)."""
@@ -76,16 +83,10 @@ class OpenAIHTTPLLM(LLM):
     ) -> None:
         if not base_url or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
-        if context_window <= 0:
-            raise ValueError(f"context_window must be positive, got {context_window}")
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
-        self.base_url = base_url.rstrip("/")
-        self.name = model
-        self.context_window = int(context_window)
-        self.temperature = float(temperature)
-        self.seed = seed
-        self.timeout_s = float(timeout_s)
+        self._setup(base_url.rstrip("/"), model, context_window=context_window, temperature=temperature, seed=seed,
+                    timeout_s=timeout_s, tokenizer_file=tokenizer_file)
         self.max_retries = int(max_retries)
         key = api_key if api_key is not None else (os.environ.get(api_key_env) if api_key_env else None)
         self._key = key or None
@@ -93,6 +94,19 @@ class OpenAIHTTPLLM(LLM):
         self._extra_headers: dict[str, Any] = {} if self._key else {"Authorization": openai.Omit()}
         self._client: openai.AsyncOpenAI | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
+
+    def _setup(self, where: str, model: str, *, context_window: int, temperature: float, seed: int | None,
+               timeout_s: float, tokenizer_file: str | None) -> None:
+        """What every transport of the OpenAI protocol shares (this class's HTTP, a Serve handle's:
+        ``serve.llm_handle``): ``where`` names the endpoint in errors."""
+        if context_window <= 0:
+            raise ValueError(f"context_window must be positive, got {context_window}")
+        self.base_url = where
+        self.name = model
+        self.context_window = int(context_window)
+        self.temperature = float(temperature)
+        self.seed = seed
+        self.timeout_s = float(timeout_s)
         self._counter: HFTokenCounter | WhitespaceCounter = WhitespaceCounter(1.3)  # = estimate_tokens
         if tokenizer_file:
             path = Path(tokenizer_file)
@@ -128,7 +142,9 @@ class OpenAIHTTPLLM(LLM):
         return self._client
 
     async def _create(self, path: str, payload: dict[str, Any]) -> Any:
-        """One request through the client (its retries included); its errors as :class:`LLMError`."""
+        """One request through the client (its retries included); its errors as :class:`LLMError`.
+        Returns the ``openai`` types (``ChatCompletion``, ``Completion``; with ``stream`` an async
+        iterator of ``ChatCompletionChunk``): the transport a subclass replaces."""
         url = f"{self.base_url}{path}"
         client = self._get_client()
         endpoint = client.chat.completions if path == "/chat/completions" else client.completions
@@ -143,12 +159,7 @@ class OpenAIHTTPLLM(LLM):
         except openai.APIStatusError as e:
             msg = _server_message(e)
             retried = e.status_code in (408, 409, 429) or e.status_code >= 500
-            low = msg.lower()
-            cls = (
-                ContextOverflowError
-                if "context length" in low or "maximum context" in low or "too long" in low
-                else LLMError
-            )
+            cls = error_class(msg)
             raise cls(f"{self.name} at {url}: HTTP {e.status_code}: {msg}" + (f" ({attempts})" if retried else "")) from None
 
     def _payload(self, max_tokens: int, temperature: float | None, stop: list[str] | None) -> dict[str, Any]:

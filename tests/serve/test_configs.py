@@ -74,7 +74,8 @@ def test_config_passes_serve_schema_and_longrag_args_load(name):
     AppArgs, and every override applied to a LongRAGConfig (a typo'd field fails here, not at deploy)."""
     config = _serve_configs()[name]
     schema = ServeDeploySchema.model_validate(config)
-    assert len({a.route_prefix for a in schema.applications}) == len(schema.applications), name
+    routed = [a.route_prefix for a in schema.applications if a.route_prefix is not None]
+    assert len(set(routed)) == len(routed), name
     longrag_apps = [a for a in config["applications"] if a["import_path"] == "serve.app:app_builder"]
     assert len(longrag_apps) == 1, name
     args = AppArgs.model_validate(longrag_apps[0]["args"])
@@ -94,20 +95,51 @@ def test_serve_schema_check_catches_a_bad_config():
         ServeDeploySchema.model_validate(config)
 
 
-def test_llm_base_url_points_at_the_llm_app_of_the_same_config():
-    """Where a config deploys ray.serve.llm beside LongRAG, llm.base_url is that app's route on the config's port."""
+GUARDED_APP = "serve.app:app_builder"  # every route of it passes serve.guard (keys, rate limits, body caps)
+PRIVATE_LLM_APP = "serve.llm_app:build_private_app"
+
+
+def unguarded_routes(config: dict[str, Any]) -> list[str]:
+    """The routes of ``config``'s HTTP proxy that an application other than the guarded LongRAG app
+    answers (an OpenAI router of ray.serve.llm under /llm: the GPUs to anyone reaching the port)."""
+    return [f"{a['name']}: {a.get('route_prefix', '/')}" for a in config["applications"]
+            if a.get("route_prefix", "/") is not None and a["import_path"] != GUARDED_APP]
+
+
+def _llm_apps(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {a["name"]: a for a in config["applications"] if a["import_path"] == PRIVATE_LLM_APP}
+
+
+def test_no_route_of_any_proxy_skips_the_guard():
+    """Issue 40, item 4: the vLLM apps have no route; only the guarded app answers on the proxy, local
+    configs included (what runs on 127.0.0.1 in a test runs on 0.0.0.0 on a cluster)."""
     for name, config in _serve_configs().items():
-        llm_apps = [a for a in config["applications"] if a["import_path"].endswith(":build_openai_app")
-                    or a["import_path"] == "serve.llm_app:build_app"]  # fmt: skip
+        assert unguarded_routes(config) == [], name
+        for app in _llm_apps(config).values():
+            assert "route_prefix" in app and app["route_prefix"] is None, (name, app["name"])
+    # the layout before the fix: ray.serve.llm's OpenAI router on the public proxy under /llm
+    before = _serve_configs()["gpu.yaml"]
+    before["applications"].append({"name": "llm", "route_prefix": "/llm",
+                                   "import_path": "ray.serve.llm:build_openai_app", "args": {"llm_configs": []}})
+    assert unguarded_routes(before) == ["llm: /llm"]
+    assert unguarded_routes({"applications": [{"name": "x", "import_path": "serve.llm_app:build_app"}]}) == ["x: /"]
+
+
+def test_the_llm_backend_points_at_an_llm_app_of_the_same_config():
+    """Where a config deploys ray.serve.llm beside LongRAG, the app (and the dual stages with a model of
+    their own) reach it by handle: llm.backend=serve, an application of the same config, its model id."""
+    for name, config in _serve_configs().items():
+        llm_apps = _llm_apps(config)
         if not llm_apps:
             continue
-        (rag,) = [a for a in config["applications"] if a["import_path"] == "serve.app:app_builder"]
+        (rag,) = [a for a in config["applications"] if a["import_path"] == GUARDED_APP]
         cfg = LongRAGConfig().with_overrides(rag["args"]["overrides"])
-        port = (config.get("http_options") or {}).get("port", 8000)
-        assert cfg.llm.backend == "openai", name
-        assert cfg.llm.base_url == f"http://127.0.0.1:{port}{llm_apps[0]['route_prefix']}/v1", name
-        model_ids = [c["model_loading_config"]["model_id"] for c in llm_apps[0]["args"]["llm_configs"]]
-        assert cfg.llm.model in model_ids, name
+        for llm in (cfg.llm, cfg.dual.extractor_llm, cfg.dual.filter_llm, cfg.dual.generator_llm):
+            if llm is None:
+                continue
+            assert llm.backend == "serve" and llm.base_url is None, name
+            assert llm.serve_app in llm_apps, (name, llm.serve_app)
+            assert llm.model == llm_apps[llm.serve_app]["args"]["model_loading_config"]["model_id"], name
 
 
 @pytest.mark.parametrize("config_file", ["cpu.yaml", "cpu-cluster.yaml", "gpu.yaml", "vllm-cpu.yaml", "vllm-gpu.yaml"])
@@ -177,10 +209,10 @@ def test_dual_stages_have_their_own_autoscaling_and_the_gpu_config_gives_e_and_f
         assert cfg.dual.generator_llm is None  # the generator uses the app's (stronger) reader model
 
 
-@pytest.mark.parametrize("config_file", ["gpu.yaml", "vllm-gpu.yaml"])
+@pytest.mark.parametrize("config_file", ["gpu.yaml", "vllm-gpu.yaml", "kuberay/rayservice.yaml"])
 def test_gpu_readers_reuse_the_documents_prefix(config_file):
     """Issue 39: on GPUs vLLM's prefix caching keeps the KV blocks of the reader's documents-first
     prompts (system message, top unit) across requests, as the llama.cpp path's unit cache does."""
-    config = yaml.safe_load((ROOT / "serve" / "configs" / config_file).read_text())
-    llm_configs = [c for app in config["applications"] if app["name"] == "llm" for c in app["args"]["llm_configs"]]
+    config = _serve_configs()[config_file]
+    llm_configs = [app["args"] for app in _llm_apps(config).values()]
     assert llm_configs and all(c["engine_kwargs"].get("enable_prefix_caching") is True for c in llm_configs)

