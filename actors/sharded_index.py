@@ -86,7 +86,11 @@ class ShardedIndex:
         self.timeout_s, self.attempts = timeout_s, max(1, attempts)
         self.manifest = manifest  # the build's: whether its shards have BM25 for hybrid searches
         self.counts: list[tuple[int, int]] = [(replicas, replicas)] * len(handles)  # (running, wanted) per shard
+        self._read: list[tuple[int, int]] = list(self.counts)  # the platform's counts at the last read
+        self._lost: list[set[str]] = [set() for _ in handles]  # replicas' actors a call found gone since then
         self._recount: asyncio.Task | None = None
+        self._recounted = float("-inf")  # when the counts were last read after a failover (monotonic)
+        self._unexplained = False  # a call failed since then without naming the replica lost
 
     @property
     def n_shards(self) -> int:
@@ -99,21 +103,38 @@ class ShardedIndex:
         """``(running, wanted)`` replicas per shard, as the platform reports them."""
         return self.counts
 
+    #: After a failover whose error does not name the replica lost (a timeout, an application error),
+    #: the counts are read again at most this often (Serve's health checks of shard replicas run every
+    #: 5 s: by then it knows). A ``serve.status()`` read costs ~90 ms idle and ~375 ms (p50) under load
+    #: at 8 shards x 4 replicas (python -m jobs.bench_serve_status).
+    recount_min_s = 5.0
+
     async def liveness(self) -> list[ShardRedundancy]:
         """Read the replica counts again; every shard's redundancy ("1 of 2")."""
-        self.counts = list(await self.replica_counts())
+        self._read = list(await self.replica_counts())
+        self._lost = [set() for _ in self.handles]
+        self.counts = list(self._read)
         return self.redundancy()
 
-    async def _follow_counts(self, polls: int = 6, every_s: float = 1.0) -> None:
-        """After a call needed a second try: read the replica counts again, every ``every_s`` until
-        they change (the platform learns of a dead replica at its next health check: Serve checks
-        the shard replicas every 5 s), ``polls`` times at most."""
-        before = self.counts
-        for _ in range(polls):
-            await self.liveness()
-            if self.counts != before:
-                return
-            await asyncio.sleep(every_s)
+    def _note_lost(self, shard: int, exc: BaseException) -> bool:
+        """Whether ``exc`` (a failed call's) says which replica of ``shard`` is gone: Ray's
+        ``RayActorError`` (its actor died or is unreachable) names the actor; the shard's running
+        count then drops by each replica so named, each counted once, until the counts are read again."""
+        from ray.exceptions import RayActorError
+
+        actor = getattr(exc, "actor_id", None) if isinstance(exc, RayActorError) else None
+        if not actor:
+            return False
+        self._lost[shard].add(str(actor))
+        running, wanted = self._read[shard]
+        self.counts[shard] = (max(0, running - len(self._lost[shard])), wanted)
+        return True
+
+    async def _recount_later(self) -> None:
+        """One read of the counts, ``recount_min_s`` after the last such read at the soonest."""
+        await asyncio.sleep(max(0.0, self._recounted + self.recount_min_s - time.monotonic()))
+        self._recounted = time.monotonic()
+        await self.liveness()
 
     # ------------------------------------------------------------------ calls
     async def _call(self, shard: int, method: str, *args: Any) -> tuple[Any, int]:
@@ -125,16 +146,20 @@ class ShardedIndex:
                 return result, len(errors)
             except asyncio.TimeoutError:
                 errors.append(f"try {attempt + 1}: timed out after {self.timeout_s}s")
+                self._unexplained = True
             except Exception as exc:  # a dead or restarting replica, or the shard failed to load
                 errors.append(f"try {attempt + 1}: {describe_error(exc)}")
+                if not self._note_lost(shard, exc):
+                    self._unexplained = True
             log.warning("shard %d %s failed: %s", shard, method, errors[-1])
         raise ShardUnavailable(shard, errors)
 
     async def _scatter(self, *call: Any) -> tuple[list[Any], Coverage, dict[int, float]]:
         """``call`` (method, args...) on every shard at once: the answers of those that answered, in
         shard order, the coverage (the others named) and each shard's milliseconds. A call that
-        needed a second try has the replica counts followed (in the background,
-        :meth:`_follow_counts`), so the next responses show a lost replica as soon as the platform does."""
+        failed on a replica whose error names it (:meth:`_note_lost`) takes it off its shard's count
+        at once (this response already shows it); one whose error does not (a timeout) has the
+        counts read again in the background, at most every :attr:`recount_min_s`."""
 
         async def one(shard: int) -> tuple[Any, int, str | None, float]:
             t0 = time.perf_counter()
@@ -150,8 +175,9 @@ class ShardedIndex:
         coverage = Coverage(shards=self.n_shards, answered=len(answers), failovers=failovers,
                             errors={s: e for s, (_, _, e, _) in enumerate(outcomes) if e is not None},
                             replicas=self.redundancy())
-        if failovers and (self._recount is None or self._recount.done()):
-            self._recount = asyncio.get_running_loop().create_task(self._follow_counts())
+        if self._unexplained and (self._recount is None or self._recount.done()):
+            self._unexplained = False
+            self._recount = asyncio.get_running_loop().create_task(self._recount_later())
         return answers, coverage, {s: round(ms, 2) for s, (_, _, _, ms) in enumerate(outcomes)}
 
     async def search(self, queries: np.ndarray, k: int, texts: list[str] | None = None,

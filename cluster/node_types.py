@@ -106,23 +106,17 @@ def publish_cluster_config(config: dict[str, Any]) -> dict[str, float]:
     :func:`cluster.ray_private.max_resources_from_cluster_config` (Ray Data, Ray Train,
     :func:`actors.embedding.cluster_capacity`) reads what the cluster can grow to. Returns that."""
     import ray
-    from ray.core.generated import autoscaler_pb2
 
     from cluster import ray_private
 
-    msg = autoscaler_pb2.ClusterConfig()
     head = config.get("head_node_type")
-    for name, t in config["available_node_types"].items():
-        group = msg.node_group_configs.add()
-        group.name = name
-        group.min_count = 1 if name == head else int(t.get("min_workers", 0))
-        group.max_count = 1 if name == head else int(t.get("max_workers", 0))
-        for key, value in (t.get("resources") or {}).items():
-            if key != "object_store_memory" and value:
-                group.resources[key] = int(value)
+    groups = [{"name": name, "min_count": 1 if name == head else int(t.get("min_workers", 0)),
+               "max_count": 1 if name == head else int(t.get("max_workers", 0)),
+               "resources": {k: v for k, v in (t.get("resources") or {}).items() if k != "object_store_memory" and v}}
+              for name, t in config["available_node_types"].items()]
     if not ray.is_initialized():
         raise RuntimeError("publish_cluster_config needs a connected Ray (ray.init)")
-    ray_private.put_autoscaler_cluster_config(msg.SerializeToString())
+    ray_private.put_autoscaler_cluster_config(groups)
     return max_resources(config)
 
 
@@ -130,10 +124,11 @@ def live_nodes(address: str) -> dict[str, str]:
     """``{node_id: node type}`` of the worker nodes alive now (not the head), from the autoscaler's
     cluster status in the GCS; a node the autoscaler did not launch is ``node_<id>``."""
     import ray
-    from ray.autoscaler.v2.sdk import get_cluster_status
+
+    from cluster import ray_private
 
     heads = {n["NodeID"] for n in ray.nodes() if "node:__internal_head__" in n.get("Resources", {})}
-    status = get_cluster_status(address)
+    status = ray_private.autoscaler_cluster_status(address)
     return {n.node_id: n.ray_node_type_name for n in [*status.active_nodes, *status.idle_nodes]
             if n.node_id not in heads}
 

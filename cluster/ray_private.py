@@ -10,9 +10,17 @@ of them and fails loudly on another Ray, so an upgrade re-checks them before any
   then waits with a deadline and reports why) — ``ray.serve.api._run(..., _blocking=False)``;
 * :func:`max_resources_from_cluster_config`: what an autoscaling cluster can grow to, as Ray Data
   reads it — ``ray._private.state.state.get_max_resources_from_cluster_config``;
-* :func:`put_autoscaler_cluster_config`: writes that config to the GCS key it is read from
-  (Ray's open-source autoscaler does not) — ``ray.experimental.internal_kv._internal_kv_put`` with
+* :func:`put_autoscaler_cluster_config`: writes that config (node groups, as the protobuf message
+  ``ray.core.generated.autoscaler_pb2.ClusterConfig``) to the GCS key it is read from (Ray's
+  open-source autoscaler does not) — ``ray.experimental.internal_kv._internal_kv_put`` with
   ``ray._raylet.GCS_AUTOSCALER_CLUSTER_CONFIG_KEY`` / ``GCS_AUTOSCALER_STATE_NAMESPACE``;
+* :func:`autoscaler_cluster_status`: the autoscaler's view of the nodes (active, idle, by node
+  type) — ``ray.autoscaler.v2.sdk.get_cluster_status``;
+* :func:`serve_details`: Serve's details of every application (replicas' states and nodes,
+  per-replica ``required_resources``) without the dashboard's REST API —
+  ``ray.serve.context._get_global_client().get_serve_details()``;
+* :func:`serve_request_id`: the id Serve gave the request a replica is handling —
+  ``ray.serve.context._get_serve_request_context``;
 * :func:`actor_table`: every actor with its state and node, without the dashboard the state API
   (``ray.util.state.list_actors``) needs — ``ray._private.state.state.actor_table``;
 * :func:`fake_provider`: the fake multi-node provider the real autoscaler drives on one machine
@@ -36,6 +44,10 @@ PRIVATE_NAMES = (
     ("ray._raylet", "GCS_AUTOSCALER_CLUSTER_CONFIG_KEY"),
     ("ray._raylet", "GCS_AUTOSCALER_STATE_NAMESPACE"),
     ("ray.autoscaler._private.fake_multi_node.node_provider", "FakeMultiNodeProvider"),
+    ("ray.core.generated.autoscaler_pb2", "ClusterConfig"),
+    ("ray.autoscaler.v2.sdk", "get_cluster_status"),
+    ("ray.serve.context", "_get_global_client"),
+    ("ray.serve.context", "_get_serve_request_context"),
 )
 
 
@@ -62,14 +74,46 @@ def max_resources_from_cluster_config() -> dict[str, float] | None:
     return ray._private.state.state.get_max_resources_from_cluster_config()
 
 
-def put_autoscaler_cluster_config(serialized: bytes) -> None:
-    """Write an ``autoscaler_pb2.ClusterConfig`` (serialized) where
-    :func:`max_resources_from_cluster_config` reads it."""
+def put_autoscaler_cluster_config(node_groups: list[dict[str, Any]]) -> None:
+    """Write the autoscaler's cluster config where :func:`max_resources_from_cluster_config` reads
+    it: one ``ClusterConfig`` node group per ``{"name", "min_count", "max_count", "resources":
+    {resource: integer amount}}``."""
     import ray
+    from ray.core.generated import autoscaler_pb2
     from ray.experimental.internal_kv import _internal_kv_put
 
-    _internal_kv_put(ray._raylet.GCS_AUTOSCALER_CLUSTER_CONFIG_KEY.encode(), serialized, overwrite=True,
+    msg = autoscaler_pb2.ClusterConfig()
+    for g in node_groups:
+        group = msg.node_group_configs.add()
+        group.name, group.min_count, group.max_count = g["name"], int(g["min_count"]), int(g["max_count"])
+        for key, value in g["resources"].items():
+            group.resources[key] = int(value)
+    _internal_kv_put(ray._raylet.GCS_AUTOSCALER_CLUSTER_CONFIG_KEY.encode(), msg.SerializeToString(), overwrite=True,
                      namespace=ray._raylet.GCS_AUTOSCALER_STATE_NAMESPACE.encode())
+
+
+def autoscaler_cluster_status(address: str) -> Any:
+    """The autoscaler's cluster status (``active_nodes``, ``idle_nodes``: ``node_id``,
+    ``ray_node_type_name``) from the GCS at ``address``."""
+    from ray.autoscaler.v2.sdk import get_cluster_status
+
+    return get_cluster_status(address)
+
+
+def serve_details() -> dict[str, Any]:
+    """Serve's details (``ServeInstanceDetails`` as a dict: ``applications`` with each deployment's
+    replicas and ``required_resources``); empty when no Serve controller runs."""
+    from ray.serve.context import _get_global_client
+
+    client = _get_global_client(raise_if_no_controller_running=False)
+    return client.get_serve_details() if client else {}
+
+
+def serve_request_id() -> str:
+    """The request id of the request this Serve replica is handling (raises outside a replica)."""
+    from ray.serve.context import _get_serve_request_context
+
+    return _get_serve_request_context().request_id
 
 
 def actor_table() -> list[dict[str, Any]]:

@@ -88,9 +88,9 @@ def request_id(headers: Any) -> str:
     """The id Serve's proxy gave the request (also in its ``X-Request-ID`` response header and in
     the replica's log lines), or the client's ``X-Request-ID``, or a new one."""
     try:
-        from ray.serve.context import _get_serve_request_context
+        from cluster import ray_private
 
-        rid = _get_serve_request_context().request_id
+        rid = ray_private.serve_request_id()
     except Exception:  # noqa: BLE001 - outside a replica (tests of the bare FastAPI app)
         rid = ""
     return rid or headers.get("x-request-id") or uuid.uuid4().hex

@@ -105,7 +105,7 @@ def ensure_index_app(build_uri: str, manifest: "Manifest", config: "IndexConfig"
     UNHEALTHY while Serve replaces a lost replica and every shard still has a running one); returns
     its name. Raises :class:`IndexNotReady` with Serve's reason (a replica that cannot be placed:
     what it asks and what the cluster lacks; a replica that fails to load) when it does not come up."""
-    from serve.run import running_replicas, serve_status, wait_running
+    from serve.status import running_replicas, serve_status, wait_running
 
     name = index_app_name(manifest.build_id)
     status = serve_status().applications.get(name)
@@ -148,7 +148,7 @@ class ServeShards(ShardedIndex):
         super().__init__(handles, timeout_s=config.search_timeout_s, manifest=manifest, replicas=config.replicas)
 
     async def replica_counts(self) -> list[tuple[int, int]]:
-        from serve.run import serve_status
+        from serve.status import serve_status
 
         status = await asyncio.to_thread(serve_status)
         app = status.applications.get(self.app)
@@ -166,7 +166,7 @@ def open_index(build_uri: str, config: "IndexConfig", *, ready_timeout_s: float 
     """The build's shards for a job that searches without the HTTP app (evaluation, benchmarks): its
     Serve application (the same one the Retriever uses; started with Serve's proxies off when Serve
     is not running yet), deleted on exit unless it was running before (a live service's)."""
-    from serve.run import serve_status
+    from serve.status import serve_status
 
     manifest = ArtifactStore.open(build_uri).read_manifest()
     name = index_app_name(manifest.build_id)
@@ -212,7 +212,7 @@ class ServeIndex(ServeShards):
     async def release(self) -> None:
         """This Retriever replica goes away (scale-down, redeploy, delete): the application goes with
         the deployment's last replica, and stays while another replica of it is alive."""
-        from serve.run import serve_status
+        from serve.status import serve_status
 
         try:
             app = (await asyncio.to_thread(serve_status)).applications.get(self.user_app)

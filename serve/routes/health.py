@@ -32,7 +32,7 @@ from fastapi.responses import JSONResponse
 from longrag.types import describe_redundancy
 from serve.errors import error_response
 from serve.gateway import Gateway, gateway
-from serve.run import Placement, missing_resources, placement, serve_status, waiting_replicas
+from serve.status import Placement, missing_resources, placement, serve_status, waiting_replicas
 from serve.schemas import DeploymentHealth, ErrorResponse, Health, Liveness
 
 router = APIRouter()
@@ -123,7 +123,7 @@ async def report(gw: Gateway) -> Report:
     running: dict[str, int] = {}
     where: Placement | None = None  # Serve's details and the cluster's resources, read once if needed
     try:
-        status = await asyncio.to_thread(serve_status)  # one thread at a time (serve.run.serve_status)
+        status = await asyncio.to_thread(serve_status)  # one thread at a time (serve.status.serve_status)
         app = status.applications.get(gw.app_name) if gw.app_name else None
     except Exception:  # the controller is unreachable: say so, keep answering
         log.warning("/readyz: serve.status() failed", exc_info=True)

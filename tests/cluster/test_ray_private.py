@@ -59,3 +59,90 @@ def test_the_offender_check_sees_a_private_import():
     assert PRIVATE.search("from ray.serve._private import api")
     assert PRIVATE.search("x = ray._private.state.state")
     assert not PRIVATE.search("from ray.serve.config import gRPCOptions")
+
+
+# ------------------------------------------------------------------ the import graph, read as code (AST)
+#: Ray modules that are private as a whole, and names that are private wherever they are imported from.
+PRIVATE_MODULES = ("ray._private", "ray._raylet", "ray.core.generated", "ray.autoscaler.v2", "ray.experimental")
+PRIVATE_NAMES_ANYWHERE = ("_get_global_client", "_get_serve_request_context")
+
+
+def _private_imports(source: str) -> list[tuple[int, str]]:
+    """``(line, what)`` of every private Ray name ``source`` imports or reaches: a module under
+    :data:`PRIVATE_MODULES` or with a ``_`` part (``ray.serve._private``), a name starting with ``_``
+    imported from ``ray.*``, a name of :data:`PRIVATE_NAMES_ANYWHERE`, or an attribute chain
+    ``ray.x._y`` in code."""
+    import ast
+
+    def private_module(name: str) -> bool:
+        return name.split(".")[0] == "ray" and (
+            any(name == m or name.startswith(m + ".") for m in PRIVATE_MODULES)
+            or any(part.startswith("_") for part in name.split(".")))
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if private_module(a.name)]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if private_module(node.module):
+                found.append((node.lineno, node.module))
+            elif node.module.split(".")[0] == "ray":
+                found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names
+                          if a.name.startswith("_") or a.name in PRIVATE_NAMES_ANYWHERE]
+        elif isinstance(node, ast.Attribute):
+            chain, inner = [node.attr], node.value
+            while isinstance(inner, ast.Attribute):
+                chain.append(inner.attr)
+                inner = inner.value
+            if isinstance(inner, ast.Name) and inner.id == "ray":
+                dotted = ".".join(["ray", *reversed(chain)])
+                if private_module(dotted) or node.attr in PRIVATE_NAMES_ANYWHERE:
+                    found.append((node.lineno, dotted))
+        elif isinstance(node, ast.Name) and node.id in PRIVATE_NAMES_ANYWHERE:
+            found.append((node.lineno, node.id))
+    return sorted(set(found))
+
+
+def test_no_module_but_ray_private_imports_a_private_ray_name():
+    """Issue 40, item 7: every private Ray name goes through cluster/ray_private.py (its names are
+    pinned to Ray's version above); an AST scan of every product module, docstrings left aside."""
+    offenders = []
+    for pkg in PRODUCT:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            if path.relative_to(ROOT).as_posix() == "cluster/ray_private.py":
+                continue
+            offenders += [f"{path.relative_to(ROOT)}:{n}: {what}"
+                          for n, what in _private_imports(path.read_text(encoding="utf-8"))]
+    assert not offenders, "private Ray names outside cluster/ray_private.py:\n" + "\n".join(offenders)
+
+
+def test_the_ast_scan_sees_each_kind_of_private_import():
+    assert _private_imports("from ray.serve.context import _get_global_client")
+    assert _private_imports("from ray.serve.context import _get_serve_request_context as f")
+    assert _private_imports("from ray.core.generated import autoscaler_pb2")
+    assert _private_imports("from ray.autoscaler.v2.sdk import get_cluster_status")
+    assert _private_imports("import ray._private.state")
+    assert _private_imports("from ray.serve._private import api")
+    assert _private_imports("import ray\nx = ray._private.state.state")
+    assert _private_imports("from ray.serve import api\napi._run(app)") == []  # a module's attribute: not by name
+    assert _private_imports("from ray.experimental.internal_kv import _internal_kv_put")
+    assert not _private_imports("from ray.serve.config import gRPCOptions\nimport ray.util\n'''ray._private'''")
+
+
+def test_the_serve_runtime_does_not_import_the_cli():
+    """serve/run.py is the CLI (``python -m serve.run``); the runtime (routes, deployments, the index
+    application) reads Serve's status through serve/status.py and never imports the CLI module."""
+    import ast
+
+    offenders = []
+    for path in sorted((ROOT / "serve").rglob("*.py")):
+        if path.name == "run.py" and path.parent == ROOT / "serve":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            offenders += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names if n == "serve.run"]
+    assert not offenders, "the Serve runtime imports the CLI module serve.run:\n" + "\n".join(offenders)

@@ -194,7 +194,7 @@ def test_a_retriever_replica_going_away_deletes_the_index_application_only_as_th
     import asyncio
     from types import SimpleNamespace
 
-    from serve import run
+    from serve import status as run
     from serve.index_app import ServeIndex
 
     apps = {} if app_state is None else {"longrag": SimpleNamespace(
@@ -215,7 +215,7 @@ def test_a_new_retriever_replica_accepts_an_application_that_lost_a_replica(monk
     from types import SimpleNamespace
 
     from serve import index_app as ia
-    from serve import run
+    from serve import status as run
 
     write_tiny_build(tmp_path / "b", DOCS, shards=2)
     manifest = ArtifactStore.open(str(tmp_path / "b")).read_manifest()
