@@ -79,10 +79,11 @@ class ShardedIndex:
     class knows none (the Serve backend reads Serve's, :class:`serve.index_app.ServeShards`)."""
 
     def __init__(self, handles: list[Any], *, timeout_s: float = 10.0, manifest: Manifest | None = None,
-                 attempts: int = 2, replicas: int = 1) -> None:
+                 attempts: int = 2, replicas: int = 1, fused_fetch_max_units: int = 32) -> None:
         if not handles:
             raise ValueError("a sharded index needs a handle per shard")
         self.handles = handles
+        self.fused_fetch_max_units = fused_fetch_max_units  # search_units: shards x k above it fetch the winners only
         self.timeout_s, self.attempts = timeout_s, max(1, attempts)
         self.manifest = manifest  # the build's: whether its shards have BM25 for hybrid searches
         self.counts: list[tuple[int, int]] = [(replicas, replicas)] * len(handles)  # (running, wanted) per shard
@@ -203,15 +204,20 @@ class ShardedIndex:
 
     async def search_units(self, query: np.ndarray, k: int, evidence: bool = False
                            ) -> tuple[ShardedSearchResult, list[RetrievedUnit]]:
-        """One question's dense top-k units with their records in one call per shard (a shard sends
-        its own top-k rows; the exact merge keeps only hits a shard sent), instead of a search and a
-        fetch: half the shard calls of :meth:`search` + :meth:`retrieve_units`. With ``evidence``
-        each unit's documents come best first."""
+        """One question's dense top-k units with their records. While shards x ``k`` is at most
+        ``fused_fetch_max_units``, in one call per shard (a shard sends its own top-k rows; the exact
+        merge keeps only hits a shard sent): half the shard calls of :meth:`search` +
+        :meth:`retrieve_units`. Above it, ids and scores first and then only the ``k`` units that
+        won: with units of ~4K tokens, 8 shards at k = 100 would otherwise ship 800 units to keep
+        100. With ``evidence`` each unit's documents come best first."""
         query = np.asarray(query, dtype=np.float32)
         if query.ndim != 1:
             raise ValueError(f"one query vector (dim,), got shape {query.shape}")
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        if self.n_shards * k > self.fused_fetch_max_units:
+            result = await self.search(query[None, :], k)
+            return result, await self.retrieve_units(result.hits[0], query if evidence else None, evidence)
         answers, coverage, shard_ms = await self._scatter("search_units", query, k, evidence)
         hits = merge_answers([[shard_hits] for shard_hits, _ in answers], 1, k, None)
         rows = {row["unit_id"]: row for _, shard_rows in answers for row in shard_rows}

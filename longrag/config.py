@@ -156,6 +156,11 @@ class IndexConfig(_Section):
         60.0, ge=0, description="A superseded build's application is deleted this long after the "
         "switch (every Retriever replica follows the alias within index.refresh_s).",
     )
+    fused_fetch_max_units: int = Field(
+        32, ge=1, description="A dense retrieval searches and fetches in one call per shard while shards x k is at "
+        "most this many units (each shard ships its own top k with their text); above it, ids and scores first, "
+        "then only the k units that won (units of ~4K tokens: 8 shards at k = 100 would ship 800 to keep 100).",
+    )
 
 
 RetrievalMode = Literal["dense", "hybrid", "graph", "hybrid+graph", "iterative"]

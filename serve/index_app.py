@@ -145,7 +145,8 @@ class ServeShards(ShardedIndex):
         self.app = app
         handles = [serve.get_deployment_handle(shard_deployment_name(s.shard_id), app_name=app)
                    for s in manifest.shards]
-        super().__init__(handles, timeout_s=config.search_timeout_s, manifest=manifest, replicas=config.replicas)
+        super().__init__(handles, timeout_s=config.search_timeout_s, manifest=manifest, replicas=config.replicas,
+                         fused_fetch_max_units=config.fused_fetch_max_units)
 
     async def replica_counts(self) -> list[tuple[int, int]]:
         from serve.status import serve_status
