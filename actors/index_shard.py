@@ -39,8 +39,10 @@ class IndexShardImpl:
 
     def __init__(
         self, store_uri: str, shard_id: int, verify: bool = True, threads: int = 1, search_params: str = "",
-        device: str = "cpu",
+        device: str = "cpu", *, cache: bool = False, cache_dir: str | None = None,
     ) -> None:
+        """``cache``: the shard's files through the node-local cache (:mod:`longrag.index.shard_cache`,
+        ``cache_dir`` or its default): fetched and hashed once per node, the FAISS index memory-mapped."""
         import faiss
 
         from longrag.index.maxp import check_gpu
@@ -57,13 +59,19 @@ class IndexShardImpl:
         self.store_uri = store_uri
         self.shard_id = shard_id
         store = ArtifactStore.open(store_uri)
-        self.index, self.units = load_shard(store, shard_id, verify=verify)
+        file_cache = None
+        if cache:
+            from longrag.index.shard_cache import ShardFileCache
+
+            file_cache = ShardFileCache(cache_dir)
+        self.cache = file_cache
+        self.index, self.units = load_shard(store, shard_id, verify=verify, cache=file_cache)
         if device == "cuda":
             self.index.to_gpu(0)  # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU
         self.index.set_search_params(search_params)
         self.search_params = search_params
-        self.chunks = load_shard_chunks(store, shard_id, verify=verify)
-        self.lexical = load_shard_lexical(store, shard_id, verify=verify)  # None: built before hybrid retrieval
+        self.chunks = load_shard_chunks(store, shard_id, verify=verify, cache=file_cache)
+        self.lexical = load_shard_lexical(store, shard_id, verify=verify, cache=file_cache)  # None: built before hybrid retrieval
         _release_load_buffers()
         self.load_s = time.perf_counter() - t0
         self.loaded_at = time.time()

@@ -35,7 +35,8 @@ class InProcessIndex:
                  holder: str | None = None) -> None:
         self.manifest = ArtifactStore.open(index_uri).read_manifest()
         self.shards = [IndexShardImpl(index_uri, s.shard_id, threads=config.shard_threads,
-                                      search_params=config.search_params, device=config.device)
+                                      search_params=config.search_params, device=config.device,
+                                      cache=config.shard_cache, cache_dir=config.shard_cache_dir)
                        for s in self.manifest.shards]
 
     def search_sync(self, queries: np.ndarray, k: int, texts: list[str] | None = None,

@@ -156,6 +156,14 @@ class IndexConfig(_Section):
         60.0, ge=0, description="A superseded build's application is deleted this long after the "
         "switch (every Retriever replica follows the alias within index.refresh_s).",
     )
+    shard_cache: bool = Field(
+        True, description="Shard replicas load their files through a node-local cache keyed by each file's sha256 "
+        "(longrag.index.shard_cache): a file of a remote store is fetched and hashed once per node, a local one "
+        "hashed once per content, and the FAISS index is memory-mapped from it (shared by the node's replicas).",
+    )
+    shard_cache_dir: str | None = Field(
+        None, description="The cache's folder on each node; None = $LONGRAG_SHARD_CACHE or ~/.cache/longrag/shards.",
+    )
     fused_fetch_max_units: int = Field(
         32, ge=1, description="A dense retrieval searches and fetches in one call per shard while shards x k is at "
         "most this many units (each shard ships its own top k with their text); above it, ids and scores first, "

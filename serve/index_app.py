@@ -95,7 +95,7 @@ def index_app(build_uri: str, manifest: "Manifest", config: "IndexConfig", *, ve
             options["num_replicas"] = config.replicas
         shards.append(serve.deployment(shard_cls).options(**options).bind(
             build_uri, entry.shard_id, verify, config.shard_threads, config.search_params, config.device,
-            max_pending=config.shard_max_pending))
+            max_pending=config.shard_max_pending, cache=config.shard_cache, cache_dir=config.shard_cache_dir))
     return IndexBuild.bind(manifest.build_id, len(shards), *shards)
 
 

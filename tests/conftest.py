@@ -21,6 +21,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# shard replicas' node-local file cache (longrag.index.shard_cache): one per test session, not the user's
+# (Ray processes a test starts inherit it)
+if "LONGRAG_SHARD_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["LONGRAG_SHARD_CACHE"] = tempfile.mkdtemp(prefix="longrag-shard-cache-")
 
 from longrag.data import SAMPLE_WIKI as _SAMPLE_WIKI
 from longrag.data import data_path

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from longrag.index.graph import GRAPH_FILE, GraphMissing, UnitGraph
 from longrag.index.lexical import LexicalIndex, lexical_file_names
 from longrag.index.manifest import FileEntry, Manifest, ShardEntry
-from longrag.index.maxp import INDEX_FILES, MaxPIndex
+from longrag.index.maxp import INDEX_FILE, INDEX_FILES, MaxPIndex
 from longrag.store import (
     DOCUMENT_SCHEMA,
     ChecksumError,
@@ -43,6 +43,9 @@ from longrag.store import (
     units_to_parquet,
 )
 from longrag.types import Chunk, Document, Unit
+
+if TYPE_CHECKING:
+    from longrag.index.shard_cache import ShardFileCache
 
 MANIFEST_FILE = "manifest.json"
 UNITS_FILE = "units.parquet"
@@ -176,7 +179,26 @@ def _shard_entry(store: ArtifactStore, shard_id: int, require_complete: bool) ->
         return marker, manifest
 
 
-def _read_files(store: ArtifactStore, entry: ShardEntry, names: list[str], verify: bool) -> dict[str, bytes]:
+def _cached_paths(store: ArtifactStore, entry: ShardEntry, names: list[str], verify: bool,
+                  cache: "ShardFileCache") -> dict[str, Path]:
+    """Local paths of the shard's files through the node-local cache (:mod:`longrag.index.shard_cache`):
+    fetched and hashed once per node and content; ``verify=False`` trusts a local store's files as they are."""
+    out: dict[str, Path] = {}
+    for name in names:
+        if name not in entry.files:
+            raise FileNotFoundError(f"shard {entry.shard_id} entry lists no file {name}")
+        key = store.shard_key(entry.shard_id, name)
+        if not verify and getattr(store.storage, "_local", False):
+            out[name] = Path(store.storage.path(key))
+            continue
+        out[name] = cache.path(store.storage, key, entry.files[name].sha256, entry.files[name].bytes)
+    return out
+
+
+def _read_files(store: ArtifactStore, entry: ShardEntry, names: list[str], verify: bool,
+                cache: "ShardFileCache | None" = None) -> dict[str, bytes]:
+    if cache is not None:
+        return {name: path.read_bytes() for name, path in _cached_paths(store, entry, names, verify, cache).items()}
     out: dict[str, bytes] = {}
     for name in names:
         if name not in entry.files:
@@ -202,15 +224,23 @@ def verify_shard(store: ArtifactStore, shard_id: int, *, require_complete: bool 
 
 
 def load_shard(
-    store: ArtifactStore, shard_id: int, *, verify: bool = True, require_complete: bool = True
+    store: ArtifactStore, shard_id: int, *, verify: bool = True, require_complete: bool = True,
+    cache: "ShardFileCache | None" = None,
 ) -> tuple[MaxPIndex, RecordLookup[Unit]]:
     """Load one shard's index and its units (by unit_id), checking sha256s when ``verify``.
 
-    ``require_complete=False`` also loads a shard of a ``building`` build from its marker.
+    ``require_complete=False`` also loads a shard of a ``building`` build from its marker. With a
+    ``cache`` (:class:`longrag.index.shard_cache.ShardFileCache`) the files come through the node-local
+    cache (fetched and hashed once per node) and the FAISS index is memory-mapped from it.
     """
     entry, manifest = _shard_entry(store, shard_id, require_complete)
-    files = _read_files(store, entry, [*INDEX_FILES, UNITS_FILE], verify)
-    index = MaxPIndex.from_files(files)
+    if cache is None:
+        files = _read_files(store, entry, [*INDEX_FILES, UNITS_FILE], verify)
+        index = MaxPIndex.from_files(files)
+    else:
+        paths = _cached_paths(store, entry, [*INDEX_FILES, UNITS_FILE], verify, cache)
+        files = {name: path.read_bytes() for name, path in paths.items() if name != INDEX_FILE}
+        index = MaxPIndex.from_files(files, index_path=paths[INDEX_FILE])
     units = units_from_parquet(files[UNITS_FILE])
     if manifest is not None:
         if index.dim != manifest.embedding.dim or index.metric != manifest.metric:
@@ -225,7 +255,8 @@ def load_shard(
 
 
 def load_shard_lexical(
-    store: ArtifactStore, shard_id: int, *, verify: bool = True, require_complete: bool = True
+    store: ArtifactStore, shard_id: int, *, verify: bool = True, require_complete: bool = True,
+    cache: "ShardFileCache | None" = None,
 ) -> LexicalIndex | None:
     """One shard's BM25 index, or None when the shard was written without one (a build made before
     hybrid retrieval: rebuild it, or ``jobs.update`` rewrites the shards it touches)."""
@@ -233,18 +264,19 @@ def load_shard_lexical(
     names = lexical_file_names(list(entry.files))
     if not names:
         return None
-    lexical = LexicalIndex.from_files(_read_files(store, entry, names, verify))
+    lexical = LexicalIndex.from_files(_read_files(store, entry, names, verify, cache))
     if lexical.n_chunks != entry.n_chunks:
         raise ValueError(f"shard {shard_id}: BM25 index holds {lexical.n_chunks} chunks, entry says {entry.n_chunks}")
     return lexical
 
 
 def load_shard_chunks(
-    store: ArtifactStore, shard_id: int, *, verify: bool = True, require_complete: bool = True
+    store: ArtifactStore, shard_id: int, *, verify: bool = True, require_complete: bool = True,
+    cache: "ShardFileCache | None" = None,
 ) -> RecordLookup[Chunk]:
     """One shard's chunk records by chunk_id (chunk text for readers that work on chunks)."""
     entry, _ = _shard_entry(store, shard_id, require_complete)
-    return chunks_from_parquet(_read_files(store, entry, [CHUNKS_FILE], verify)[CHUNKS_FILE])
+    return chunks_from_parquet(_read_files(store, entry, [CHUNKS_FILE], verify, cache)[CHUNKS_FILE])
 
 
 # ---------------------------------------------------------------------------------------- documents

@@ -397,13 +397,20 @@ class MaxPIndex:
         }
 
     @classmethod
-    def from_files(cls, files: dict[str, bytes]) -> "MaxPIndex":
-        """Inverse of :meth:`to_files`."""
-        missing = [name for name in INDEX_FILES if name not in files]
+    def from_files(cls, files: dict[str, bytes], *, index_path: str | Path | None = None) -> "MaxPIndex":
+        """Inverse of :meth:`to_files`. With ``index_path`` the FAISS index is read from that file
+        instead of ``files``, its codes memory-mapped where the index type allows it (FAISS
+        ``IO_FLAG_MMAP_IFC``: the flat-code indexes, Flat, SQ, PQ, HNSW's storage; an IVF index is read
+        into memory): the file must stay as it is while the index lives (the shard cache's files are
+        never rewritten)."""
+        missing = [name for name in INDEX_FILES if name not in files and not (name == INDEX_FILE and index_path)]
         if missing:
             raise FileNotFoundError(f"MaxP index files missing: {missing}")
         meta = json.loads(files[META_FILE])
-        index = faiss.deserialize_index(np.frombuffer(files[INDEX_FILE], dtype=np.uint8))
+        if index_path is not None:
+            index = faiss.read_index(str(index_path), faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY)
+        else:
+            index = faiss.deserialize_index(np.frombuffer(files[INDEX_FILE], dtype=np.uint8))
         chunk_units = np.load(io.BytesIO(files[CHUNK_UNITS_FILE]), allow_pickle=False)
         chunk_ids = _parquet_column(files[CHUNK_IDS_FILE], "chunk_id")
         unit_ids = _parquet_column(files[UNIT_IDS_FILE], "unit_id")

@@ -1,0 +1,131 @@
+"""``python -m jobs.bench_shard_load``: how long a shard replica takes to load a large shard, and what it
+holds in memory, read as bytes (every file read, hashed, then deserialized: what each replica start did)
+against the node-local shard cache (:mod:`longrag.index.shard_cache`: hashed once per content, the FAISS
+index memory-mapped). Issue 40, item 6.
+
+Writes a synthetic shard of ``--vectors`` chunk vectors (``--dim``, exact Flat index, ``--chunks-per-unit``)
+to a local store under ``--out``, then loads it with :func:`longrag.index.artifacts.load_shard` in a fresh
+process per setting (so each peak RSS is its own): ``bytes`` (the old path), ``cache, first load`` (a new
+cache: hashed once, stamped) and ``cache, warm`` (the stamp found: no hash). Per setting: load seconds, peak
+RSS, the first search and the p50 of ``--searches`` more (k = 10; a mapped index pays its page faults on
+first touch). Prints a table and one JSON line; the figures are one run's, with the load average.
+
+    python -m jobs.bench_shard_load --vectors 1000000 --dim 384 --out artifacts/bench-shard-load
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+SETTINGS = ("bytes", "cache, first load", "cache, warm")
+
+
+def write_shard_files(out: Path, n: int, dim: int, per_unit: int) -> str:
+    """A complete one-shard build of random unit vectors (index and units only: what load_shard reads)."""
+    from longrag.config import LongRAGConfig
+    from longrag.index.artifacts import UNITS_FILE, ArtifactStore, units_to_parquet
+    from longrag.index.manifest import FileEntry, Manifest, ShardEntry
+    from longrag.index.maxp import MaxPIndex
+    from longrag.store import sha256_bytes
+    from longrag.types import Unit
+
+    store = ArtifactStore.open(str(out))
+    if store.has_manifest() and store.read_manifest().shards[0].n_chunks == n:
+        return str(out)
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((n, dim), dtype=np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    n_units = (n + per_unit - 1) // per_unit
+    unit_ids = [f"u{i:08d}" for i in range(n_units)]
+    chunk_units = [unit_ids[i // per_unit] for i in range(n)]
+    chunk_ids = [f"{chunk_units[i]}:{i % per_unit:04d}" for i in range(n)]
+    index = MaxPIndex.build(vectors, chunk_ids, chunk_units)
+    del vectors
+    units = [Unit(unit_id=u, doc_ids=[u], titles=[u], text=f"unit {u}", n_tokens=2) for u in unit_ids]
+    manifest = Manifest.create(LongRAGConfig(), dim=dim, documents=n_units)
+    files = {UNITS_FILE: units_to_parquet(units), **index.to_files()}
+    entries = {}
+    for name, data in files.items():
+        store.storage.write_bytes(store.shard_key(0, name), data)
+        entries[name] = FileEntry(sha256=sha256_bytes(data), bytes=len(data))
+    manifest.add_shard(ShardEntry(shard_id=0, n_units=n_units, n_chunks=n, files=entries))
+    manifest.mark_complete()
+    store.write_manifest(manifest)
+    return str(out)
+
+
+def measure(uri: str, setting: str, cache_dir: str, searches: int) -> dict:
+    """One load in this process (called in a child): seconds, peak RSS, first and p50 search ms."""
+    import resource
+
+    from longrag.index.artifacts import ArtifactStore, load_shard
+    from longrag.index.shard_cache import ShardFileCache
+
+    store = ArtifactStore.open(uri)
+    cache = None if setting == "bytes" else ShardFileCache(cache_dir)
+    t0 = time.perf_counter()
+    index, units = load_shard(store, 0, cache=cache)
+    load_s = time.perf_counter() - t0
+    rng = np.random.default_rng(1)
+    queries = rng.standard_normal((searches + 1, index.dim), dtype=np.float32)
+    times = []
+    for q in queries:
+        t1 = time.perf_counter()
+        index.search(q[None, :], 10)
+        times.append((time.perf_counter() - t1) * 1e3)
+    return {"setting": setting, "load_s": round(load_s, 3),
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "first_search_ms": round(times[0], 1), "search_p50_ms": round(float(np.median(times[1:])), 1),
+            "hashed": getattr(cache, "hashed", None), "cache_hits": getattr(cache, "hits", None),
+            "vectors": index.ntotal, "units": len(units)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m jobs.bench_shard_load", description=__doc__.split("\n\n")[0])
+    p.add_argument("--vectors", type=int, default=1_000_000)
+    p.add_argument("--dim", type=int, default=384)
+    p.add_argument("--chunks-per-unit", type=int, default=10)
+    p.add_argument("--searches", type=int, default=20)
+    p.add_argument("--out", default="artifacts/bench-shard-load")
+    p.add_argument("--child", nargs=3, metavar=("URI", "SETTING", "CACHE"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(measure(*args.child, args.searches)))
+        return 0
+    out = Path(args.out)
+    t0 = time.perf_counter()
+    uri = write_shard_files(out / "build", args.vectors, args.dim, args.chunks_per_unit)
+    print(f"shard of {args.vectors:,} x {args.dim} written in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    cache_dir = out / "cache"
+    if cache_dir.exists():
+        import shutil
+
+        shutil.rmtree(cache_dir)
+    load = os.getloadavg()
+    rows = []
+    for setting in SETTINGS:
+        res = subprocess.run([sys.executable, "-m", "jobs.bench_shard_load", "--searches", str(args.searches),
+                              "--child", uri, setting, str(cache_dir)], capture_output=True, text=True, check=True)
+        rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
+        print(f"{setting}: {rows[-1]}", file=sys.stderr)
+    base = rows[0]
+    print("| setting | load s | x bytes | peak RSS MB | first search ms | search p50 ms |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['setting']} | {r['load_s']} | {r['load_s'] / base['load_s']:.2f} | {r['peak_rss_mb']} | "
+              f"{r['first_search_ms']} | {r['search_p50_ms']} |")
+    print(json.dumps({"bench": "shard_load", "vectors": args.vectors, "dim": args.dim, "loadavg": load,
+                      "loadavg_after": os.getloadavg(), "results": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,18 @@
+"""jobs.bench_shard_load on a small shard: the three settings, each in its own process, find the same
+shard; the warm cache hashes nothing and the first one hashes every file once."""
+
+from __future__ import annotations
+
+import json
+
+from jobs import bench_shard_load as B
+
+
+def test_three_settings_one_json_line(tmp_path, capsys):
+    assert B.main(["--vectors", "3000", "--dim", "16", "--searches", "3", "--out", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = {r["setting"]: r for r in out["results"]}
+    assert list(rows) == list(B.SETTINGS)
+    assert {r["vectors"] for r in rows.values()} == {3000} and {r["units"] for r in rows.values()} == {300}
+    assert rows["cache, first load"]["hashed"] == 6 and rows["cache, first load"]["cache_hits"] == 0
+    assert rows["cache, warm"]["hashed"] == 0 and rows["cache, warm"]["cache_hits"] == 6
