@@ -31,6 +31,7 @@ import ray
 from actors.embedding import ChunkEmbedder, pool_options
 from longrag.config import LongRAGConfig
 from longrag.index.manifest import ShardEntry
+from longrag.index.capacity import shard_build_bytes
 from longrag.index.embedding import CHUNKER_CPUS
 from longrag import scoped
 from longrag.index.plan import AnyPlan, BuildPlan, check_out, finish_build, plan_build, start_build
@@ -113,6 +114,7 @@ def stage_chunks(batch: dict[str, np.ndarray], store_uri: str) -> dict[str, list
     (reconstruction), with the same input block, and the second write replaces the first instead of
     adding a part with the same chunks (which the shard's build would refuse as duplicate chunk ids)."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     from longrag.index.distplan import staged_chunks_key
     from longrag.index.artifacts import ArtifactStore
@@ -120,7 +122,7 @@ def stage_chunks(batch: dict[str, np.ndarray], store_uri: str) -> dict[str, list
 
     store = ArtifactStore.open(store_uri)
     shards = np.asarray(batch["shard"], dtype=np.int64)
-    out_shard, out_n = [], []
+    out_shard, out_n, out_text, out_dim = [], [], [], []
     for shard in np.unique(shards).tolist():
         sel = np.flatnonzero(shards == shard)
         vectors = np.ascontiguousarray(np.stack(batch["vector"][sel]), dtype=np.float32)
@@ -136,13 +138,25 @@ def stage_chunks(batch: dict[str, np.ndarray], store_uri: str) -> dict[str, list
         store.storage.write_bytes(key, _table_bytes(table))
         out_shard.append(int(shard))
         out_n.append(len(sel))
-    return {"shard": out_shard, "n_chunks": out_n}
+        out_text.append(int(pc.sum(pc.binary_length(table.column("text"))).as_py() or 0))
+        out_dim.append(int(vectors.shape[1]))
+    return {"shard": out_shard, "n_chunks": out_n, "text_bytes": out_text, "dim": out_dim}
 
 
 def build_from_staging(store_uri: str, shard: int, factory: str, metric: str) -> str:
     """One shard from its staged units and embedded chunks -> FAISS index + files in the store;
-    returns its manifest entry as JSON. Run as a Ray task, :data:`build_staged_shard`."""
+    returns its manifest entry as JSON, and logs the task's peak resident memory (what
+    :func:`longrag.index.capacity.shard_build_bytes` declares for it). Run as a Ray task,
+    :data:`build_staged_shard`."""
+    from longrag.memory import MemorySampler
 
+    with MemorySampler(0.2) as mem:
+        entry = _build_from_staging(store_uri, shard, factory, metric)
+    log.info("shard %d built: peak RSS %.0f MB (%.0f MB above the task's start)", shard, mem.peak_mb, mem.extra_mb)
+    return entry
+
+
+def _build_from_staging(store_uri: str, shard: int, factory: str, metric: str) -> str:
     import pyarrow as pa
 
     from longrag.index.distplan import staged_chunks_prefix, staged_units_prefix
@@ -160,14 +174,14 @@ def build_from_staging(store_uri: str, shard: int, factory: str, metric: str) ->
     if not parts:
         raise RuntimeError(f"shard {shard}: no embedded chunks were staged (no chunks?)")
     table = pa.concat_tables(parts)
-    unit_ids = np.asarray(table.column("unit_id").to_pylist(), dtype=object)
-    positions = table.column("position").to_numpy()
-    order = np.lexsort((positions, unit_ids))
-    table = table.take(pa.array(order))
+    del parts
+    table = table.sort_by([("unit_id", "ascending"), ("position", "ascending")])
     dim = table.schema.field("vector").type.list_size
     vectors = np.ascontiguousarray(table.column("vector").combine_chunks().flatten().to_numpy().reshape(-1, dim),
                                    dtype=np.float32)
-    chunks = [Chunk.from_row(r) for r in table.drop_columns(["vector"]).to_pylist()]
+    table = table.drop_columns(["vector"])  # the float32 array is the only copy of the vectors from here
+    chunks = [Chunk.from_row(r) for batch in table.to_batches(max_chunksize=65536) for r in batch.to_pylist()]
+    del table
     index = MaxPIndex.build(vectors, chunk_ids=[c.chunk_id for c in chunks], unit_ids=[c.unit_id for c in chunks],
                             factory=factory, metric=metric)
     entry = write_shard(store, shard, units, chunks, index)
@@ -218,10 +232,22 @@ def build_shards(out: str, config: LongRAGConfig, max_tokens: int, pending: dict
     )
     ds = ds.map_batches(ChunkEmbedder, batch_size=emb.batch_size, **pool_options(emb))
     ds = ds.map_batches(stage_chunks, fn_kwargs={"store_uri": out}, batch_format="numpy", num_cpus=STAGE_CPUS)
-    staged = sum(int(n) for b in ds.iter_batches(batch_size=None, batch_format="numpy") for n in b["n_chunks"])
-    log.info("embedded %d chunks of shards %s", staged, sorted(pending))
-    refs = [build_staged_shard.options(num_cpus=1).remote(out, s, config.index.factory, config.index.metric)
-            for s in sorted(pending)]
+    n_chunks: dict[int, int] = {}
+    text_bytes: dict[int, int] = {}
+    dim = 1
+    for b in ds.iter_batches(batch_size=None, batch_format="numpy"):
+        for s, n, t, d in zip(b["shard"], b["n_chunks"], b["text_bytes"], b["dim"]):
+            n_chunks[int(s)] = n_chunks.get(int(s), 0) + int(n)
+            text_bytes[int(s)] = text_bytes.get(int(s), 0) + int(t)
+            dim = max(dim, int(d))
+    log.info("embedded %d chunks of shards %s", sum(n_chunks.values()), sorted(pending))
+    refs = []
+    for s in sorted(pending):  # each build declares what it holds at its peak: parallel builds fit their nodes
+        memory = shard_build_bytes(n_chunks.get(s, 0), dim, text_bytes.get(s, 0))
+        log.info("shard %d: %d chunks, %.1f MB of text: the build task declares %.0f MB", s, n_chunks.get(s, 0),
+                 text_bytes.get(s, 0) / 2**20, memory / 2**20)
+        refs.append(build_staged_shard.options(num_cpus=1, memory=memory).remote(
+            out, s, config.index.factory, config.index.metric))
     return [ShardEntry.model_validate_json(r) for r in ray.get(refs)]
 
 

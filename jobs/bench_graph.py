@@ -23,7 +23,7 @@ from dataclasses import asdict
 import numpy as np
 
 from lab.bench import latency_stats, machine
-from lab.bench.memory import MemorySampler
+from longrag.memory import MemorySampler
 from lab.bench.tables import markdown_table, publish
 from longrag.cli import job_setup, number
 from longrag.config import RetrievalConfig

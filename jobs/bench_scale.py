@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from lab.bench.memory import MemorySampler
+from longrag.memory import MemorySampler
 from lab.bench.scale import embed_texts, grouping_run, project
 from lab.bench.tables import markdown_table
 from longrag.cli import int_list, number

@@ -10,7 +10,12 @@ cache: hashed once, stamped) and ``cache, warm`` (the stamp found: no hash). Per
 RSS, the first search and the p50 of ``--searches`` more (k = 10; a mapped index pays its page faults on
 first touch). Prints a table and one JSON line; the figures are one run's, with the load average.
 
+``--build``: instead, one shard's build task (:func:`actors.build.build_from_staging`, Ray-free here) over
+``--vectors`` synthetic staged chunks of ``--text-bytes`` each, in a fresh process: its peak RSS against
+what :func:`longrag.index.capacity.shard_build_bytes` declares for it (Ray's ``memory=``).
+
     python -m jobs.bench_shard_load --vectors 1000000 --dim 384 --out artifacts/bench-shard-load
+    python -m jobs.bench_shard_load --build --vectors 200000 --dim 384 --out artifacts/bench-shard-build
 """
 
 from __future__ import annotations
@@ -88,6 +93,50 @@ def measure(uri: str, setting: str, cache_dir: str, searches: int) -> dict:
             "vectors": index.ntotal, "units": len(units)}
 
 
+def stage_synthetic(out: Path, n: int, dim: int, per_unit: int, text_bytes: int) -> int:
+    """Staged units and embedded chunks of one shard, as the build's Ray Data stages leave them."""
+    from actors.build import stage_chunks
+    from longrag.index.distplan import stage_shard_units
+    from longrag.index.artifacts import ArtifactStore
+    from longrag.types import Unit
+
+    store = ArtifactStore.open(str(out))
+    for key in store.storage.list(""):
+        store.storage.delete(key)
+    rng = np.random.default_rng(0)
+    n_units = (n + per_unit - 1) // per_unit
+    stage_shard_units(store.storage, 0, [Unit(unit_id=f"u{i:08d}", doc_ids=[str(i)], titles=[f"T{i}"],
+                                              text="x", n_tokens=1) for i in range(n_units)])
+    words = np.array([f"w{i}" for i in range(5000)], dtype=object)
+    total = 0
+    for lo in range(0, n, 50_000):
+        rows = range(lo, min(n, lo + 50_000))
+        vectors = rng.standard_normal((len(rows), dim), dtype=np.float32)
+        texts = [" ".join(rng.choice(words, text_bytes // 6)) for _ in rows]
+        total += sum(len(t.encode()) for t in texts)
+        stage_chunks({"chunk_id": np.array([f"u{i // per_unit:08d}:{i % per_unit:04d}" for i in rows], dtype=object),
+                      "unit_id": np.array([f"u{i // per_unit:08d}" for i in rows], dtype=object),
+                      "position": np.array([i % per_unit for i in rows], dtype=np.int64),
+                      "text": np.array(texts, dtype=object), "n_tokens": np.full(len(rows), 8, dtype=np.int64),
+                      "shard": np.zeros(len(rows), dtype=np.int64), "vector": vectors}, str(out))
+    return total
+
+
+def measure_build(uri: str, n: int, dim: int, text_total: int) -> dict:
+    """One shard build in this process (a child): seconds, peak RSS, and the declared memory."""
+    from actors.build import _build_from_staging
+    from longrag.index.capacity import shard_build_bytes
+    from longrag.memory import MemorySampler
+
+    t0 = time.perf_counter()
+    with MemorySampler(0.1) as mem:
+        _build_from_staging(uri, 0, "Flat", "ip")
+    declared = shard_build_bytes(n, dim, text_total)
+    return {"chunks": n, "dim": dim, "text_mb": round(text_total / 2**20, 1), "build_s": round(time.perf_counter() - t0, 1),
+            "peak_rss_mb": round(mem.peak_mb, 1), "start_rss_mb": round(mem.base_mb, 1),
+            "declared_mb": round(declared / 2**20, 1), "peak_over_declared": round(mem.peak_bytes / declared, 3)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jobs.bench_shard_load", description=__doc__.split("\n\n")[0])
     p.add_argument("--vectors", type=int, default=1_000_000)
@@ -95,12 +144,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunks-per-unit", type=int, default=10)
     p.add_argument("--searches", type=int, default=20)
     p.add_argument("--out", default="artifacts/bench-shard-load")
+    p.add_argument("--build", action="store_true", help="one shard build's peak RSS against its declared memory")
+    p.add_argument("--text-bytes", type=int, default=600, help="--build: bytes of text per chunk")
     p.add_argument("--child", nargs=3, metavar=("URI", "SETTING", "CACHE"), help=argparse.SUPPRESS)
+    p.add_argument("--build-child", nargs=2, metavar=("URI", "TEXT_TOTAL"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(measure(*args.child, args.searches)))
         return 0
+    if args.build_child:
+        print(json.dumps(measure_build(args.build_child[0], args.vectors, args.dim, int(args.build_child[1]))))
+        return 0
     out = Path(args.out)
+    if args.build:
+        t0 = time.perf_counter()
+        text_total = stage_synthetic(out, args.vectors, args.dim, args.chunks_per_unit, args.text_bytes)
+        print(f"{args.vectors:,} chunks staged in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        load = os.getloadavg()
+        res = subprocess.run([sys.executable, "-m", "jobs.bench_shard_load", "--vectors", str(args.vectors), "--dim",
+                              str(args.dim), "--build-child", str(out), str(text_total)],
+                             capture_output=True, text=True, check=True)
+        row = json.loads(res.stdout.strip().splitlines()[-1])
+        print(f"| chunks | dim | text MB | build s | peak RSS MB | declared MB | peak / declared |\n| --- | --- | --- | "
+              f"--- | --- | --- | --- |\n| {row['chunks']:,} | {row['dim']} | {row['text_mb']} | {row['build_s']} | "
+              f"{row['peak_rss_mb']} | {row['declared_mb']} | {row['peak_over_declared']} |")
+        print(json.dumps({"bench": "shard_build", "loadavg": load, "loadavg_after": os.getloadavg(), **row}))
+        return 0
     t0 = time.perf_counter()
     uri = write_shard_files(out / "build", args.vectors, args.dim, args.chunks_per_unit)
     print(f"shard of {args.vectors:,} x {args.dim} written in {time.perf_counter() - t0:.1f} s", file=sys.stderr)

@@ -26,7 +26,7 @@ from typing import Any, TextIO
 import httpx
 
 from lab.bench import latency_stats
-from lab.bench.memory import MemorySampler
+from longrag.memory import MemorySampler
 from longrag.cli import add_config_flags, job_setup, transcript
 from longrag.data import SAMPLE_WIKI, data_path
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from lab.bench.memory import MemorySampler
+from longrag.memory import MemorySampler
 from longrag.index.grouping import csr_from_edges, group_csr
 from lab.synthetic.wikigraph import wikilike_graph
 

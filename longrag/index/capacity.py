@@ -54,6 +54,26 @@ def projected_bytes_per_vector(factory: str, dim: int) -> float:
     return float(code_size)
 
 
+#: What one shard's build task (:func:`actors.build.build_from_staging`) holds at its peak, per chunk:
+#: the staged parts' vector column, the float32 array FAISS is given, the index's own codes and its
+#: serialized files (4 copies of a Flat vector; fewer bytes for a compressed factory's codes, but
+#: the float32 input is there either way), and the chunk text as the staged arrow column, the
+#: ``Chunk`` records, the chunks parquet and the BM25 tokens (~12x its UTF-8 bytes); plus the
+#: worker's baseline (Python, pyarrow, FAISS, bm25s). Checked against the measured peak by
+#: ``python -m jobs.bench_shard_load --build`` (docs/benchmarks.md).
+BUILD_BASE_BYTES = 400 * 2**20
+BUILD_VECTOR_COPIES = 4
+BUILD_TEXT_FACTOR = 12
+
+
+def shard_build_bytes(n_chunks: int, dim: int, text_bytes: int) -> int:
+    """The memory to declare for one shard's build task (Ray's ``memory=``), from the chunks staged
+    for it: parallel shard builds then never put more on a node than it has."""
+    if n_chunks < 0 or dim < 1 or text_bytes < 0:
+        raise ValueError(f"n_chunks >= 0, dim >= 1, text_bytes >= 0; got {n_chunks}, {dim}, {text_bytes}")
+    return int(BUILD_BASE_BYTES + n_chunks * dim * 4 * BUILD_VECTOR_COPIES + text_bytes * BUILD_TEXT_FACTOR)
+
+
 @dataclass(frozen=True)
 class CapacityModel:
     """RSS of a shard actor ≈ ``base_bytes + n_chunks · (vector_bytes + chunk_bytes)``.

@@ -83,7 +83,8 @@ def test_the_same_batch_staged_twice_leaves_one_part_per_shard_and_the_shard_bui
     batch = _batch()
     first = stage_chunks(batch, str(tmp_path))
     again = stage_chunks(batch, str(tmp_path))  # a retried task: the same block, the same chunks
-    assert first == again == {"shard": [0, 1], "n_chunks": [6, 6]}
+    text = {s: sum(len(t.encode()) for t, sh in zip(batch["text"], batch["shard"]) if sh == s) for s in (0, 1)}
+    assert first == again == {"shard": [0, 1], "n_chunks": [6, 6], "text_bytes": [text[0], text[1]], "dim": [8, 8]}
     store = ArtifactStore.open(str(tmp_path))
     for shard in (0, 1):
         parts = store.storage.list(staged_chunks_prefix(shard))
