@@ -28,7 +28,7 @@ from typing import Any, Callable
 import numpy as np
 import ray
 
-from actors.embedding import ChunkEmbedder, pool_options
+from actors.embedding import ChunkEmbedder, chunker_compute, pool_options
 from longrag.config import LongRAGConfig
 from longrag.index.manifest import ShardEntry
 from longrag.index.capacity import shard_build_bytes
@@ -227,7 +227,7 @@ def build_shards(out: str, config: LongRAGConfig, max_tokens: int, pending: dict
         ChunkUnits,
         fn_constructor_kwargs={"model": emb.model, "max_tokens": max_tokens},
         batch_size=16,
-        concurrency=1,
+        compute=chunker_compute(emb),  # grows with the embedding pool (one chunker feeds 64 CPU or 1 GPU actor)
         num_cpus=CHUNKER_CPUS,
     )
     ds = ds.map_batches(ChunkEmbedder, batch_size=emb.batch_size, **pool_options(emb))

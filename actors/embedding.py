@@ -88,3 +88,15 @@ def pool_options(embedding_config: Any) -> dict[str, Any]:
         "num_cpus": pool.num_cpus,
         "num_gpus": pool.num_gpus,
     }
+
+
+def chunker_compute(embedding_config: Any) -> Any:
+    """The chunking stage's actor pool beside the embedding pool: Ray Data's autoscaling pool from 1
+    actor up to :func:`longrag.index.embedding.chunker_actors` of the pool the cluster can grow to."""
+    from ray.data import ActorPoolStrategy
+
+    from longrag.index.embedding import chunker_actors, embedding_pool
+
+    grow, _, _ = cluster_capacity()
+    n = chunker_actors(embedding_pool(embedding_config, grow.get("CPU", 1.0) or 1.0, grow.get("GPU", 0.0)))
+    return ActorPoolStrategy(min_size=1, max_size=n)

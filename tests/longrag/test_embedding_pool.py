@@ -27,3 +27,14 @@ def test_config_overrides_the_sizing():
 def test_gpu_pool_takes_one_actor_per_gpu_share():
     pool = embedding_pool(EmbeddingConfig(num_gpus=0.5), cpus=32, gpus=4)
     assert (pool.actors, pool.num_gpus, pool.num_cpus, pool.torch_threads) == (8, 0.5, 1.0, 1)
+
+
+def test_the_chunkers_grow_with_the_pool_they_feed():
+    """Issue 40, item 6: one chunker re-tokenizes ~2,000 chunks/s; a CPU embedding actor encodes tens, a GPU one
+    thousands (longrag.index.embedding.chunker_actors)."""
+    from longrag.index.embedding import chunker_actors
+
+    assert chunker_actors(embedding_pool(EmbeddingConfig(), cpus=2)) == 1
+    assert chunker_actors(embedding_pool(EmbeddingConfig(), cpus=64)) == 1
+    assert chunker_actors(embedding_pool(EmbeddingConfig(), cpus=200)) == 4
+    assert chunker_actors(embedding_pool(EmbeddingConfig(num_gpus=1.0), cpus=64, gpus=8)) == 8
