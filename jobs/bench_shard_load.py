@@ -69,25 +69,29 @@ def write_shard_files(out: Path, n: int, dim: int, per_unit: int) -> str:
 
 def measure(uri: str, setting: str, cache_dir: str, searches: int) -> dict:
     """One load in this process (called in a child): seconds, peak RSS, first and p50 search ms."""
-    import resource
-
     from longrag.index.artifacts import ArtifactStore, load_shard
     from longrag.index.shard_cache import ShardFileCache
+    from longrag.memory import MemorySampler  # sampled: ru_maxrss would carry the parent's peak across exec
 
     store = ArtifactStore.open(uri)
     cache = None if setting == "bytes" else ShardFileCache(cache_dir)
-    t0 = time.perf_counter()
-    index, units = load_shard(store, 0, cache=cache)
-    load_s = time.perf_counter() - t0
-    rng = np.random.default_rng(1)
-    queries = rng.standard_normal((searches + 1, index.dim), dtype=np.float32)
-    times = []
-    for q in queries:
-        t1 = time.perf_counter()
-        index.search(q[None, :], 10)
-        times.append((time.perf_counter() - t1) * 1e3)
-    return {"setting": setting, "load_s": round(load_s, 3),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    with MemorySampler(0.05) as mem:
+        t0 = time.perf_counter()
+        index, units = load_shard(store, 0, cache=cache)
+        load_s = time.perf_counter() - t0
+        load_peak = mem.new_phase()
+        rng = np.random.default_rng(1)
+        queries = rng.standard_normal((searches + 1, index.dim), dtype=np.float32)
+        times = []
+        for q in queries:
+            t1 = time.perf_counter()
+            index.search(q[None, :], 10)
+            times.append((time.perf_counter() - t1) * 1e3)
+    return {"setting": setting, "load_s": round(load_s, 3), "start_rss_mb": round(mem.base_mb, 1),
+            "peak_rss_mb": round(max(load_peak, mem.peak_bytes) / 2**20, 1),
+            "rss_after_searches_mb": round(mem.sample() / 2**20, 1),
+            # what is this process' own (a mapped index's pages are the page cache's, shared by the node's replicas)
+            "private_after_searches_mb": round(__import__("psutil").Process().memory_full_info().uss / 2**20, 1),
             "first_search_ms": round(times[0], 1), "search_p50_ms": round(float(np.median(times[1:])), 1),
             "hashed": getattr(cache, "hashed", None), "cache_hits": getattr(cache, "hits", None),
             "vectors": index.ntotal, "units": len(units)}
@@ -186,11 +190,12 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
         print(f"{setting}: {rows[-1]}", file=sys.stderr)
     base = rows[0]
-    print("| setting | load s | x bytes | peak RSS MB | first search ms | search p50 ms |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| setting | load s | x bytes | peak RSS MB | RSS / private after searches MB | first search ms | search p50 ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['setting']} | {r['load_s']} | {r['load_s'] / base['load_s']:.2f} | {r['peak_rss_mb']} | "
-              f"{r['first_search_ms']} | {r['search_p50_ms']} |")
+              f"{r['rss_after_searches_mb']} / {r['private_after_searches_mb']} | {r['first_search_ms']} | "
+              f"{r['search_p50_ms']} |")
     print(json.dumps({"bench": "shard_load", "vectors": args.vectors, "dim": args.dim, "loadavg": load,
                       "loadavg_after": os.getloadavg(), "results": rows}))
     return 0
