@@ -20,6 +20,14 @@ product's own (:class:`ServeIndex` over :class:`actors.sharded_index.ShardedInde
 the exact merge, coverage and ``degraded``, a second try within the stage deadline (Serve routes it
 to another replica). Jobs that search without the HTTP app (evaluation, benchmarks) use the same
 application through :func:`open_index`.
+
+Who holds an index application is kept in one place, :class:`IndexHolders`: a detached, named Ray
+actor (one per cluster) with the set of holders of each application. Every reader of a build holds
+its application while it uses it (each Retriever replica's backend, each :func:`open_index` job,
+whichever Serve app it belongs to) and releases it when done; the release that leaves the set empty
+deletes the application, inside the registry's call, so a holder arriving at that moment either
+comes first (and the application stays) or comes after the deletion was submitted (and
+:func:`ensure_index_app` deploys it again). No side counts another's replicas.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ray import serve
@@ -136,6 +145,103 @@ def _state(status: Any) -> str:
     return str(getattr(status.status, "value", status.status))
 
 
+HOLDERS_NAME = "longrag-index-holders"
+HOLDERS_NAMESPACE = "longrag"
+
+
+class IndexHolders:
+    """The holders of each index application, and the deletion of an application nobody holds.
+
+    Run as one detached actor per cluster (:func:`holders_call`: named ``longrag-index-holders`` in the
+    namespace ``longrag``, 0 CPUs, on the head node, restarted if it dies); its calls run one at a
+    time, so a hold and a release of the same application never interleave.
+
+    * ``hold(app, holder, actor_id)``: ``holder`` (unique per use: a Retriever backend instance, a job's
+      :func:`open_index`) reads the build through ``app``; ``actor_id``: the holder's actor, if it is one.
+    * ``release(app, holder)``: it stopped; the last holder's release deletes the application (Serve
+      drains its replicas) and returns True.
+
+    A holder that dies without releasing (its node lost) is dropped at the next release of its
+    application once the GCS reports its actor dead; a job (no actor) that dies without its
+    ``finally`` leaves its hold until an operator deletes the application. When the registry itself
+    restarts it has lost its table: the index applications running then are never deleted by it
+    (logged; deleting one the registry no longer knows the holders of could take shards from a
+    live service), those deployed after are handled as usual."""
+
+    def __init__(self) -> None:
+        self.holders: dict[str, dict[str, str | None]] = {}  # app -> {holder: its actor id, or None}
+        self.unknown: set[str] = set()  # the applications of before a restart: their holders are not known
+        import ray
+
+        if ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed:
+            from serve.status import serve_status
+
+            self.unknown = {a for a in serve_status().applications if a.startswith("index-")}
+            log.warning("the index holder registry restarted: it will not delete %s (holders unknown; delete "
+                        "them with `serve delete` once unused)", sorted(self.unknown) or "no application")
+
+    def hold(self, app: str, holder: str, actor_id: str | None = None) -> int:
+        """Register ``holder`` of ``app``; returns how many hold it now."""
+        self.holders.setdefault(app, {})[holder] = actor_id
+        return len(self.holders[app])
+
+    def release(self, app: str, holder: str) -> bool:
+        """``holder`` stopped reading ``app``; deletes ``app`` when nobody else holds it (True then)."""
+        held = self.holders.get(app)
+        if held is None or held.pop(holder, False) is False:
+            return False  # released before (or never held here)
+        if held:
+            self._forget_dead(app, held)
+        if held:
+            return False
+        del self.holders[app]
+        if app in self.unknown:
+            log.warning("not deleting %s: its holders from before the registry restarted are unknown", app)
+            return False
+        log.info("deleting the index application %s: its last holder (%s) released it", app, holder)
+        serve.delete(app, _blocking=False)
+        return True
+
+    def held(self) -> dict[str, list[str]]:
+        """``{application: its holders}``."""
+        return {app: sorted(h) for app, h in self.holders.items()}
+
+    @staticmethod
+    def _forget_dead(app: str, held: dict[str, str | None]) -> None:
+        actors = [a for a in held.values() if a]
+        if not actors:
+            return
+        dead = {row["ActorID"] for row in ray_private.actor_table() if row.get("State") == "DEAD"}
+        for holder, actor in list(held.items()):
+            if actor in dead:
+                log.warning("%s: dropping holder %s, its actor %s died without releasing it", app, holder, actor)
+                del held[holder]
+
+
+_holders_actor: Any = None
+
+
+def holders_call(method: str, *args: Any) -> Any:
+    """``IndexHolders.<method>(*args)`` on the cluster's registry (created by the first caller)."""
+    import ray
+
+    global _holders_actor
+    if _holders_actor is None:
+        _holders_actor = ray.remote(IndexHolders)
+    handle = _holders_actor.options(
+        name=HOLDERS_NAME, namespace=HOLDERS_NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
+        resources={"node:__internal_head__": 0.001}, max_restarts=-1, max_task_retries=-1).remote()
+    return ray.get(getattr(handle, method).remote(*args), timeout=60)
+
+
+def _new_holder(who: str) -> tuple[str, str | None]:
+    """A holder name unique to this use, and this process's actor id (None in a driver)."""
+    import ray
+
+    actor = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
+    return f"{who or 'anonymous'}#{uuid.uuid4().hex[:8]}", actor
+
+
 class ServeShards(ShardedIndex):
     """:class:`ShardedIndex` over one deployment handle per shard of the application ``app``: a
     failed or timed-out call is tried once more on the same deployment (Serve routes it to another
@@ -166,7 +272,8 @@ class ServeShards(ShardedIndex):
 def open_index(build_uri: str, config: "IndexConfig", *, ready_timeout_s: float = 600.0) -> Iterator[ServeShards]:
     """The build's shards for a job that searches without the HTTP app (evaluation, benchmarks): its
     Serve application (the same one the Retriever uses; started with Serve's proxies off when Serve
-    is not running yet), deleted on exit unless it was running before (a live service's)."""
+    is not running yet), held by this job while it runs (:class:`IndexHolders`): on exit it is
+    deleted unless someone else holds it (a live service's Retrievers, another job)."""
     from serve.status import serve_status
 
     manifest = ArtifactStore.open(build_uri).read_manifest()
@@ -175,56 +282,68 @@ def open_index(build_uri: str, config: "IndexConfig", *, ready_timeout_s: float 
     started = not before.applications and not before.proxies  # Serve not running on this cluster
     if started:
         serve.start(proxy_location="Disabled")
+    holder, actor = _new_holder("job")
+    holders_call("hold", name, holder, actor)
     try:
         ensure_index_app(build_uri, manifest, config, ready_timeout_s=ready_timeout_s)
         yield ServeShards(name, manifest, config)
     finally:
-        if name not in before.applications:
-            serve.delete(name)
+        if holders_call("release", name, holder):  # nobody else holds it: the registry submitted its deletion;
+            serve.delete(name)  # this one waits until it is gone (a later job, or Serve's shutdown, finds it gone)
         if started and not serve_status().applications:  # leave no proxy-less Serve behind for a later app
             serve.shutdown()
 
 
 class ServeIndex(ServeShards):
     """The Retriever's index backend: :class:`ServeShards` over the build's application, deployed
-    when it does not run yet, and its lifecycle: ``retire`` deletes a superseded build's application
-    once no Retriever replica can still be on it; ``release``, as a Retriever replica goes away,
-    deletes it only with the last replica of the Retriever deployment."""
+    when it does not run yet, and held (:class:`IndexHolders`) from construction until ``release``
+    (this Retriever replica goes away) or ``retire`` (a newer build took over; the hold ends
+    ``index.retire_after_s`` later): the application goes with its last holder, whichever Serve app
+    or job that is. Each instance is its own holder, so a build adopted again (the alias rolled back
+    within ``retire_after_s``) is held by the new instance while the old one's retirement ends."""
 
     def __init__(self, index_uri: str, config: "IndexConfig", *, app_name: str = "", holder: str = "",
                  ready_timeout_s: float = 300.0) -> None:
         manifest = ArtifactStore.open(index_uri).read_manifest()
-        self.config, self.user_app, self.holder = config, app_name, holder
-        super().__init__(ensure_index_app(index_uri, manifest, config, ready_timeout_s=ready_timeout_s), manifest,
-                         config)
+        self.config, self.user_app = config, app_name
+        name = index_app_name(manifest.build_id)
+        self.holder, actor = _new_holder(f"{app_name}/{holder}" if app_name else holder)
+        # held before it is ensured: a last release racing this one either sees this hold, or has
+        # submitted the deletion by the time ensure_index_app looks (and deploys it again)
+        holders_call("hold", name, self.holder, actor)
+        try:
+            super().__init__(ensure_index_app(index_uri, manifest, config, ready_timeout_s=ready_timeout_s),
+                             manifest, config)
+        except BaseException:
+            holders_call("release", name, self.holder)
+            raise
         self._retiring: asyncio.Task | None = None
+        self._released = False
 
     async def retire(self) -> None:
-        """A newer build took over: delete this application after ``index.retire_after_s``, by when
-        every Retriever replica has followed the alias (each re-reads it every ``index.refresh_s``)
-        and the requests still on this build have ended (Serve drains the replicas it deletes)."""
+        """A newer build took over: end this hold after ``index.retire_after_s``, by when this
+        replica's requests still on this build have ended (Serve drains the replicas it deletes);
+        the application is deleted then if nobody else holds it (another Retriever replica not yet
+        switched, the same build adopted again after a rollback, a job)."""
         async def later() -> None:
             await asyncio.sleep(self.config.retire_after_s)
-            log.info("deleting the index application %s of a superseded build", self.app)
-            await asyncio.to_thread(serve.delete, self.app, False)
+            await self._release("a superseded build")
 
-        self._retiring = asyncio.get_running_loop().create_task(later())
+        if self._retiring is None or self._retiring.done():
+            self._retiring = asyncio.get_running_loop().create_task(later())
 
     async def release(self) -> None:
-        """This Retriever replica goes away (scale-down, redeploy, delete): the application goes with
-        the deployment's last replica, and stays while another replica of it is alive."""
-        from serve.status import serve_status
+        """This Retriever replica goes away (scale-down, redeploy, delete): end its hold now."""
+        if self._retiring is not None and not self._retiring.done():
+            self._retiring.cancel()
+        await self._release("its Retriever replica going away")
 
+    async def _release(self, why: str) -> None:
+        if self._released:
+            return
+        self._released = True
         try:
-            app = (await asyncio.to_thread(serve_status)).applications.get(self.user_app)
-            dep = app.deployments.get("Retriever") if app and _state(app) != "DELETING" else None
-            # this replica is STOPPING by now: the others that serve or will (a scale-down or a
-            # redeploy leaves some; the app's deletion, none)
-            alive = sum(n for k, n in (dep.replica_states.items() if dep else [])
-                        if str(getattr(k, "value", k)) in ("RUNNING", "STARTING", "UPDATING", "RECOVERING"))
-        except Exception as exc:  # Serve shutting down: nothing left to keep the application for
-            log.debug("serve status on release: %r", exc)
-            alive = 0
-        if alive == 0:  # nobody else reads the build through this application
-            log.info("deleting the index application %s with the last Retriever replica", self.app)
-            await asyncio.to_thread(serve.delete, self.app, False)
+            if await asyncio.to_thread(holders_call, "release", self.app, self.holder):
+                log.info("deleted the index application %s with its last holder (%s)", self.app, why)
+        except Exception:  # Ray shutting down: the application goes with it
+            log.warning("could not release %s for %s", self.app, self.holder, exc_info=True)

@@ -180,32 +180,33 @@ def test_a_shard_deployment_scales_1_to_2_to_1_under_a_burst(served, tmp_path):
     serve.delete(app)
 
 
-@pytest.mark.parametrize("app_state, retrievers, deleted", [
-    ("RUNNING", {"RUNNING": 1, "STOPPING": 1}, False),   # a scale-down: the other replica still reads it
-    ("RUNNING", {"STARTING": 1, "STOPPING": 1}, False),  # a redeploy or a replaced replica
-    ("RUNNING", {"STOPPING": 1}, True),                  # the last one
-    ("DELETING", {"RUNNING": 2}, True),                  # serve delete of the app
-    (None, {}, True),                                    # the app already gone
-])
-def test_a_retriever_replica_going_away_deletes_the_index_application_only_as_the_last(
-        monkeypatch, app_state, retrievers, deleted):
-    """A node lost in the autoscaling demo showed it: the Retriever replica the burst's scale-down
-    stopped deleted the application while the other replica still served from it."""
-    import asyncio
-    from types import SimpleNamespace
+def test_a_rollback_within_retire_after_s_keeps_the_live_build(served, tmp_path):
+    """Issue 40, item 2b on real Serve: the alias rolled back within ``index.retire_after_s`` of a
+    switch; the Retriever adopts the retiring build's application again, and the retirement of it
+    (its holder's, :class:`serve.index_app.IndexHolders`) does not delete it: it keeps answering with
+    every shard, past the retirement's deadline. (The holders' logic without Serve:
+    tests/serve/test_index_holders.py.)"""
+    from longrag.index.alias import read_pointer
 
-    from serve import status as run
-    from serve.index_app import ServeIndex
-
-    apps = {} if app_state is None else {"longrag": SimpleNamespace(
-        status=app_state, deployments={"Retriever": SimpleNamespace(replica_states=retrievers)})}
-    monkeypatch.setattr(run, "serve_status", lambda: SimpleNamespace(applications=apps))
-    gone: list[str] = []
-    monkeypatch.setattr(serve, "delete", lambda name, _blocking=True: gone.append(name))
-    index = object.__new__(ServeIndex)
-    index.user_app, index.app = "longrag", "index-b1"
-    asyncio.run(index.release())
-    assert gone == (["index-b1"] if deleted else [])
+    client, alias, first, cfg = served
+    builds = {ArtifactStore.open(str(p)).read_manifest().build_id: str(p) for p in (alias / "builds").iterdir()}
+    if len(builds) < 2:  # run alone: a second build to switch between
+        second = write_tiny_build(alias / "builds" / "second", DOCS[:-1], shards=2)
+        builds[ArtifactStore.open(second).read_manifest().build_id] = second
+    served_id = lambda: client.get("/readyz").json().get("build_id")  # noqa: E731
+    live = read_pointer(str(alias)).build_id
+    other = next(b for b in builds if b != live)
+    publish(str(alias), builds[other], expect_build_id=live)
+    _wait_for(lambda: served_id() == other, "the switch", 180)
+    publish(str(alias), builds[live], expect_build_id=other)  # rolled back at once: within retire_after_s
+    _wait_for(lambda: served_id() == live, "the switch back", 30)
+    time.sleep(cfg.index.retire_after_s + 2.0)  # past the first retirement's deadline
+    assert index_app_name(live) in serve.status().applications, "the live build's application was deleted"
+    for q in QUESTIONS[:3]:
+        r = client.post("/v1/retrieve", json={"question": q, "k": 2})
+        assert r.status_code == 200 and not r.json()["coverage"]["degraded"], r.text[:300]
+    _wait_for(lambda: index_app_name(other) not in serve.status().applications,
+              "the superseded build's application to be deleted", 60)
 
 
 def test_a_new_retriever_replica_accepts_an_application_that_lost_a_replica(monkeypatch, tmp_path):
