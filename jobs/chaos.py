@@ -5,6 +5,8 @@ Starts a local Ray, indexes the bundled enwiki sample (or serves ``--index``), d
 ``--llm``; the shards as the build's Serve application), then kills parts of it from outside while it answers (:mod:`lab.chaos` has the scenarios and their
 expectations, :mod:`serve.faults` the kills):
 
+0. each question once before any fault: the top-k every later response must reproduce (exact search: the
+   same units in the same order; degraded, the reference's units on the shards that answered);
 1. ``replica``: ``--requests`` /v1/retrieve at ``--concurrency`` while one replica of a shard is killed;
 2. ``shard``: both replicas of the shard killed a quarter into ``--shard-requests`` requests;
 3. ``llm``: the LLMServer replica killed while an answer is in flight, then while a streamed answer
@@ -29,8 +31,8 @@ from typing import Any
 import httpx
 import yaml
 
-from lab.chaos import (ChaosPlan, Outcome, ScenarioResult, LoadResult, judge_llm, judge_replica, judge_shard,
-                       retrieve_load, summarize, wait_recovered)
+from lab.chaos import (ChaosPlan, Outcome, ScenarioResult, LoadResult, TopK, judge_llm, judge_replica, judge_shard,
+                       reference_top_k, retrieve_load, summarize, wait_recovered)
 from longrag.cli import job_setup
 from longrag.data import SAMPLE_WIKI, data_path
 from longrag.index.artifacts import ArtifactStore
@@ -60,7 +62,7 @@ def serve_config(index: str, port: int, llm: str, read_timeout_s: float) -> dict
     return config
 
 
-async def replica_scenario(client: httpx.AsyncClient, plan: ChaosPlan, kill_replicas: Any) -> ScenarioResult:
+async def replica_scenario(client: httpx.AsyncClient, plan: ChaosPlan, kill_replicas: Any, ref: TopK) -> ScenarioResult:
     killed: list[str] = []
     recovery: list[asyncio.Future] = []
 
@@ -69,12 +71,13 @@ async def replica_scenario(client: httpx.AsyncClient, plan: ChaosPlan, kill_repl
         killed.extend(await asyncio.to_thread(kill_replicas, plan.shard, 1))
         recovery.append(asyncio.ensure_future(wait_recovered(client, plan, t_kill)))  # watched during the load
 
-    outcomes = await retrieve_load(client, plan, plan.requests, at=int(plan.requests * plan.kill_at), fault=fault)
+    outcomes = await retrieve_load(client, plan, plan.requests, at=int(plan.requests * plan.kill_at), fault=fault,
+                                   ref=ref)
     res = ScenarioResult(name="replica", killed=killed, load=LoadResult.of(outcomes), recovery=await recovery[0])
     return judge_replica(res, plan)
 
 
-async def shard_scenario(client: httpx.AsyncClient, plan: ChaosPlan, kill_replicas: Any) -> ScenarioResult:
+async def shard_scenario(client: httpx.AsyncClient, plan: ChaosPlan, kill_replicas: Any, ref: TopK) -> ScenarioResult:
     killed: list[str] = []
     recovery: list[asyncio.Future] = []
 
@@ -83,7 +86,8 @@ async def shard_scenario(client: httpx.AsyncClient, plan: ChaosPlan, kill_replic
         killed.extend(await asyncio.to_thread(kill_replicas, plan.shard, 2))
         recovery.append(asyncio.ensure_future(wait_recovered(client, plan, t_kill)))
 
-    outcomes = await retrieve_load(client, plan, plan.shard_requests, at=plan.shard_requests // 4, fault=fault)
+    outcomes = await retrieve_load(client, plan, plan.shard_requests, at=plan.shard_requests // 4, fault=fault,
+                                   ref=ref)
     res = ScenarioResult(name="shard", killed=killed, load=LoadResult.of(outcomes), recovery=await recovery[0])
     return judge_shard(res, plan)
 
@@ -150,9 +154,10 @@ def shard_killer(index: str) -> Any:
 async def scenarios(base: str, plan: ChaosPlan, kill_replicas: Any) -> list[ScenarioResult]:
     limits = httpx.Limits(max_connections=plan.concurrency + 2)
     async with httpx.AsyncClient(base_url=base, timeout=plan.request_timeout_s * 5, limits=limits) as client:
-        out = [await replica_scenario(client, plan, kill_replicas)]
+        ref = await reference_top_k(client, plan)  # every later 200 is checked against it (exact search)
+        out = [await replica_scenario(client, plan, kill_replicas, ref)]
         log.warning("replica scenario: %s", out[-1].model_dump_json())
-        out.append(await shard_scenario(client, plan, kill_replicas))
+        out.append(await shard_scenario(client, plan, kill_replicas, ref))
         log.warning("shard scenario: %s", out[-1].model_dump_json())
         out.append(await llm_scenario(client, plan))
         return out

@@ -72,6 +72,10 @@ class Outcome(BaseModel):
     retries: int = Field(0, description="Stages the ingress retried after a failure (trace.*_retries).")
     error: str | None = Field(None, description="error.code and message of an error response, or the client error.")
     json_error: bool = Field(False, description="An error response in the one JSON shape {error: {code, message, detail}}.")
+    question: str | None = Field(None, description="The question asked (retrieve load).")
+    units: list[tuple[str, int, float]] = Field(default_factory=list, description="A 200's ranked units: "
+                                                "(unit_id, shard, score).")
+    wrong: bool = Field(False, description="The units differ from the fault-free top-k (see top_k_problem).")
 
     @classmethod
     def of(cls, r: httpx.Response, ms: float) -> "Outcome":
@@ -83,8 +87,9 @@ class Outcome(BaseModel):
         if r.status_code == 200 and isinstance(body, dict) and "coverage" in body:
             cov, trace = body["coverage"], body.get("trace") or {}
             retries = sum(v for key, v in trace.items() if key.endswith("_retries") and isinstance(v, int))
+            units = [(u["unit_id"], u["shard"], u["score"]) for u in body.get("units") or ()]
             return cls(status=200, ms=ms, degraded=cov["degraded"], redundancy_degraded=cov["redundancy_degraded"],
-                       failed_shards=cov["failed_shards"], failovers=cov["failovers"], retries=retries)
+                       failed_shards=cov["failed_shards"], failovers=cov["failovers"], retries=retries, units=units)
         err = body.get("error") if isinstance(body, dict) else None
         shaped = isinstance(err, dict) and {"code", "message", "detail"} <= set(err)
         text = f"{err['code']}: {err['message']}" if shaped else r.text[:300]
@@ -105,6 +110,9 @@ class LoadResult(BaseModel):
     p50_ms: float | None
     p99_ms: float | None
     errors: list[str] = Field(default_factory=list, description="Up to 5 distinct error lines.")
+    checked: int = Field(0, description="200s whose units were compared with the fault-free top-k.")
+    wrong: int = Field(0, description="200s whose units were not the fault-free top-k (or, degraded, its units "
+                       "on the shards that answered, in the same order).")
 
     @classmethod
     def of(cls, outcomes: list[Outcome]) -> "LoadResult":
@@ -120,6 +128,8 @@ class LoadResult(BaseModel):
             p50_ms=round(statistics.median(ms), 1) if ms else None,
             p99_ms=round(ms[min(len(ms) - 1, int(0.99 * len(ms)))], 1) if ms else None,
             errors=sorted({o.error for o in outcomes if o.error})[:5],
+            checked=sum(o.status == 200 and o.question is not None for o in outcomes),
+            wrong=sum(o.wrong for o in outcomes),
         )
 
 
@@ -164,13 +174,54 @@ class ChaosSummary(BaseModel):
         return json.dumps(self.model_dump(mode="json"), separators=(",", ":"))
 
 
+# ---------------------------------------------------------------------------- exact top-k
+
+TopK = dict[str, list[tuple[str, int, float]]]
+
+
+def top_k_problem(got: Outcome, ref: list[tuple[str, int, float]], score_tol: float = 1e-4) -> str | None:
+    """Why ``got`` (a 200) is not the exact top-k that ``ref`` (the same question, every shard answering,
+    before any fault) is, or None. Exact search is deterministic: with every shard answering the units
+    must be ``ref``'s, in order; degraded (shards named in ``failed_shards``), ``ref``'s units on the
+    shards that answered must open the list, in order, and none may come from a failed shard. Two units
+    whose scores are within ``score_tol`` may trade places (a tie; the query vector's last bits can
+    differ with its encoding batch)."""
+    failed = set(got.failed_shards)
+    want = [u for u in ref if u[1] not in failed]
+    if not got.degraded and len(got.units) != len(ref):
+        return f"{len(got.units)} units, expected {len(ref)}"
+    if any(u[1] in failed for u in got.units):
+        return f"a unit from a failed shard {sorted(failed)}"
+    if len(got.units) < len(want):
+        return f"{len(got.units)} units, expected at least {len(want)}"
+    for i, (w, g) in enumerate(zip(want, got.units)):
+        if w[0] != g[0] and abs(w[2] - g[2]) > score_tol:
+            return f"rank {i + 1}: {g[0]} ({g[2]:.4f}), expected {w[0]} ({w[2]:.4f})"
+    return None
+
+
+async def reference_top_k(client: httpx.AsyncClient, plan: ChaosPlan) -> TopK:
+    """Each question once, before any fault: the top-k every later response is checked against."""
+    ref: TopK = {}
+    for q in plan.questions:
+        r = await client.post("/v1/retrieve", json={"question": q, "k": plan.k})
+        got = Outcome.of(r, 0.0)
+        if got.status != 200 or got.degraded or not got.units:
+            raise RuntimeError(f"the fault-free reference for {q!r} failed: {got.status} {got.error} "
+                               f"(degraded: {got.degraded})")
+        ref[q] = got.units
+    return ref
+
+
 # ---------------------------------------------------------------------------- load
 
 
 async def retrieve_load(client: httpx.AsyncClient, plan: ChaosPlan, n: int, *,
-                        at: int | None = None, fault: Callable[[], Awaitable[Any]] | None = None) -> list[Outcome]:
+                        at: int | None = None, fault: Callable[[], Awaitable[Any]] | None = None,
+                        ref: TopK | None = None) -> list[Outcome]:
     """``n`` ``/v1/retrieve`` requests, ``plan.concurrency`` at a time; ``fault()`` is awaited once
-    ``at`` requests have been sent (the others keep going meanwhile)."""
+    ``at`` requests have been sent (the others keep going meanwhile). With ``ref``, every 200 is
+    checked against the fault-free top-k of its question (``Outcome.wrong``)."""
     outcomes: list[Outcome] = []
     sent = 0
     fired = asyncio.Event()
@@ -187,7 +238,12 @@ async def retrieve_load(client: httpx.AsyncClient, plan: ChaosPlan, n: int, *,
             t0 = time.perf_counter()
             try:
                 r = await client.post("/v1/retrieve", json={"question": q, "k": plan.k})
-                outcomes.append(Outcome.of(r, (time.perf_counter() - t0) * 1e3))
+                got = Outcome.of(r, (time.perf_counter() - t0) * 1e3)
+                if ref is not None and got.status == 200:
+                    why = top_k_problem(got, ref[q])
+                    got = got.model_copy(update={"question": q, "wrong": why is not None,
+                                                 "error": f"wrong top-k for {q!r}: {why}" if why else None})
+                outcomes.append(got)
             except httpx.HTTPError as exc:
                 outcomes.append(Outcome(status=0, ms=(time.perf_counter() - t0) * 1e3,
                                         error=f"{type(exc).__name__}: {exc}"))
@@ -227,6 +283,8 @@ def judge_replica(res: ScenarioResult, plan: ChaosPlan) -> ScenarioResult:
     assert load is not None and rec is not None
     if load.failed:
         res.problems.append(f"{load.failed} of {load.requests} requests failed: {load.errors}")
+    if load.wrong:
+        res.problems.append(f"{load.wrong} of {load.checked} answers were not the exact top-k: {load.errors}")
     if load.redundancy_degraded == 0:
         res.problems.append("no response showed the lost replica (coverage.redundancy_degraded)")
     if not (rec.recovered and rec.full_coverage_after):
@@ -239,6 +297,9 @@ def judge_shard(res: ScenarioResult, plan: ChaosPlan) -> ScenarioResult:
     assert load is not None and rec is not None
     if load.server_errors:
         res.problems.append(f"{load.server_errors} server errors (5xx or no response): {load.errors}")
+    if load.wrong:
+        res.problems.append(f"{load.wrong} of {load.checked} answers were not the exact top-k (or, degraded, its "
+                            f"units on the shards that answered): {load.errors}")
     if load.degraded == 0 and load.failed:
         res.problems.append(f"no response was flagged degraded while shard {plan.shard} had no replica")
     # degraded == 0 and nothing failed: the requests waited for the shard's new replicas within the

@@ -38,6 +38,8 @@ def test_reduced_chaos_run_meets_every_expectation(sample_index, tmp_path):
     assert replica["load"]["requests"] == 300 and replica["load"]["failed"] == 0, replica
     assert replica["load"]["redundancy_degraded"] > 0 and len(replica["killed"]) == 1, replica
     assert replica["load"]["degraded"] == 0, replica
+    # exact search: every answer is the top-k asked before the faults (0 wrong answers)
+    assert replica["load"]["checked"] == 300 and replica["load"]["wrong"] == 0, replica
     assert replica["recovery"]["recovered"] and replica["recovery"]["full_coverage_after"], replica
 
     shard = by_name["shard"]
@@ -46,6 +48,7 @@ def test_reduced_chaos_run_meets_every_expectation(sample_index, tmp_path):
     # waited past the stage deadline is answered without the shard, which is named
     load = shard["load"]
     assert (load["degraded"] > 0 and load["failed_shards"] == [0]) or (load["degraded"] == load["failed"] == 0), shard
+    assert load["checked"] == load["ok"] and load["wrong"] == 0, shard
     assert shard["recovery"]["recovered"] and shard["recovery"]["full_coverage_after"], shard
 
     llm = by_name["llm"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import httpx
 
-from lab.chaos import ChaosPlan, LoadResult, Outcome, Recovery, ScenarioResult, judge_replica, judge_shard, summarize
+from lab.chaos import (ChaosPlan, LoadResult, Outcome, Recovery, ScenarioResult, judge_replica, judge_shard, summarize,
+                       top_k_problem)
 
 
 def _cov(degraded=False, lost=False, failed=(), failovers=0):
@@ -53,3 +54,37 @@ def test_verdicts_name_what_was_not_met():
     assert "no response was flagged degraded while shard 1 had no replica" in res2.problems
     summary = summarize([res], plan, 1.0, {})
     assert summary.passed is False and summary.line().startswith('{"job":"chaos","passed":false')
+
+
+REF = [("u1", 0, 0.90), ("u2", 1, 0.80), ("u3", 0, 0.70), ("u4", 1, 0.60)]
+
+
+def _got(units, degraded=False, failed=()):
+    body = _cov(degraded=degraded, failed=failed)
+    body["units"] = [{"unit_id": u, "shard": s, "score": x} for u, s, x in units]
+    return Outcome.of(httpx.Response(200, json=body), 1.0)
+
+
+def test_exact_top_k_is_the_fault_free_one_or_its_live_shards_part():
+    assert _got(REF).units == REF and top_k_problem(_got(REF), REF) is None
+    assert top_k_problem(_got([REF[1], REF[0], *REF[2:]]), REF) == "rank 1: u2 (0.8000), expected u1 (0.9000)"
+    assert top_k_problem(_got(REF[:3]), REF) == "3 units, expected 4"
+    tie = [("u1", 0, 0.9), ("u2", 1, 0.8), ("u3", 0, 0.7), ("u4", 1, 0.7)]
+    assert top_k_problem(_got([tie[0], tie[1], tie[3], tie[2]]), tie) is None  # a tie may trade places
+    # shard 1 down: shard 0's units of the reference open the list, then more of shard 0
+    live = [("u1", 0, 0.90), ("u3", 0, 0.70), ("u5", 0, 0.50), ("u6", 0, 0.40)]
+    assert top_k_problem(_got(live, degraded=True, failed=[1]), REF) is None
+    assert top_k_problem(_got([live[1], live[0], *live[2:]], degraded=True, failed=[1]), REF).startswith("rank 1")
+    assert top_k_problem(_got(REF, degraded=True, failed=[1]), REF) == "a unit from a failed shard [1]"
+
+
+def test_a_wrong_top_k_fails_the_scenario():
+    plan = ChaosPlan(shard=0)
+    back = Recovery(recovered=True, seconds=4.0, redundancy="", full_coverage_after=True)
+    bad = _got([REF[1], REF[0], *REF[2:]]).model_copy(update={"question": "q", "wrong": True, "redundancy_degraded": True,
+                                                              "error": "wrong top-k for 'q': rank 1"})
+    good = _got(REF).model_copy(update={"question": "q"})
+    load = LoadResult.of([good, bad])
+    assert (load.checked, load.wrong, load.failed) == (2, 1, 0)
+    res = judge_replica(ScenarioResult(name="replica", killed=["x"], load=load, recovery=back), plan)
+    assert res.problems == ["1 of 2 answers were not the exact top-k: [\"wrong top-k for 'q': rank 1\"]"]
