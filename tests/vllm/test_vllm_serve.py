@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -138,8 +139,10 @@ def test_the_reader_has_no_route_and_answers_through_its_handle(served):
     reader answers the same chat through the handle, usage included, and its errors are LLMErrors."""
     from longrag.llm.base import LLMError
 
-    for path in ("/llm/v1/models", "/v1/models"):
-        assert served.get(path).status_code == 404, path
+    assert served.get("/llm/v1/models").status_code == 404
+    # /v1/models is the LongRAG app's own OpenAI-compatible API (guarded): it names the app's model, not vLLM's
+    ids = [m["id"] for m in served.get("/v1/models").json()["data"]]
+    assert "longrag" in ids and "reader" not in ids, ids
     r = served.post("/llm/v1/chat/completions", json={"model": "reader", "max_tokens": 4,
                                                      "messages": [{"role": "user", "content": "Hi"}]})
     assert r.status_code == 404, r.text
@@ -150,7 +153,7 @@ def test_the_reader_has_no_route_and_answers_through_its_handle(served):
         res = await llm.chat(msgs, max_tokens=8)
         streamed = [x async for x in llm.stream_chat(msgs, max_tokens=8)]
         with pytest.raises(LLMError):
-            await _reader_llm(deployment="LLMServer:nobody").chat(msgs, max_tokens=4)
+            await _reader_llm(serve_deployment="LLMServer:nobody").chat(msgs, max_tokens=4)
         return res, streamed
 
     res, streamed = asyncio.run(calls())
@@ -169,6 +172,50 @@ def test_one_question_end_to_end_through_vllm(served):
     trace = body["trace"]
     assert trace["prompt_tokens"] > trace["context_tokens"] > 0 and trace["completion_tokens"] > 0
     assert body["coverage"]["degraded"] is False
+
+
+def _prefix_cache_tokens() -> tuple[float, float]:
+    """vLLM's prefix-cache counters, (hits, queries) in tokens, summed over engines, as Ray's Prometheus
+    export on this node shows them (ray.serve.llm's ``log_engine_metrics``, on by default, reports
+    ``vllm:prefix_cache_hits`` as ``ray_vllm_prefix_cache_hits``)."""
+    import ray
+
+    node = next(n for n in ray.nodes() if n["Alive"])
+    text = httpx.get(f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics", timeout=10).text
+
+    def total(name: str) -> float:
+        pattern = re.compile(rf"^ray_vllm_{name}(_total)?[{{ ]")
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if pattern.match(line))
+
+    return total("prefix_cache_hits"), total("prefix_cache_queries")
+
+
+def test_the_documents_prefix_is_a_vllm_prefix_cache_hit(served):
+    """The reader's prompt opens with the documents (enable_prefix_caching in vllm-cpu.yaml, as in
+    gpu.yaml): the same question asked again finds its prompt's KV blocks in vLLM's prefix cache, and
+    vLLM's own counters say so. Ray exports them every few seconds: polled until they moved."""
+    body = {"question": "What is the capital of Angola?", "k": 2}
+    assert served.post("/v1/answer", json=body).status_code == 200
+    deadline = time.monotonic() + 120
+    hits0, queries0 = _prefix_cache_tokens()
+    while queries0 == 0 and time.monotonic() < deadline:  # the first request's figures reach the export
+        time.sleep(2)
+        hits0, queries0 = _prefix_cache_tokens()
+    assert queries0 > 0, "vLLM's prefix-cache counters never reached Ray's metrics export"
+    time.sleep(12)  # one more export period: nothing of the first request still on its way
+    hits0, queries0 = _prefix_cache_tokens()
+    r = served.post("/v1/answer", json=body)
+    assert r.status_code == 200, r.text
+    context = r.json()["trace"]["context_tokens"]
+    hits, queries = hits0, queries0
+    while (queries - queries0 < context or hits - hits0 < context) and time.monotonic() < deadline + 60:
+        time.sleep(2)
+        hits, queries = _prefix_cache_tokens()
+    rate = (hits - hits0) / max(queries - queries0, 1)
+    print(f"vLLM prefix cache, the question again: {hits - hits0:.0f} of {queries - queries0:.0f} prompt tokens "
+          f"hit ({rate:.0%}); the documents: {context} tokens")
+    # every full KV block of the repeated prompt is a hit: at least the documents' tokens
+    assert hits - hits0 >= context and rate >= 0.5, (hits0, queries0, hits, queries, context)
 
 
 def _chat(llm: Any, max_tokens: int) -> Any:
