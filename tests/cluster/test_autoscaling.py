@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-# In `make test` (5-6 min here): the one test that sees nodes and replicas grow and shrink.
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.scenario]  # ~3 min: make test-scenarios
+# In `make test-scenarios` (~3 min here): the one test that sees nodes and replicas grow and shrink.
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.scenario]
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 8421

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -179,15 +178,27 @@ def _prefix_cache_tokens() -> tuple[float, float]:
     export on this node shows them (ray.serve.llm's ``log_engine_metrics``, on by default, reports
     ``vllm:prefix_cache_hits`` as ``ray_vllm_prefix_cache_hits``)."""
     import ray
+    from prometheus_client.parser import text_string_to_metric_families
 
     node = next(n for n in ray.nodes() if n["Alive"])
     text = httpx.get(f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics", timeout=10).text
+    totals = {"ray_vllm_prefix_cache_hits": 0.0, "ray_vllm_prefix_cache_queries": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name.removesuffix("_total")
+            if name in totals:
+                totals[name] += sample.value
+    return totals["ray_vllm_prefix_cache_hits"], totals["ray_vllm_prefix_cache_queries"]
 
-    def total(name: str) -> float:
-        pattern = re.compile(rf"^ray_vllm_{name}(_total)?[{{ ]")
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if pattern.match(line))
 
-    return total("prefix_cache_hits"), total("prefix_cache_queries")
+def _prefix_cache_tokens_when(done: Any, timeout_s: float) -> tuple[float, float]:
+    """The counters once ``done(hits, queries)`` holds, or as they are after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    hits, queries = _prefix_cache_tokens()
+    while not done(hits, queries) and time.monotonic() < deadline:
+        time.sleep(2)
+        hits, queries = _prefix_cache_tokens()
+    return hits, queries
 
 
 def test_the_documents_prefix_is_a_vllm_prefix_cache_hit(served):
@@ -196,21 +207,14 @@ def test_the_documents_prefix_is_a_vllm_prefix_cache_hit(served):
     vLLM's own counters say so. Ray exports them every few seconds: polled until they moved."""
     body = {"question": "What is the capital of Angola?", "k": 2}
     assert served.post("/v1/answer", json=body).status_code == 200
-    deadline = time.monotonic() + 120
-    hits0, queries0 = _prefix_cache_tokens()
-    while queries0 == 0 and time.monotonic() < deadline:  # the first request's figures reach the export
-        time.sleep(2)
-        hits0, queries0 = _prefix_cache_tokens()
+    _, queries0 = _prefix_cache_tokens_when(lambda h, q: q > 0, 120)  # the first request's figures arrive
     assert queries0 > 0, "vLLM's prefix-cache counters never reached Ray's metrics export"
     time.sleep(12)  # one more export period: nothing of the first request still on its way
     hits0, queries0 = _prefix_cache_tokens()
     r = served.post("/v1/answer", json=body)
     assert r.status_code == 200, r.text
     context = r.json()["trace"]["context_tokens"]
-    hits, queries = hits0, queries0
-    while (queries - queries0 < context or hits - hits0 < context) and time.monotonic() < deadline + 60:
-        time.sleep(2)
-        hits, queries = _prefix_cache_tokens()
+    hits, queries = _prefix_cache_tokens_when(lambda h, q: q - queries0 >= context and h - hits0 >= context, 120)
     rate = (hits - hits0) / max(queries - queries0, 1)
     print(f"vLLM prefix cache, the question again: {hits - hits0:.0f} of {queries - queries0:.0f} prompt tokens "
           f"hit ({rate:.0%}); the documents: {context} tokens")
