@@ -60,6 +60,9 @@ class ChaosPlan(BaseModel):
     questions: tuple[str, ...] = SAMPLE_QUESTIONS
 
 
+RankedUnit = tuple[str, int, float]  # (unit_id, shard, score) of one retrieved unit, in rank order
+
+
 class Outcome(BaseModel):
     """One HTTP request of a scenario."""
 
@@ -73,8 +76,7 @@ class Outcome(BaseModel):
     error: str | None = Field(None, description="error.code and message of an error response, or the client error.")
     json_error: bool = Field(False, description="An error response in the one JSON shape {error: {code, message, detail}}.")
     question: str | None = Field(None, description="The question asked (retrieve load).")
-    units: list[tuple[str, int, float]] = Field(default_factory=list, description="A 200's ranked units: "
-                                                "(unit_id, shard, score).")
+    units: list[RankedUnit] = Field(default_factory=list, description="A 200's ranked units: (unit_id, shard, score).")
     wrong: bool = Field(False, description="The units differ from the fault-free top-k (see top_k_problem).")
 
     @classmethod
@@ -176,10 +178,10 @@ class ChaosSummary(BaseModel):
 
 # ---------------------------------------------------------------------------- exact top-k
 
-TopK = dict[str, list[tuple[str, int, float]]]
+TopK = dict[str, list[RankedUnit]]  # question -> its fault-free ranked units
 
 
-def top_k_problem(got: Outcome, ref: list[tuple[str, int, float]], score_tol: float = 1e-4) -> str | None:
+def top_k_problem(got: Outcome, ref: list[RankedUnit], score_tol: float = 1e-4) -> str | None:
     """Why ``got`` (a 200) is not the exact top-k that ``ref`` (the same question, every shard answering,
     before any fault) is, or None. Exact search is deterministic: with every shard answering the units
     must be ``ref``'s, in order; degraded (shards named in ``failed_shards``), ``ref``'s units on the
@@ -240,9 +242,9 @@ async def retrieve_load(client: httpx.AsyncClient, plan: ChaosPlan, n: int, *,
                 r = await client.post("/v1/retrieve", json={"question": q, "k": plan.k})
                 got = Outcome.of(r, (time.perf_counter() - t0) * 1e3)
                 if ref is not None and got.status == 200:
-                    why = top_k_problem(got, ref[q])
-                    got = got.model_copy(update={"question": q, "wrong": why is not None,
-                                                 "error": f"wrong top-k for {q!r}: {why}" if why else None})
+                    got.question = q
+                    if why := top_k_problem(got, ref[q]):
+                        got.wrong, got.error = True, f"wrong top-k for {q!r}: {why}"
                 outcomes.append(got)
             except httpx.HTTPError as exc:
                 outcomes.append(Outcome(status=0, ms=(time.perf_counter() - t0) * 1e3,
