@@ -7,7 +7,8 @@ expectations, :mod:`serve.faults` the kills):
 
 0. each question once before any fault: the top-k every later response must reproduce (exact search: the
    same units in the same order; degraded, the reference's units on the shards that answered);
-1. ``replica``: ``--requests`` /v1/retrieve at ``--concurrency`` while one replica of a shard is killed;
+1. ``replica``: ``--requests`` /v1/retrieve at ``--concurrency`` while one replica of a shard is killed, and
+   on until it is re-created (the load spans the outage however fast the machine answers);
 2. ``shard``: both replicas of the shard killed a quarter into ``--shard-requests`` requests;
 3. ``llm``: the LLMServer replica killed while an answer is in flight, then while a streamed answer
    is under way; then one more answer.
@@ -65,14 +66,20 @@ def serve_config(index: str, port: int, llm: str, read_timeout_s: float) -> dict
 async def replica_scenario(client: httpx.AsyncClient, plan: ChaosPlan, kill_replicas: Any, ref: TopK) -> ScenarioResult:
     killed: list[str] = []
     recovery: list[asyncio.Future] = []
+    back = asyncio.Event()  # the load goes on until the replica is back (or recovery timed out)
 
     async def fault() -> None:
         t_kill = time.perf_counter()
-        killed.extend(await asyncio.to_thread(kill_replicas, plan.shard, 1))
+        try:
+            killed.extend(await asyncio.to_thread(kill_replicas, plan.shard, 1))
+        except BaseException:
+            back.set()
+            raise
         recovery.append(asyncio.ensure_future(wait_recovered(client, plan, t_kill)))  # watched during the load
+        recovery[-1].add_done_callback(lambda _: back.set())
 
     outcomes = await retrieve_load(client, plan, plan.requests, at=int(plan.requests * plan.kill_at), fault=fault,
-                                   ref=ref)
+                                   ref=ref, until=back)
     res = ScenarioResult(name="replica", killed=killed, load=LoadResult.of(outcomes), recovery=await recovery[0])
     return judge_replica(res, plan)
 
@@ -238,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jobs.chaos", description=__doc__.split("\n\n")[0])
     p.add_argument("--index", help="a build to serve (default: index the bundled sample into --out)")
     p.add_argument("--out", default=str(ROOT / "artifacts" / "chaos"), help="build folder when no --index")
-    p.add_argument("--requests", type=int, default=1000, help="/v1/retrieve requests of the replica scenario")
+    p.add_argument("--requests", type=int, default=1000, help="/v1/retrieve requests of the replica scenario (at least: the load goes on until the replica is back)")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--shard-requests", type=int, default=100, help="requests of the shard scenario (both replicas "
                    "killed a quarter in)")

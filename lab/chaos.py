@@ -45,7 +45,8 @@ SAMPLE_QUESTIONS = (
 class ChaosPlan(BaseModel):
     """What the job does; bounded in count and time."""
 
-    requests: int = Field(1000, ge=10, description="/v1/retrieve requests of the replica scenario.")
+    requests: int = Field(1000, ge=10, description="/v1/retrieve requests of the replica scenario (at least: "
+                          "they go on until the replica is back).")
     concurrency: int = Field(8, ge=1, le=64)
     k: int = Field(4, ge=1)
     kill_at: float = Field(0.1, gt=0, lt=1, description="Fraction of the requests sent before the kill.")
@@ -220,22 +221,22 @@ async def reference_top_k(client: httpx.AsyncClient, plan: ChaosPlan) -> TopK:
 
 async def retrieve_load(client: httpx.AsyncClient, plan: ChaosPlan, n: int, *,
                         at: int | None = None, fault: Callable[[], Awaitable[Any]] | None = None,
-                        ref: TopK | None = None) -> list[Outcome]:
+                        ref: TopK | None = None, until: asyncio.Event | None = None) -> list[Outcome]:
     """``n`` ``/v1/retrieve`` requests, ``plan.concurrency`` at a time; ``fault()`` is awaited once
-    ``at`` requests have been sent (the others keep going meanwhile). With ``ref``, every 200 is
-    checked against the fault-free top-k of its question (``Outcome.wrong``)."""
+    ``at`` requests have been sent (the others keep going meanwhile). With ``until``, the requests go
+    on past ``n`` until it is set (the caller sets it, e.g. once the fault is repaired: the load spans
+    the whole outage, however fast the machine answers). With ``ref``, every 200 is checked against
+    the fault-free top-k of its question (``Outcome.wrong``)."""
     outcomes: list[Outcome] = []
     sent = 0
-    fired = asyncio.Event()
 
     async def worker() -> None:
         nonlocal sent
-        while sent < n:
+        while sent < n or (until is not None and not until.is_set()):
             i = sent
             sent += 1
             if fault is not None and i == at:
                 await fault()
-                fired.set()
             q = plan.questions[i % len(plan.questions)]
             t0 = time.perf_counter()
             try:

@@ -35,7 +35,7 @@ def test_reduced_chaos_run_meets_every_expectation(sample_index, tmp_path):
     assert list(by_name) == ["replica", "shard", "llm"]
 
     replica = by_name["replica"]
-    assert replica["load"]["requests"] == 300 and replica["load"]["failed"] == 0, replica
+    assert replica["load"]["requests"] >= 300 and replica["load"]["failed"] == 0, replica
     assert replica["load"]["redundancy_degraded"] > 0 and len(replica["killed"]) == 1, replica
     assert replica["load"]["degraded"] == 0, replica
     # exact search: every answer is the top-k asked before the faults (0 wrong answers)

@@ -88,3 +88,41 @@ def test_a_wrong_top_k_fails_the_scenario():
     assert (load.checked, load.wrong, load.failed) == (2, 1, 0)
     res = judge_replica(ScenarioResult(name="replica", killed=["x"], load=load, recovery=back), plan)
     assert res.problems == ["1 of 2 answers were not the exact top-k: [\"wrong top-k for 'q': rank 1\"]"]
+
+
+def _retrieve_app(slow_s: float = 0.005):
+    import asyncio
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(slow_s)
+        return httpx.Response(200, json={"units": [], **_cov()})
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://chaos.test")
+
+
+def test_the_load_spans_the_outage_when_told_to_wait_for_the_repair():
+    """A fast machine answers the requests before the replica's loss is seen: with ``until`` the load
+    goes on past ``n`` until the repair (here 0.3 s after the fault), then stops; without, exactly ``n``."""
+    import asyncio
+    import time
+
+    from lab.chaos import retrieve_load
+
+    plan = ChaosPlan(concurrency=4, questions=("q",))
+
+    async def run(with_until: bool) -> tuple[int, float, float]:
+        back = asyncio.Event()
+        fired: list[float] = []
+
+        async def fault() -> None:
+            fired.append(time.perf_counter())
+            asyncio.get_running_loop().call_later(0.3, back.set)
+
+        async with _retrieve_app() as client:
+            out = await retrieve_load(client, plan, 20, at=2, fault=fault, until=back if with_until else None)
+        return len(out), fired[0], time.perf_counter()
+
+    n, fired, end = asyncio.run(run(True))
+    assert n > 20 and end - fired >= 0.3
+    n, _, _ = asyncio.run(run(False))
+    assert n == 20
