@@ -11,7 +11,11 @@ expectations, :mod:`serve.faults` the kills):
    on until it is re-created (the load spans the outage however fast the machine answers);
 2. ``shard``: both replicas of the shard killed a quarter into ``--shard-requests`` requests;
 3. ``llm``: the LLMServer replica killed while an answer is in flight, then while a streamed answer
-   is under way; then one more answer.
+   is under way; then one more answer;
+4. ``rollout``: the app serves a build alias; two updates of the build (``jobs.update``) are published
+   at once from it (exactly one may win), the app switches, the alias is rolled back within
+   ``index.retire_after_s``; every answer is checked against a single in-process index over the
+   build that answered it (:mod:`lab.chaos_rollout`).
 
 Bounded: the requests are counted, every wait has a deadline (``--recovery-timeout-s``, the app's
 ``serve.timeouts``). Exit 0 when every expectation held. Ray's and Serve's output goes to ``--log``.
@@ -32,8 +36,10 @@ from typing import Any
 import httpx
 import yaml
 
-from lab.chaos import (ChaosPlan, Outcome, ScenarioResult, LoadResult, TopK, judge_llm, judge_replica, judge_shard,
-                       reference_top_k, retrieve_load, summarize, wait_recovered)
+from lab.chaos import (ChaosPlan, Outcome, ScenarioResult, LoadResult, References, judge_llm, judge_replica,
+                       judge_rollout, judge_shard, reference_top_k, references_problem, retrieve_load, summarize,
+                       wait_recovered)
+from lab.chaos_rollout import make_updates, rollout, single_index_references
 from longrag.cli import job_setup
 from longrag.data import SAMPLE_WIKI, data_path
 from longrag.index.artifacts import ArtifactStore
@@ -43,17 +49,18 @@ APP = "longrag"
 log = logging.getLogger("jobs.chaos")
 
 
-def serve_config(index: str, port: int, llm: str, read_timeout_s: float) -> dict[str, Any]:
-    """cpu-cluster.yaml on ``port`` over ``index``: 2 replicas per shard, fixed replica counts; the Retriever's
-    health check (which reads the shards' replica counts again) at Serve's default period, 10 s,
-    the LLMServer's every 2 s (Serve replaces a killed replica sooner)."""
+def serve_config(index: str, port: int, llm: str, read_timeout_s: float, plan: ChaosPlan) -> dict[str, Any]:
+    """cpu-cluster.yaml on ``port`` over ``index`` (an alias, re-read every second): 2 replicas per shard,
+    fixed replica counts; the Retriever's health check (which reads the shards' replica counts again)
+    at Serve's default period, 10 s, the LLMServer's every 2 s (Serve replaces a killed replica sooner)."""
     config = yaml.safe_load((ROOT / "serve" / "configs" / "cpu-cluster.yaml").read_text())
     config["http_options"].update(host="127.0.0.1", port=port)
     (app,) = config["applications"]
     app["name"] = APP
     app["args"]["index"] = index
     app["args"]["overrides"] = ["index.replicas=2", "index.shard_num_cpus=0.1", f"llm.model={llm}",
-                                f"serve.timeouts.read_s={read_timeout_s}"]
+                                f"serve.timeouts.read_s={read_timeout_s}", "index.refresh_s=1",
+                                f"index.retire_after_s={plan.retire_after_s}"]
     for dep in app["deployments"]:
         if "autoscaling_config" in dep:
             dep.pop("autoscaling_config")
@@ -63,7 +70,7 @@ def serve_config(index: str, port: int, llm: str, read_timeout_s: float) -> dict
     return config
 
 
-async def replica_scenario(client: httpx.AsyncClient, plan: ChaosPlan, kill_replicas: Any, ref: TopK) -> ScenarioResult:
+async def replica_scenario(client: httpx.AsyncClient, plan: ChaosPlan, kill_replicas: Any, ref: References) -> ScenarioResult:
     killed: list[str] = []
     recovery: list[asyncio.Future] = []
     back = asyncio.Event()  # the load goes on until the replica is back (or recovery timed out)
@@ -84,7 +91,7 @@ async def replica_scenario(client: httpx.AsyncClient, plan: ChaosPlan, kill_repl
     return judge_replica(res, plan)
 
 
-async def shard_scenario(client: httpx.AsyncClient, plan: ChaosPlan, kill_replicas: Any, ref: TopK) -> ScenarioResult:
+async def shard_scenario(client: httpx.AsyncClient, plan: ChaosPlan, kill_replicas: Any, ref: References) -> ScenarioResult:
     killed: list[str] = []
     recovery: list[asyncio.Future] = []
 
@@ -150,6 +157,26 @@ async def llm_scenario(client: httpx.AsyncClient, plan: ChaosPlan) -> ScenarioRe
     return judge_llm(res)
 
 
+async def rollout_scenario(client: httpx.AsyncClient, plan: ChaosPlan, alias: str, parent: tuple[str, str],
+                           updates: dict[str, str], ref: References) -> ScenarioResult:
+    """:func:`lab.chaos_rollout.rollout` while requests go on (``plan.rollout_concurrency`` at a time)."""
+    from serve.index_app import index_app_name
+    from serve.status import serve_status
+
+    done = asyncio.Event()
+    timeline: list[asyncio.Future] = []
+
+    async def fault() -> None:
+        timeline.append(asyncio.ensure_future(rollout(
+            client, plan, alias, parent, updates, ref, lambda: set(serve_status().applications), index_app_name)))
+        timeline[-1].add_done_callback(lambda _: done.set())
+
+    outcomes = await retrieve_load(client, plan.model_copy(update={"concurrency": plan.rollout_concurrency}), 20,
+                                   at=5, fault=fault, ref=ref, until=done)
+    res = ScenarioResult(name="rollout", killed=[], load=LoadResult.of(outcomes), rollout=await timeline[0])
+    return judge_rollout(res)
+
+
 def shard_killer(index: str) -> Any:
     """``kill(shard, n)``: kill n replicas of a shard deployment of the build's index application."""
     from serve.faults import kill_index_replicas
@@ -158,41 +185,37 @@ def shard_killer(index: str) -> Any:
     return lambda shard, n: kill_index_replicas(build_id, shard, n)
 
 
-async def scenarios(base: str, plan: ChaosPlan, kill_replicas: Any) -> list[ScenarioResult]:
+async def scenarios(base: str, plan: ChaosPlan, kill_replicas: Any, alias: str, builds: dict[str, str],
+                    single: References) -> list[ScenarioResult]:
+    """``builds``: build id -> uri, the served one first, then its updates; ``single``: their top-k from a
+    single index (:func:`lab.chaos_rollout.single_index_references`)."""
     limits = httpx.Limits(max_connections=plan.concurrency + 2)
     async with httpx.AsyncClient(base_url=base, timeout=plan.request_timeout_s * 5, limits=limits) as client:
-        ref = await reference_top_k(client, plan)  # every later 200 is checked against it (exact search)
+        app = await reference_top_k(client, plan)  # every later 200 is checked against it (exact search)
+        if why := references_problem(app, single):
+            raise RuntimeError(why)
+        ref = {**single, **app}
         out = [await replica_scenario(client, plan, kill_replicas, ref)]
         log.warning("replica scenario: %s", out[-1].model_dump_json())
         out.append(await shard_scenario(client, plan, kill_replicas, ref))
         log.warning("shard scenario: %s", out[-1].model_dump_json())
         out.append(await llm_scenario(client, plan))
+        log.warning("llm scenario: %s", out[-1].model_dump_json())
+        (parent, *updates) = builds.items()
+        out.append(await rollout_scenario(client, plan, alias, parent, dict(updates), ref))
         return out
-
-
-def wait_ok(base: str, timeout_s: float) -> None:
-    deadline, last = time.monotonic() + timeout_s, ""
-    with httpx.Client(base_url=base, timeout=30) as c:
-        while time.monotonic() < deadline:
-            try:
-                r = c.get("/readyz")
-                if r.status_code == 200 and r.json()["status"] == "ok":
-                    return
-                last = r.text[:300]
-            except httpx.HTTPError as exc:
-                last = str(exc)
-            time.sleep(1)
-    raise TimeoutError(f"the app was not healthy (ok) in {timeout_s:g} s: {last}")
 
 
 def run(args: argparse.Namespace) -> int:
     from ray import serve
 
     from cluster.local import start_or_join
-    from serve.run import deploy, wait_running
+    from serve.run import deploy, wait_healthy, wait_running
+
+    from longrag.index.alias import publish
 
     plan = ChaosPlan(requests=args.requests, concurrency=args.concurrency, shard_requests=args.shard_requests,
-                     shard=args.shard, recovery_timeout_s=args.recovery_timeout_s)
+                     shard=args.shard, recovery_timeout_s=args.recovery_timeout_s, retire_after_s=args.retire_after_s)
     t0, load0 = time.perf_counter(), list(os.getloadavg())
     Path(args.log).parent.mkdir(parents=True, exist_ok=True)
     logfile = open(args.log, "w", encoding="utf-8")  # Ray's and Serve's output: not the JSON line's stdout
@@ -212,15 +235,25 @@ def run(args: argparse.Namespace) -> int:
             config = load_config(None, ["units.kind=grouped", "units.text_mode=lead", "index.shards=2"])
             build_corpus_index(str(data_path(SAMPLE_WIKI)), "wikixml", index, config, overwrite=True,
                                command=["python", "-m", "jobs.chaos"])
-        deploy(serve_config(index, args.port, args.llm, args.read_timeout_s))
+        work = Path(args.work).resolve()
+        work.mkdir(parents=True, exist_ok=True)
+        alias = str(work / "alias")  # the app serves the build through an alias, as updates are published
+        publish(alias, index)
+        (top,) = single_index_references([index], plan).values()  # each update changes a question's answer:
+        firsts = list(dict.fromkeys(units[0][0] for units in top.values()))[:2]
+        uris = [index, *make_updates(index, work, firsts)]
+        single = single_index_references(uris, plan)
+        builds = dict(zip(single, uris))
+        deploy(serve_config(alias, args.port, args.llm, args.read_timeout_s, plan))
         # a replica whose worker starts slowly on a loaded machine is reported "not scheduled": give it time
         reason = wait_running([APP], schedule_timeout_s=args.recovery_timeout_s,
                               ready_timeout_s=args.recovery_timeout_s * 5)
         if reason:
             raise RuntimeError(reason)
         base = f"http://127.0.0.1:{args.port}"
-        wait_ok(base, args.recovery_timeout_s)
-        results = asyncio.run(scenarios(base, plan, shard_killer(index)))
+        with httpx.Client(base_url=base, timeout=30) as c:
+            wait_healthy(c, args.recovery_timeout_s, status="ok")
+        results = asyncio.run(scenarios(base, plan, shard_killer(index), alias, builds, single))
     except Exception as exc:  # reported in the JSON line (and its traceback in the log)
         log.exception("chaos failed")
         error = f"{type(exc).__name__}: {exc}"[:1000]
@@ -245,7 +278,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jobs.chaos", description=__doc__.split("\n\n")[0])
     p.add_argument("--index", help="a build to serve (default: index the bundled sample into --out)")
     p.add_argument("--out", default=str(ROOT / "artifacts" / "chaos"), help="build folder when no --index")
-    p.add_argument("--requests", type=int, default=1000, help="/v1/retrieve requests of the replica scenario (at least: the load goes on until the replica is back)")
+    p.add_argument("--work", default=str(ROOT / "artifacts" / "chaos-work"), help="the alias and the updates")
+    p.add_argument("--retire-after-s", type=float, default=20.0, help="index.retire_after_s of the app")
+    p.add_argument("--requests", type=int, default=1000, help="/v1/retrieve requests of the replica scenario "
+                   "(at least: the load goes on until the replica is back)")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--shard-requests", type=int, default=100, help="requests of the shard scenario (both replicas "
                    "killed a quarter in)")

@@ -19,6 +19,7 @@ scenarios (the production-serving issue, "Operable and safe"):
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import statistics
 import time
@@ -57,6 +58,10 @@ class ChaosPlan(BaseModel):
                                 "for recovery: Serve's replica counts lag a kill by up to a health-check period "
                                 "(5 s for the shard deployments), and /readyz still says 'ok' before.")
     request_timeout_s: float = Field(60.0, gt=0)
+    retire_after_s: float = Field(20.0, ge=0, description="The app's index.retire_after_s: the rollout's rollback "
+                                  "lands within it.")
+    rollout_concurrency: int = Field(2, ge=1, le=64, description="Requests at a time during the rollout (new "
+                                     "builds' shard replicas start meanwhile).")
     answer_question: str = "Who wrote the novel Animal Farm?"
     questions: tuple[str, ...] = SAMPLE_QUESTIONS
 
@@ -78,6 +83,7 @@ class Outcome(BaseModel):
     json_error: bool = Field(False, description="An error response in the one JSON shape {error: {code, message, detail}}.")
     question: str | None = Field(None, description="The question asked (retrieve load).")
     units: list[RankedUnit] = Field(default_factory=list, description="A 200's ranked units: (unit_id, shard, score).")
+    build_id: str | None = Field(None, description="The build that answered a 200 (trace.build_id).")
     wrong: bool = Field(False, description="The units differ from the fault-free top-k (see top_k_problem).")
 
     @classmethod
@@ -92,7 +98,8 @@ class Outcome(BaseModel):
             retries = sum(v for key, v in trace.items() if key.endswith("_retries") and isinstance(v, int))
             units = [(u["unit_id"], u["shard"], u["score"]) for u in body.get("units") or ()]
             return cls(status=200, ms=ms, degraded=cov["degraded"], redundancy_degraded=cov["redundancy_degraded"],
-                       failed_shards=cov["failed_shards"], failovers=cov["failovers"], retries=retries, units=units)
+                       failed_shards=cov["failed_shards"], failovers=cov["failovers"], retries=retries, units=units,
+                       build_id=trace.get("retrieve.build_id"))
         err = body.get("error") if isinstance(body, dict) else None
         shaped = isinstance(err, dict) and {"code", "message", "detail"} <= set(err)
         text = f"{err['code']}: {err['message']}" if shaped else r.text[:300]
@@ -116,6 +123,8 @@ class LoadResult(BaseModel):
     checked: int = Field(0, description="200s whose units were compared with the fault-free top-k.")
     wrong: int = Field(0, description="200s whose units were not the fault-free top-k (or, degraded, its units "
                        "on the shards that answered, in the same order).")
+    builds: dict[str, int] = Field(default_factory=dict, description="200s per build that answered, in the order "
+                                   "each build first answered.")
 
     @classmethod
     def of(cls, outcomes: list[Outcome]) -> "LoadResult":
@@ -133,6 +142,7 @@ class LoadResult(BaseModel):
             errors=sorted({o.error for o in outcomes if o.error})[:5],
             checked=sum(o.status == 200 and o.question is not None for o in outcomes),
             wrong=sum(o.wrong for o in outcomes),
+            builds=dict(collections.Counter(o.build_id for o in outcomes if o.status == 200 and o.build_id)),
         )
 
 
@@ -145,8 +155,29 @@ class Recovery(BaseModel):
                                       "with every replica live.")
 
 
+class Rollout(BaseModel):
+    """The rollout scenario's timeline: two updates of the served build published at once from it,
+    then the alias rolled back to it within ``index.retire_after_s`` of the switch."""
+
+    parent: str = Field(description="The build served before (and after the rollback).")
+    race: dict[str, str] = Field(default_factory=dict, description="Each racing update's build id -> 'published' "
+                                 "or the error its publish got.")
+    winner: str | None = Field(None, description="The update that published (exactly one must).")
+    switch_s: float | None = Field(None, description="From the publish until a request was answered by the winner.")
+    rollback_s: float | None = Field(None, description="From the rollback until a request was answered by the parent "
+                                     "again.")
+    parent_kept: bool | None = Field(None, description="The parent's index application still present past the "
+                                     "deadline of its retirement (the switch + retire_after_s).")
+    winner_deleted_s: float | None = Field(None, description="From the rollback until the winner's application was "
+                                           "deleted (its retirement); None: not within the wait.")
+    loser_app: bool | None = Field(None, description="Whether an application of the losing update ever showed.")
+    differing: int | None = Field(None, description="Questions whose exact top-k differs between the parent and the "
+                                  "winner (answers the per-build check tells apart).")
+    error: str | None = Field(None, description="Why the timeline stopped early, if it did.")
+
+
 class ScenarioResult(BaseModel):
-    name: Literal["replica", "shard", "llm"]
+    name: Literal["replica", "shard", "llm", "rollout"]
     killed: list[str] = Field(description="What was killed (actor names).")
     load: LoadResult | None = None
     recovery: Recovery | None = None
@@ -155,6 +186,7 @@ class ScenarioResult(BaseModel):
     stream_events: list[str] = Field(default_factory=list, description="llm: the SSE events of the streamed answer.")
     stream_error: dict[str, Any] | None = None
     next_request: Outcome | None = None
+    rollout: Rollout | None = None
     problems: list[str] = Field(default_factory=list, description="Expectations not met (empty: passed).")
 
     @property
@@ -180,6 +212,7 @@ class ChaosSummary(BaseModel):
 # ---------------------------------------------------------------------------- exact top-k
 
 TopK = dict[str, list[RankedUnit]]  # question -> its fault-free ranked units
+References = dict[str, TopK]  # build id -> its TopK: a response is checked against the build that answered it
 
 
 def top_k_problem(got: Outcome, ref: list[RankedUnit], score_tol: float = 1e-4) -> str | None:
@@ -203,17 +236,35 @@ def top_k_problem(got: Outcome, ref: list[RankedUnit], score_tol: float = 1e-4) 
     return None
 
 
-async def reference_top_k(client: httpx.AsyncClient, plan: ChaosPlan) -> TopK:
-    """Each question once, before any fault: the top-k every later response is checked against."""
+async def reference_top_k(client: httpx.AsyncClient, plan: ChaosPlan) -> References:
+    """Each question once, before any fault: the top-k every later response of the build served
+    now is checked against."""
     ref: TopK = {}
+    builds = set()
     for q in plan.questions:
         r = await client.post("/v1/retrieve", json={"question": q, "k": plan.k})
         got = Outcome.of(r, 0.0)
-        if got.status != 200 or got.degraded or not got.units:
+        if got.status != 200 or got.degraded or not got.units or not got.build_id:
             raise RuntimeError(f"the fault-free reference for {q!r} failed: {got.status} {got.error} "
-                               f"(degraded: {got.degraded})")
+                               f"(degraded: {got.degraded}, build: {got.build_id})")
         ref[q] = got.units
-    return ref
+        builds.add(got.build_id)
+    if len(builds) != 1:
+        raise RuntimeError(f"the fault-free reference was answered by several builds: {sorted(builds)}")
+    return {builds.pop(): ref}
+
+
+def references_problem(app: References, single: References) -> str | None:
+    """Why the app's fault-free answers (:func:`reference_top_k`) are not those of a single index
+    over the same build (exact search: the shards' merge is the whole index's top-k), or None."""
+    for build, topk in app.items():
+        if build not in single:
+            return f"no single-index reference for build {build}"
+        for q, units in topk.items():
+            got = Outcome(status=200, ms=0.0, units=units, build_id=build)
+            if why := top_k_problem(got, single[build][q]):
+                return f"build {build}, {q!r}: the app's answer is not the single index's: {why}"
+    return None
 
 
 # ---------------------------------------------------------------------------- load
@@ -221,12 +272,13 @@ async def reference_top_k(client: httpx.AsyncClient, plan: ChaosPlan) -> TopK:
 
 async def retrieve_load(client: httpx.AsyncClient, plan: ChaosPlan, n: int, *,
                         at: int | None = None, fault: Callable[[], Awaitable[Any]] | None = None,
-                        ref: TopK | None = None, until: asyncio.Event | None = None) -> list[Outcome]:
+                        ref: References | None = None, until: asyncio.Event | None = None) -> list[Outcome]:
     """``n`` ``/v1/retrieve`` requests, ``plan.concurrency`` at a time; ``fault()`` is awaited once
     ``at`` requests have been sent (the others keep going meanwhile). With ``until``, the requests go
     on past ``n`` until it is set (the caller sets it, e.g. once the fault is repaired: the load spans
     the whole outage, however fast the machine answers). With ``ref``, every 200 is checked against
-    the fault-free top-k of its question (``Outcome.wrong``)."""
+    the fault-free top-k of its question from the build that answered it (``Outcome.wrong``; a build
+    ``ref`` does not know is wrong too)."""
     outcomes: list[Outcome] = []
     sent = 0
 
@@ -244,7 +296,10 @@ async def retrieve_load(client: httpx.AsyncClient, plan: ChaosPlan, n: int, *,
                 got = Outcome.of(r, (time.perf_counter() - t0) * 1e3)
                 if ref is not None and got.status == 200:
                     got.question = q
-                    if why := top_k_problem(got, ref[q]):
+                    known = ref.get(got.build_id or "")
+                    why = (top_k_problem(got, known[q]) if known is not None
+                           else f"answered by build {got.build_id}, which no reference knows")
+                    if why:
                         got.wrong, got.error = True, f"wrong top-k for {q!r}: {why}"
                 outcomes.append(got)
             except httpx.HTTPError as exc:
@@ -314,6 +369,42 @@ def judge_shard(res: ScenarioResult, plan: ChaosPlan) -> ScenarioResult:
     return res
 
 
+def judge_rollout(res: ScenarioResult) -> ScenarioResult:
+    load, ro = res.load, res.rollout
+    assert load is not None and ro is not None
+    if ro.error:
+        res.problems.append(f"the rollout stopped: {ro.error}")
+    if load.failed:
+        res.problems.append(f"{load.failed} of {load.requests} requests failed: {load.errors}")
+    if load.wrong:
+        res.problems.append(f"{load.wrong} of {load.checked} answers were not the exact top-k of the build that "
+                            f"answered them: {load.errors}")
+    if load.degraded:
+        res.problems.append(f"{load.degraded} responses were degraded during the rollout")
+    published = [b for b, outcome in ro.race.items() if outcome == "published"]
+    if len(ro.race) != 2 or len(published) != 1:
+        res.problems.append(f"two racing publishers: exactly one must publish, got {ro.race}")
+    elif not all("AliasConflict" in outcome for b, outcome in ro.race.items() if b != ro.winner):
+        res.problems.append(f"the losing publisher did not get an AliasConflict: {ro.race}")
+    if ro.winner is not None and set(load.builds) - {ro.parent, ro.winner}:
+        res.problems.append(f"answered by builds {sorted(load.builds)}: only {ro.parent} and {ro.winner} "
+                            "were published")
+    if ro.winner is not None and not load.builds.get(ro.winner):
+        res.problems.append(f"no request was answered by the published update {ro.winner}")
+    if ro.rollback_s is None:
+        res.problems.append("the app did not return to the parent build after the rollback")
+    if ro.parent_kept is False:
+        res.problems.append(f"the parent's application ({ro.parent}) was deleted by the retirement the rollback undid")
+    if ro.winner is not None and ro.rollback_s is not None and ro.winner_deleted_s is None:
+        res.problems.append(f"the rolled-back update's application ({ro.winner}) was not deleted after its retirement")
+    if ro.loser_app:
+        res.problems.append("the losing update got an application")
+    if ro.differing == 0:
+        res.problems.append("the parent and the winner rank every question alike: the check cannot tell which "
+                            "build answered")
+    return res
+
+
 def judge_llm(res: ScenarioResult) -> ScenarioResult:
     a, nxt = res.answer, res.next_request
     if a is None or nxt is None:
@@ -336,6 +427,6 @@ def judge_llm(res: ScenarioResult) -> ScenarioResult:
 
 def summarize(scenarios: list[ScenarioResult], plan: ChaosPlan, wall_s: float,
               load_avg: dict[str, list[float]], error: str | None = None) -> ChaosSummary:
-    passed = error is None and len(scenarios) == 3 and all(s.passed for s in scenarios)
+    passed = error is None and len(scenarios) == 4 and all(s.passed for s in scenarios)
     return ChaosSummary(passed=passed, wall_s=round(wall_s, 1), plan=plan.model_dump(exclude={"questions"}),
                         load_avg=load_avg, scenarios=scenarios, error=error)

@@ -113,15 +113,16 @@ def readiness(r: httpx.Response) -> dict[str, Any]:
     return body if r.status_code == 200 else (body.get("error", {}).get("detail") or {})
 
 
-def wait_healthy(client: httpx.Client, timeout_s: float = 300) -> dict[str, Any]:
-    """Poll ``GET /readyz`` through ``client`` until it answers 200; returns its body. Raises
+def wait_healthy(client: httpx.Client, timeout_s: float = 300, status: str | None = None) -> dict[str, Any]:
+    """Poll ``GET /readyz`` through ``client`` until it answers 200 (and, with ``status``, its report
+    says that status: "ok" = every replica of every shard live); returns its body. Raises
     TimeoutError with the last answer (or connection error) after ``timeout_s``."""
     deadline = time.time() + timeout_s
     last = ""
     while time.time() < deadline:
         try:
             r = client.get("/readyz")
-            if r.status_code == 200:
+            if r.status_code == 200 and status in (None, r.json().get("status")):
                 return r.json()
             last = f"{r.status_code} {r.text[:200]}"
         except httpx.HTTPError as exc:

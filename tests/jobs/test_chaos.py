@@ -1,6 +1,7 @@
 """``python -m jobs.chaos`` for real, reduced (300 requests instead of 1,000): the bundled sample
 index, the bundled encoder and SmolLM2 reader, shard replicas and the LLM replica killed from
-outside while the app answers; the figures come from the job's one JSON line."""
+outside while the app answers, then two updates published at once and the alias rolled back; the
+figures come from the job's one JSON line."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def test_reduced_chaos_run_meets_every_expectation(sample_index, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "jobs.chaos", "--index", sample_index["uri"], "--requests", "300",
          "--shard-requests", "40", "--port", str(PORT), "--log", str(tmp_path / "chaos.log"),
-         "--recovery-timeout-s", "180"],
+         "--recovery-timeout-s", "180", "--work", str(tmp_path / "work")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500,
     )
     lines = proc.stdout.strip().splitlines()
@@ -32,14 +33,14 @@ def test_reduced_chaos_run_meets_every_expectation(sample_index, tmp_path):
     log_tail = (tmp_path / "chaos.log").read_text()[-3000:]
     assert summary["job"] == "chaos" and summary["error"] is None, (summary, log_tail)
     by_name = {s["name"]: s for s in summary["scenarios"]}
-    assert list(by_name) == ["replica", "shard", "llm"]
+    assert list(by_name) == ["replica", "shard", "llm", "rollout"]
 
     replica = by_name["replica"]
     assert replica["load"]["requests"] >= 300 and replica["load"]["failed"] == 0, replica
     assert replica["load"]["redundancy_degraded"] > 0 and len(replica["killed"]) == 1, replica
     assert replica["load"]["degraded"] == 0, replica
     # exact search: every answer is the top-k asked before the faults (0 wrong answers)
-    assert replica["load"]["checked"] == 300 and replica["load"]["wrong"] == 0, replica
+    assert replica["load"]["checked"] == replica["load"]["requests"] and replica["load"]["wrong"] == 0, replica
     assert replica["recovery"]["recovered"] and replica["recovery"]["full_coverage_after"], replica
 
     shard = by_name["shard"]
@@ -57,4 +58,17 @@ def test_reduced_chaos_run_meets_every_expectation(sample_index, tmp_path):
     assert (llm["answer"]["status"] == 200 and llm["answer"]["retries"] == 1) or llm["answer"]["json_error"], llm
     assert llm["stream_error"]["detail"]["stage"] == "read", llm
     assert llm["next_request"]["status"] == 200, llm
+
+    rollout = by_name["rollout"]
+    ro, load = rollout["rollout"], rollout["load"]
+    assert ro["error"] is None and ro["differing"] > 0, rollout  # the updates change some answers
+    # two publishers raced from the same build: exactly one published, the other was refused
+    assert sorted(v.split(":")[0] for v in ro["race"].values()) == ["AliasConflict", "published"], ro
+    # every request answered, each by the parent or the published update and with its exact top-k
+    # (a single in-process index over that build)
+    assert load["failed"] == 0 and load["degraded"] == 0 and load["wrong"] == 0, rollout
+    assert set(load["builds"]) == {ro["parent"], ro["winner"]} and load["checked"] == load["requests"], rollout
+    # rolled back within retire_after_s: the parent's application outlived its retirement, the
+    # update's was deleted by its own, the loser never had one
+    assert ro["parent_kept"] is True and ro["winner_deleted_s"] is not None and ro["loser_app"] is False, ro
     assert summary["passed"] is True and proc.returncode == 0, summary

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import httpx
 
-from lab.chaos import (ChaosPlan, LoadResult, Outcome, Recovery, ScenarioResult, judge_replica, judge_shard, summarize,
-                       top_k_problem)
+from lab.chaos import (ChaosPlan, LoadResult, Outcome, Recovery, Rollout, ScenarioResult, judge_replica, judge_rollout,
+                       judge_shard, references_problem, summarize, top_k_problem)
 
 
 def _cov(degraded=False, lost=False, failed=(), failovers=0):
@@ -59,9 +59,10 @@ def test_verdicts_name_what_was_not_met():
 REF = [("u1", 0, 0.90), ("u2", 1, 0.80), ("u3", 0, 0.70), ("u4", 1, 0.60)]
 
 
-def _got(units, degraded=False, failed=()):
+def _got(units, degraded=False, failed=(), build="A"):
     body = _cov(degraded=degraded, failed=failed)
     body["units"] = [{"unit_id": u, "shard": s, "score": x} for u, s, x in units]
+    body["trace"] = {"retrieve.build_id": build}
     return Outcome.of(httpx.Response(200, json=body), 1.0)
 
 
@@ -126,3 +127,61 @@ def test_the_load_spans_the_outage_when_told_to_wait_for_the_repair():
     assert n > 20 and end - fired >= 0.3
     n, _, _ = asyncio.run(run(False))
     assert n == 20
+
+
+def test_the_app_s_reference_must_be_the_single_index_s():
+    single = {"A": {"q": REF}}
+    assert references_problem({"A": {"q": REF}}, single) is None
+    swapped = [REF[1], REF[0], *REF[2:]]
+    assert "the app's answer is not the single index's: rank 1" in references_problem({"A": {"q": swapped}}, single)
+    assert references_problem({"B": {"q": REF}}, single) == "no single-index reference for build B"
+
+
+def _rollout_result(outcomes, **timeline):
+    ro = Rollout(parent="A", race={"B": "published", "C": "AliasConflict: ... now serves B"}, winner="B",
+                 switch_s=3.0, rollback_s=2.0, parent_kept=True, winner_deleted_s=21.0, loser_app=False,
+                 differing=2)
+    return judge_rollout(ScenarioResult(name="rollout", killed=[], load=LoadResult.of(outcomes),
+                                        rollout=ro.model_copy(update=timeline)))
+
+
+def test_a_rollout_passes_only_with_one_publisher_the_parent_kept_and_each_answer_its_build_s():
+    answers = [_got(REF, build="A"), _got(REF[:1] + REF[2:] + [("u9", 1, 0.5)], build="B"), _got(REF, build="A")]
+    res = _rollout_result(answers)
+    assert res.passed and res.load.builds == {"A": 2, "B": 1}, res.problems
+    assert "two racing publishers: exactly one must publish" in _rollout_result(
+        answers, race={"B": "published", "C": "published"}).problems[0]
+    assert _rollout_result(answers, parent_kept=False).problems == [
+        "the parent's application (A) was deleted by the retirement the rollback undid"]
+    assert _rollout_result(answers, winner_deleted_s=None).problems == [
+        "the rolled-back update's application (B) was not deleted after its retirement"]
+    stray = _rollout_result(answers + [_got(REF, build="C")])
+    assert stray.problems == ["answered by builds ['A', 'B', 'C']: only A and B were published"]
+    assert "the check cannot tell which build answered" in _rollout_result(answers, differing=0).problems[0]
+    never = _rollout_result([_got(REF, build="A")])
+    assert never.problems == ["no request was answered by the published update B"]
+
+
+def test_each_answer_is_checked_against_the_build_that_answered_it():
+    """A response from build B is held to B's top-k, not A's; a build without a reference is wrong."""
+    import asyncio
+
+    from lab.chaos import retrieve_load
+
+    b_units = [("u9", 0, 0.95), *REF[1:]]
+    answers = iter([("A", REF), ("B", b_units), ("B", REF), ("C", REF)])
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        build, units = next(answers)
+        body = {**_cov(), "units": [{"unit_id": u, "shard": s, "score": x} for u, s, x in units],
+                "trace": {"retrieve.build_id": build}}
+        return httpx.Response(200, json=body)
+
+    async def run():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://chaos.test") as client:
+            return await retrieve_load(client, ChaosPlan(concurrency=1, questions=("q",)), 4,
+                                       ref={"A": {"q": REF}, "B": {"q": b_units}})
+
+    out = asyncio.run(run())
+    assert [o.wrong for o in out] == [False, False, True, True]
+    assert "rank 1: u1" in out[2].error and "answered by build C, which no reference knows" in out[3].error
