@@ -58,10 +58,11 @@ class ClusterHandle:
         self.simulated.wait_for_nodes()
         return node
 
-    def remove_node(self, node: Any) -> None:
+    def remove_node(self, node: Any, graceful: bool = True) -> None:
+        """Stop a simulated node; ``graceful=False`` kills its processes at once, as a crashed machine."""
         if self.simulated is None:
             raise RuntimeError("remove_node() is only available on a simulated multi-node cluster")
-        self.simulated.remove_node(node)
+        self.simulated.remove_node(node, allow_graceful=graceful)
         self.node_handles.remove(node)
 
     def shutdown(self) -> None:

@@ -58,6 +58,8 @@ class ChaosPlan(BaseModel):
                                 "for recovery: Serve's replica counts lag a kill by up to a health-check period "
                                 "(5 s for the shard deployments), and /readyz still says 'ok' before.")
     request_timeout_s: float = Field(60.0, gt=0)
+    node_down_s: float = Field(10.0, ge=0, description="How long the app runs on what is left of a killed node "
+                               "before a new node joins (the autoscaler's replacement).")
     retire_after_s: float = Field(20.0, ge=0, description="The app's index.retire_after_s: the rollout's rollback "
                                   "lands within it.")
     rollout_concurrency: int = Field(2, ge=1, le=64, description="Requests at a time during the rollout (new "
@@ -177,7 +179,7 @@ class Rollout(BaseModel):
 
 
 class ScenarioResult(BaseModel):
-    name: Literal["replica", "shard", "llm", "rollout"]
+    name: Literal["replica", "shard", "llm", "rollout", "node"]
     killed: list[str] = Field(description="What was killed (actor names).")
     load: LoadResult | None = None
     recovery: Recovery | None = None
@@ -187,6 +189,8 @@ class ScenarioResult(BaseModel):
     stream_error: dict[str, Any] | None = None
     next_request: Outcome | None = None
     rollout: Rollout | None = None
+    retrievers_after: tuple[int, int] | None = Field(None, description="node: Retriever replicas (running, wanted) "
+                                                     "after the recovery.")
     problems: list[str] = Field(default_factory=list, description="Expectations not met (empty: passed).")
 
     @property
@@ -313,7 +317,10 @@ async def retrieve_load(client: httpx.AsyncClient, plan: ChaosPlan, n: int, *,
 async def wait_recovered(client: httpx.AsyncClient, plan: ChaosPlan, t_kill: float) -> Recovery:
     """Poll /readyz until it is ok (every replica of every shard live) in a report built after the
     kill (/readyz is cached for serve.readyz_cache_s: an older report still shows the replica
-    before it died), ``plan.report_lag_s`` after it at least; then check one retrieve."""
+    before it died), ``plan.report_lag_s`` after it at least; then retrieve until 4 in a row answer from
+    every shard with every replica live, within ``plan.report_lag_s`` more (``full_coverage_after``):
+    each Retriever replica counts a lost replica until its own health check reads the counts again,
+    so with several Retrievers one may say "1 of 2" a little longer than /readyz."""
     deadline = t_kill + plan.recovery_timeout_s
     redundancy = ""
     while time.perf_counter() < deadline:
@@ -324,9 +331,13 @@ async def wait_recovered(client: httpx.AsyncClient, plan: ChaosPlan, t_kill: flo
             fresh = time.perf_counter() - float(body.get("age_s", 0.0)) > t_kill + plan.report_lag_s
             if r.status_code == 200 and body.get("status") == "ok" and fresh:
                 seconds = round(time.perf_counter() - t_kill, 1)
-                check = (await retrieve_load(client, plan.model_copy(update={"concurrency": 1}), 1))[0]
-                full = check.status == 200 and not check.degraded and not check.redundancy_degraded
-                return Recovery(recovered=True, seconds=seconds, redundancy=redundancy, full_coverage_after=full)
+                until, streak = time.perf_counter() + plan.report_lag_s, 0
+                while streak < 4 and time.perf_counter() < until:
+                    check = (await retrieve_load(client, plan.model_copy(update={"concurrency": 1}), 1))[0]
+                    full = check.status == 200 and not check.degraded and not check.redundancy_degraded
+                    streak = streak + 1 if full else 0
+                    await asyncio.sleep(0.1)
+                return Recovery(recovered=True, seconds=seconds, redundancy=redundancy, full_coverage_after=streak >= 4)
         except (httpx.HTTPError, ValueError):
             pass
         await asyncio.sleep(0.5)
@@ -405,6 +416,25 @@ def judge_rollout(res: ScenarioResult) -> ScenarioResult:
     return res
 
 
+def judge_node(res: ScenarioResult, plan: ChaosPlan) -> ScenarioResult:
+    load, rec = res.load, res.recovery
+    assert load is not None and rec is not None
+    if not any("#Retriever#" in name for name in res.killed):
+        res.problems.append(f"the node killed held no Retriever replica: {res.killed}")
+    if load.failed:
+        res.problems.append(f"{load.failed} of {load.requests} requests failed: {load.errors}")
+    if load.wrong:
+        res.problems.append(f"{load.wrong} of {load.checked} answers were not the exact top-k (or, degraded, its "
+                            f"units on the shards that answered): {load.errors}")
+    if not (rec.recovered and rec.full_coverage_after):
+        res.problems.append(f"full redundancy not back in {plan.recovery_timeout_s:g} s after the new node joined "
+                            f"({rec.redundancy})")
+    running, wanted = res.retrievers_after or (0, 0)
+    if running < wanted or wanted == 0:
+        res.problems.append(f"{running} of {wanted} Retriever replicas running after the recovery")
+    return res
+
+
 def judge_llm(res: ScenarioResult) -> ScenarioResult:
     a, nxt = res.answer, res.next_request
     if a is None or nxt is None:
@@ -427,6 +457,6 @@ def judge_llm(res: ScenarioResult) -> ScenarioResult:
 
 def summarize(scenarios: list[ScenarioResult], plan: ChaosPlan, wall_s: float,
               load_avg: dict[str, list[float]], error: str | None = None) -> ChaosSummary:
-    passed = error is None and len(scenarios) == 4 and all(s.passed for s in scenarios)
+    passed = error is None and len(scenarios) == 5 and all(s.passed for s in scenarios)
     return ChaosSummary(passed=passed, wall_s=round(wall_s, 1), plan=plan.model_dump(exclude={"questions"}),
                         load_avg=load_avg, scenarios=scenarios, error=error)

@@ -1,7 +1,7 @@
 """``python -m jobs.chaos`` for real, reduced (300 requests instead of 1,000): the bundled sample
 index, the bundled encoder and SmolLM2 reader, shard replicas and the LLM replica killed from
-outside while the app answers, then two updates published at once and the alias rolled back; the
-figures come from the job's one JSON line."""
+outside while the app answers, two updates published at once and the alias rolled back, then the
+node of a Retriever killed on a simulated two-node Ray; the figures come from the job's one JSON line."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_reduced_chaos_run_meets_every_expectation(sample_index, tmp_path):
     log_tail = (tmp_path / "chaos.log").read_text()[-3000:]
     assert summary["job"] == "chaos" and summary["error"] is None, (summary, log_tail)
     by_name = {s["name"]: s for s in summary["scenarios"]}
-    assert list(by_name) == ["replica", "shard", "llm", "rollout"]
+    assert list(by_name) == ["replica", "shard", "llm", "rollout", "node"]
 
     replica = by_name["replica"]
     assert replica["load"]["requests"] >= 300 and replica["load"]["failed"] == 0, replica
@@ -71,4 +71,13 @@ def test_reduced_chaos_run_meets_every_expectation(sample_index, tmp_path):
     # rolled back within retire_after_s: the parent's application outlived its retirement, the
     # update's was deleted by its own, the loser never had one
     assert ro["parent_kept"] is True and ro["winner_deleted_s"] is not None and ro["loser_app"] is False, ro
+
+    node = by_name["node"]
+    load = node["load"]
+    # the worker node holding a Retriever replica died (its shard replicas with it): 0 lost requests,
+    # every answer exact (degraded only with the shard named), then full redundancy on the new node
+    assert any("#Retriever#" in name for name in node["killed"]), node
+    assert load["failed"] == 0 and load["wrong"] == 0 and load["checked"] == load["requests"], node
+    assert node["recovery"]["recovered"] and node["recovery"]["full_coverage_after"], node
+    assert node["retrievers_after"] == [2, 2], node
     assert summary["passed"] is True and proc.returncode == 0, summary

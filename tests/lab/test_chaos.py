@@ -185,3 +185,22 @@ def test_each_answer_is_checked_against_the_build_that_answered_it():
     out = asyncio.run(run())
     assert [o.wrong for o in out] == [False, False, True, True]
     assert "rank 1: u1" in out[2].error and "answered by build C, which no reference knows" in out[3].error
+
+
+def test_a_node_loss_passes_with_no_lost_request_a_retriever_among_the_dead_and_both_retrievers_back():
+    from lab.chaos import judge_node
+
+    plan = ChaosPlan()
+    back = Recovery(recovered=True, seconds=24.0, redundancy="", full_coverage_after=True)
+    killed = ["SERVE_REPLICA::longrag#Retriever#ab", "SERVE_REPLICA::index-x#shard-0#cd"]
+    load = LoadResult.of([_got(REF), _got(REF[:1] + REF[2:], degraded=True, failed=[1])])
+
+    def judge(**update):
+        res = ScenarioResult(name="node", killed=killed, load=load, recovery=back, retrievers_after=(2, 2))
+        return judge_node(res.model_copy(update=update), plan).problems
+
+    assert judge() == []
+    assert judge(killed=killed[1:]) == [f"the node killed held no Retriever replica: {killed[1:]}"]
+    assert judge(retrievers_after=(1, 2)) == ["1 of 2 Retriever replicas running after the recovery"]
+    lost = LoadResult.of([_got(REF), Outcome(status=0, ms=1.0, error="ConnectError: refused")])
+    assert judge(load=lost) == ["1 of 2 requests failed: ['ConnectError: refused']"]
