@@ -1,4 +1,5 @@
-"""``python -m jobs.chaos`` for real, reduced (300 requests instead of 1,000): the bundled sample
+"""``python -m jobs.chaos`` for real, reduced (at least 100 requests instead of 1,000: the load goes on
+until the killed replica is back anyway): the bundled sample
 index, the bundled encoder and SmolLM2 reader, shard replicas and the LLM replica killed from
 outside while the app answers, two updates published at once and the alias rolled back, then the
 node of a Retriever killed on a simulated two-node Ray; the figures come from the job's one JSON line."""
@@ -22,7 +23,7 @@ PORT = 8403
 def test_reduced_chaos_run_meets_every_expectation(sample_index, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run(
-        [sys.executable, "-m", "jobs.chaos", "--index", sample_index["uri"], "--requests", "300",
+        [sys.executable, "-m", "jobs.chaos", "--index", sample_index["uri"], "--requests", "100",
          "--shard-requests", "40", "--port", str(PORT), "--log", str(tmp_path / "chaos.log"),
          "--recovery-timeout-s", "180", "--work", str(tmp_path / "work")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500,
@@ -36,7 +37,7 @@ def test_reduced_chaos_run_meets_every_expectation(sample_index, tmp_path):
     assert list(by_name) == ["replica", "shard", "llm", "rollout", "node"]
 
     replica = by_name["replica"]
-    assert replica["load"]["requests"] >= 300 and replica["load"]["failed"] == 0, replica
+    assert replica["load"]["requests"] >= 100 and replica["load"]["failed"] == 0, replica
     assert replica["load"]["redundancy_degraded"] > 0 and len(replica["killed"]) == 1, replica
     assert replica["load"]["degraded"] == 0, replica
     # exact search: every answer is the top-k asked before the faults (0 wrong answers)
