@@ -2,11 +2,14 @@
 
 No Ray here: the load is plain HTTP (``httpx``) against a running app, and the faults are injected
 through callables the job passes in (:mod:`serve.faults` kills replicas of the running app). The
-scenarios (the production-serving issue, "Operable and safe"):
+first scenarios (the production-serving issue, "Operable and safe"; the rollout and node
+scenarios are in :mod:`lab.chaos_scenarios`):
 
 * ``replica``: ``requests`` ``/v1/retrieve`` calls at ``concurrency`` while one replica of a shard
-  is killed for good: 0 failed; the responses that saw the lost redundancy are counted
-  (``coverage.redundancy_degraded``), and the tier re-creates the replica (full redundancy back);
+  is killed for good: 0 failed, 0 wrong, and the tier re-creates the replica (full redundancy back).
+  The responses that saw the lost redundancy are counted (``coverage.redundancy_degraded``) but not
+  required: a Retriever reads the counts at its health check and /readyz, and with the node's shard
+  cache warm Serve can replace the replica (~1-2 s) before any read falls in the gap;
 * ``shard``: both replicas of one shard killed: the responses meanwhile are flagged degraded with
   the shard named (``coverage.failed_shards``) or, on the Serve shard tier, wait for the new
   replicas within the stage deadline; never a 5xx, and full coverage is back after the tier
@@ -354,8 +357,6 @@ def judge_replica(res: ScenarioResult, plan: ChaosPlan) -> ScenarioResult:
         res.problems.append(f"{load.failed} of {load.requests} requests failed: {load.errors}")
     if load.wrong:
         res.problems.append(f"{load.wrong} of {load.checked} answers were not the exact top-k: {load.errors}")
-    if load.redundancy_degraded == 0:
-        res.problems.append("no response showed the lost replica (coverage.redundancy_degraded)")
     if not (rec.recovered and rec.full_coverage_after):
         res.problems.append(f"the replica was not re-created in {plan.recovery_timeout_s:g} s ({rec.redundancy})")
     return res

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import httpx
 
@@ -43,21 +43,34 @@ class Faults:
     retrievers: Callable[[], tuple[int, int]] | None = None  # Retriever replicas (running, wanted)
 
 
-async def replica_scenario(client: httpx.AsyncClient, plan: ChaosPlan, faults: Faults, ref: References) -> ScenarioResult:
-    killed: list[str] = []
+def watched_fault(client: httpx.AsyncClient, plan: ChaosPlan, injure: Callable[[], Awaitable[None]]
+                  ) -> tuple[Callable[[], Awaitable[None]], list[asyncio.Future], asyncio.Event]:
+    """A ``fault`` for :func:`lab.chaos.retrieve_load`: ``await injure()``, then /readyz watched for the
+    recovery while the load goes on (``recovery[0]``); ``back`` is set once recovered, timed out, or
+    if ``injure`` raised (the load's ``until``: it spans the whole outage)."""
     recovery: list[asyncio.Future] = []
-    back = asyncio.Event()  # the load goes on until the replica is back (or recovery timed out)
+    back = asyncio.Event()
 
     async def fault() -> None:
         t_kill = time.perf_counter()
         try:
-            killed.extend(await asyncio.to_thread(faults.kill_shard_replicas, plan.shard, 1))
+            await injure()
         except BaseException:
             back.set()
             raise
-        recovery.append(asyncio.ensure_future(wait_recovered(client, plan, t_kill)))  # watched during the load
+        recovery.append(asyncio.ensure_future(wait_recovered(client, plan, t_kill)))
         recovery[-1].add_done_callback(lambda _: back.set())
 
+    return fault, recovery, back
+
+
+async def replica_scenario(client: httpx.AsyncClient, plan: ChaosPlan, faults: Faults, ref: References) -> ScenarioResult:
+    killed: list[str] = []
+
+    async def injure() -> None:
+        killed.extend(await asyncio.to_thread(faults.kill_shard_replicas, plan.shard, 1))
+
+    fault, recovery, back = watched_fault(client, plan, injure)
     outcomes = await retrieve_load(client, plan, plan.requests, at=int(plan.requests * plan.kill_at), fault=fault,
                                    ref=ref, until=back)
     res = ScenarioResult(name="replica", killed=killed, load=LoadResult.of(outcomes), recovery=await recovery[0])
@@ -150,21 +163,13 @@ async def node_scenario(client: httpx.AsyncClient, plan: ChaosPlan, faults: Faul
     ``plan.node_down_s`` later a new node joins; the load goes on until /readyz is ok again."""
     assert faults.kill_retriever_node and faults.add_node and faults.retrievers
     killed: list[str] = []
-    recovery: list[asyncio.Future] = []
-    back = asyncio.Event()
 
-    async def fault() -> None:
-        t_kill = time.perf_counter()
-        try:
-            killed.extend(await asyncio.to_thread(faults.kill_retriever_node))
-            await asyncio.sleep(plan.node_down_s)  # the app answers from what is left
-            faults.add_node()  # in this thread: Ray starts a node only from the main thread (the loop pauses)
-        except BaseException:
-            back.set()
-            raise
-        recovery.append(asyncio.ensure_future(wait_recovered(client, plan, t_kill)))
-        recovery[-1].add_done_callback(lambda _: back.set())
+    async def injure() -> None:
+        killed.extend(await asyncio.to_thread(faults.kill_retriever_node))
+        await asyncio.sleep(plan.node_down_s)  # the app answers from what is left
+        faults.add_node()  # in this thread: Ray starts a node only from the main thread (the loop pauses)
 
+    fault, recovery, back = watched_fault(client, plan, injure)
     outcomes = await retrieve_load(client, plan, 40, at=10, fault=fault, ref=ref, until=back)
     res = ScenarioResult(name="node", killed=killed, load=LoadResult.of(outcomes), recovery=await recovery[0],
                          retrievers_after=await asyncio.to_thread(faults.retrievers))
