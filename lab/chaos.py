@@ -65,6 +65,8 @@ class ChaosPlan(BaseModel):
                                "before a new node joins (the autoscaler's replacement).")
     retire_after_s: float = Field(20.0, ge=0, description="The app's index.retire_after_s: the rollout's rollback "
                                   "lands within it.")
+    rollout_dwell_s: float = Field(2.0, ge=0, description="How long the app serves the published update before "
+                                   "the rollback (well within retire_after_s).")
     rollout_concurrency: int = Field(2, ge=1, le=64, description="Requests at a time during the rollout (new "
                                      "builds' shard replicas start meanwhile).")
     answer_question: str = "Who wrote the novel Animal Farm?"

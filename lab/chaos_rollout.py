@@ -123,8 +123,9 @@ async def rollout(client: httpx.AsyncClient, plan: ChaosPlan, alias: str, parent
             raise RuntimeError(f"the app did not switch to {ro.winner} in {timeout_s:g} s")
         ro.switch_s = round(time.perf_counter() - t0, 1)
         t_switch = time.perf_counter()  # the parent's retirement ends retire_after_s after this, at the latest
+        await asyncio.sleep(plan.rollout_dwell_s)  # the load meets the update, whatever the machine's speed
         t_rollback = time.perf_counter()
-        publish(alias, parent_uri, expect_build_id=ro.winner)  # at once: well within retire_after_s
+        publish(alias, parent_uri, expect_build_id=ro.winner)  # well within retire_after_s
         ro.rollback_s = await _answered_by(client, plan, parent_id, timeout_s)
         if ro.rollback_s is None:
             raise RuntimeError(f"the app did not return to {parent_id} in {timeout_s:g} s")
