@@ -83,7 +83,7 @@ def cluster_faults(handle: Any, index: str, num_cpus: float) -> Faults:
     from cluster import ray_private
     from serve.faults import kill_index_replicas, kill_serve_replica
     from serve.index_app import index_app_name
-    from serve.status import serve_status
+    from serve.status import running_replicas, serve_status
 
     build_id = ArtifactStore.open(index).read_manifest().build_id
 
@@ -94,26 +94,21 @@ def cluster_faults(handle: Any, index: str, num_cpus: float) -> Faults:
 
     def kill_retriever_node() -> list[str]:
         """Kill (no graceful exit) the worker node of a running Retriever replica; every Serve replica on it."""
-        head = ray.get_runtime_context().get_node_id()
-        on = [r["node_id"] for r in replicas() if r["deployment"] == "Retriever" and r["state"] == "RUNNING"
+        head, now = ray.get_runtime_context().get_node_id(), replicas()
+        on = [r["node_id"] for r in now if r["deployment"] == "Retriever" and r["state"] == "RUNNING"
               and r["node_id"] != head]
         if not on:
             raise RuntimeError("no Retriever replica runs on a worker node")
         node = next(n for n in handle.node_handles if n.node_id == on[0])
-        dying = sorted(r["actor_name"] for r in replicas() if r["node_id"] == on[0])
+        dying = sorted(r["actor_name"] for r in now if r["node_id"] == on[0])
         handle.remove_node(node, graceful=False)
         return dying
-
-    def retrievers() -> tuple[int, int]:
-        dep = serve_status().applications[APP].deployments["Retriever"]
-        states = {str(getattr(k, "value", k)): n for k, n in dep.replica_states.items()}
-        return states.get("RUNNING", 0), 2
 
     return Faults(kill_shard_replicas=lambda shard, n: kill_index_replicas(build_id, shard, n),
                   kill_llm=lambda: kill_serve_replica(APP, "LLMServer"),
                   apps=lambda: set(serve_status().applications), app_of=index_app_name,
                   kill_retriever_node=kill_retriever_node, add_node=lambda: handle.add_node(num_cpus=num_cpus),
-                  retrievers=retrievers)
+                  retrievers=lambda: (running_replicas(APP).get("Retriever", 0), 2))  # 2: serve_config's
 
 
 def run(args: argparse.Namespace) -> int:
@@ -149,11 +144,11 @@ def run(args: argparse.Namespace) -> int:
         work.mkdir(parents=True, exist_ok=True)
         alias = str(work / "alias")  # the app serves the build through an alias, as updates are published
         publish(alias, index)
-        (top,) = single_index_references([index], plan).values()  # each update changes a question's answer:
-        firsts = list(dict.fromkeys(units[0][0] for units in top.values()))[:2]
-        uris = [index, *make_updates(index, work, firsts)]
-        single = single_index_references(uris, plan)
-        builds = dict(zip(single, uris))
+        single = single_index_references([index], plan)
+        (top,) = single.values()  # each update removes a document of a question's top unit: its answer changes
+        updates = make_updates(index, work, list(dict.fromkeys(units[0][0] for units in top.values()))[:2])
+        single.update(single_index_references(updates, plan))
+        builds = dict(zip(single, [index, *updates]))
         deploy(serve_config(alias, args.port, args.llm, args.read_timeout_s, plan))
         # a replica whose worker starts slowly on a loaded machine is reported "not scheduled": give it time
         reason = wait_running([APP], schedule_timeout_s=args.recovery_timeout_s,

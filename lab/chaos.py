@@ -352,13 +352,18 @@ async def wait_recovered(client: httpx.AsyncClient, plan: ChaosPlan, t_kill: flo
 # ---------------------------------------------------------------------------- verdicts
 
 
+def _lost_or_wrong(load: LoadResult, exact: str) -> list[str]:
+    """The problems every load under a fault may have: requests that failed, answers not ``exact``."""
+    out = [f"{load.failed} of {load.requests} requests failed: {load.errors}"] if load.failed else []
+    if load.wrong:
+        out.append(f"{load.wrong} of {load.checked} answers were not {exact}: {load.errors}")
+    return out
+
+
 def judge_replica(res: ScenarioResult, plan: ChaosPlan) -> ScenarioResult:
     load, rec = res.load, res.recovery
     assert load is not None and rec is not None
-    if load.failed:
-        res.problems.append(f"{load.failed} of {load.requests} requests failed: {load.errors}")
-    if load.wrong:
-        res.problems.append(f"{load.wrong} of {load.checked} answers were not the exact top-k: {load.errors}")
+    res.problems += _lost_or_wrong(load, "the exact top-k")
     if not (rec.recovered and rec.full_coverage_after):
         res.problems.append(f"the replica was not re-created in {plan.recovery_timeout_s:g} s ({rec.redundancy})")
     return res
@@ -388,11 +393,7 @@ def judge_rollout(res: ScenarioResult) -> ScenarioResult:
     assert load is not None and ro is not None
     if ro.error:
         res.problems.append(f"the rollout stopped: {ro.error}")
-    if load.failed:
-        res.problems.append(f"{load.failed} of {load.requests} requests failed: {load.errors}")
-    if load.wrong:
-        res.problems.append(f"{load.wrong} of {load.checked} answers were not the exact top-k of the build that "
-                            f"answered them: {load.errors}")
+    res.problems += _lost_or_wrong(load, "the exact top-k of the build that answered them")
     if load.degraded:
         res.problems.append(f"{load.degraded} responses were degraded during the rollout")
     published = [b for b, outcome in ro.race.items() if outcome == "published"]
@@ -424,11 +425,7 @@ def judge_node(res: ScenarioResult, plan: ChaosPlan) -> ScenarioResult:
     assert load is not None and rec is not None
     if not any("#Retriever#" in name for name in res.killed):
         res.problems.append(f"the node killed held no Retriever replica: {res.killed}")
-    if load.failed:
-        res.problems.append(f"{load.failed} of {load.requests} requests failed: {load.errors}")
-    if load.wrong:
-        res.problems.append(f"{load.wrong} of {load.checked} answers were not the exact top-k (or, degraded, its "
-                            f"units on the shards that answered): {load.errors}")
+    res.problems += _lost_or_wrong(load, "the exact top-k (or, degraded, its units on the shards that answered)")
     if not (rec.recovered and rec.full_coverage_after):
         res.problems.append(f"full redundancy not back in {plan.recovery_timeout_s:g} s after the new node joined "
                             f"({rec.redundancy})")
