@@ -38,9 +38,9 @@ class Faults:
     kill_llm: Callable[[], str]  # one LLMServer replica -> its name
     apps: Callable[[], set[str]]  # Serve's application names now
     app_of: Callable[[str], str]  # a build id -> its index application's name
-    kill_retriever_node: Callable[[], list[str]] | None = None  # a worker node with a Retriever replica -> what died
-    add_node: Callable[[], None] | None = None  # one more worker node (the autoscaler's replacement); main thread
-    retrievers: Callable[[], tuple[int, int]] | None = None  # Retriever replicas (running, wanted)
+    kill_retriever_node: Callable[[], list[str]]  # a worker node with a Retriever replica -> what died
+    add_node: Callable[[], None]  # one more worker node (the autoscaler's replacement); main thread
+    retrievers: Callable[[], tuple[int, int]]  # Retriever replicas (running, wanted)
 
 
 def watched_fault(client: httpx.AsyncClient, plan: ChaosPlan, injure: Callable[[], Awaitable[None]]
@@ -161,7 +161,6 @@ async def rollout_scenario(client: httpx.AsyncClient, plan: ChaosPlan, faults: F
 async def node_scenario(client: httpx.AsyncClient, plan: ChaosPlan, faults: Faults, ref: References) -> ScenarioResult:
     """Kill the node of a Retriever replica while requests go on (its shard replicas die with it);
     ``plan.node_down_s`` later a new node joins; the load goes on until /readyz is ok again."""
-    assert faults.kill_retriever_node and faults.add_node and faults.retrievers
     killed: list[str] = []
 
     async def injure() -> None:
