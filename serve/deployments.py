@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import threading
 import time
 from typing import Any, AsyncIterator, Callable, Iterator
 
@@ -403,26 +402,19 @@ class RemoteLLM(LLM):
     def count_tokens(self, text: str) -> int:
         return self._count(text)
 
+    def truncate_tokens(self, text: str, n: int) -> str:
+        truncate = getattr(self._count, "truncate", None)
+        return truncate(text, n) if truncate is not None else super().truncate_tokens(text, n)
+
 
 def local_token_counter(config: LLMConfig) -> Callable[[str], int]:
-    """Token counting without the model's weights: llama.cpp loads the GGUF vocabulary only; an
-    OpenAI-compatible server's (or a ray.serve.llm app's) tokenizer is not reachable, so its counts
-    are estimates."""
+    """Token counting without the model's weights: llama.cpp loads the GGUF vocabulary only
+    (:class:`longrag.llm.llamacpp.LlamaVocab`, which also truncates); an OpenAI-compatible server's
+    (or a ray.serve.llm app's) tokenizer is not reachable, so its counts are estimates."""
     if config.backend == "llamacpp":
-        from llama_cpp import Llama
+        from longrag.llm.llamacpp import LlamaVocab
 
-        from longrag.llm.llamacpp import resolve_model_path
-
-        vocab = Llama(model_path=str(resolve_model_path(config.model)), vocab_only=True, verbose=False)
-        lock = threading.Lock()
-
-        def count(text: str) -> int:
-            if not text:
-                return 0
-            with lock:
-                return len(vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False))
-
-        return count
+        return LlamaVocab.load(config.model)
     from longrag.llm.openai_http import estimate_tokens
 
     return estimate_tokens

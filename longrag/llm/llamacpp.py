@@ -29,6 +29,7 @@ import os
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -47,6 +48,7 @@ from longrag.llm.base import (
 )
 from longrag.llm.bundled import BUNDLED_MODELS, DEFAULT_READER_MODEL, BundledModel, file_sha256, resolve_model_path
 from longrag.llm.kvcache import PrefixState, PrefixStateCache
+from longrag.text.tokens import trim_to_tokens
 
 __all__ = ["BUNDLED_MODELS", "BundledModel", "LlamaCppLLM", "resolve_model_path"]
 
@@ -141,6 +143,7 @@ class LlamaCppLLM(LLM):
             # again even when another request ran in between (llama.cpp keeps only the last one).
             llama.set_cache(_make_ram_cache(prompt_cache_mb << 20))
         self._llama = llama
+        self._vocab = LlamaVocab(llama, self._lock)
         _OPEN.add(self)
         self.context_window = int(llama.n_ctx())
         if bundled is None:  # a user's file: a chat model iff it has a chat template or format
@@ -161,10 +164,10 @@ class LlamaCppLLM(LLM):
 
     def count_tokens(self, text: str) -> int:
         """Exact token count with the model's own tokenizer (no BOS)."""
-        if not text:
-            return 0
-        with self._lock:
-            return len(self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+        return self._vocab(text)
+
+    def truncate_tokens(self, text: str, n: int) -> str:
+        return self._vocab.truncate(text, n)
 
     def tokenize(self, text: str) -> list[int]:
         with self._lock:
@@ -515,6 +518,57 @@ class LlamaCppLLM(LLM):
 
 KV_FORMAT_VERSION = "1"
 """Part of every unit-cache key: bump when what a stored state holds changes."""
+
+
+class LlamaVocab:
+    """Text counted and cut in a llama.cpp model's tokens (no BOS, no special tokens), through a
+    ``Llama`` of the model (a vocabulary-only one from :meth:`load`) under the lock its calls take.
+    The token ids of the last :attr:`MEMO` texts of at least :attr:`MEMO_MIN_CHARS` are kept: a
+    reader counts a unit, then may cut it, and hot units come back with the next questions."""
+
+    MEMO = 64
+    MEMO_MIN_CHARS = 2048
+
+    def __init__(self, llama: Any, lock: threading.Lock | None = None) -> None:
+        self.llama, self.lock = llama, lock or threading.Lock()
+        self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
+
+    @classmethod
+    def load(cls, model: str) -> "LlamaVocab":
+        """The GGUF's vocabulary only (no weights): a reader's fitter beside a remote LLM."""
+        from llama_cpp import Llama
+
+        return cls(Llama(model_path=str(resolve_model_path(model)), vocab_only=True, verbose=False))
+
+    def tokenize(self, text: str) -> np.ndarray:
+        with self.lock:
+            ids = self._memo.get(text)
+            if ids is not None:
+                self._memo.move_to_end(text)
+                return ids
+            ids = np.asarray(self.llama.tokenize(text.encode("utf-8"), add_bos=False, special=False), dtype=np.int32)
+            if len(text) >= self.MEMO_MIN_CHARS:
+                self._memo[text] = ids
+                if len(self._memo) > self.MEMO:
+                    self._memo.popitem(last=False)
+            return ids
+
+    def __call__(self, text: str) -> int:
+        return len(self.tokenize(text)) if text else 0
+
+    def truncate(self, text: str, n: int) -> str:
+        """:func:`~longrag.text.tokens.trim_to_tokens`' cut (the longest word prefix within ``n``
+        tokens), checked first at the word end before the offset where the text's ``n``-th token
+        ends: two counts of prefixes, where the search over a 4K-token unit's words takes a dozen."""
+        if n <= 0:
+            return ""
+        ids = self.tokenize(text)
+        if len(ids) <= n:
+            return text
+        with self.lock:
+            head = self.llama.detokenize(ids[:n].tolist())
+        near = len(text.encode("utf-8")[: len(head)].decode("utf-8", errors="ignore"))
+        return trim_to_tokens(text, n, self, near=near)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -14,6 +14,7 @@ These are the only token estimators of the code base: use them rather than an in
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from collections.abc import Sequence
@@ -165,7 +166,8 @@ class WhitespaceCounter:
 
 
 
-def trim_to_tokens(text: str, max_tokens: int, count_tokens: Callable[[str], int]) -> str:
+def trim_to_tokens(text: str, max_tokens: int, count_tokens: Callable[[str], int], *,
+                   near: int | None = None) -> str:
     """The longest whitespace-word prefix of ``text`` with at most ``max_tokens`` tokens by
     ``count_tokens`` (binary search over word ends, so it costs O(log words) count calls).
 
@@ -173,12 +175,22 @@ def trim_to_tokens(text: str, max_tokens: int, count_tokens: Callable[[str], int
     (llama.cpp's ``tokenize`` returns ids, a remote server's tokenizer is not local) has no token
     ends to cut at, so the prefix is searched (the default :meth:`longrag.llm.base.LLM.truncate_tokens`).
     A counter cuts in one pass instead (:meth:`HFTokenCounter.truncate` at token offsets,
-    :meth:`WhitespaceCounter.truncate` at word ends), as a backend with a local counter does."""
+    :meth:`WhitespaceCounter.truncate` at word ends), as a backend with a local counter does.
+
+    ``near``: a character offset where the answer's cut probably is (where the text's
+    ``max_tokens``-th token ends). The last word end at or before it is checked first, with two
+    counts (it fits, the next word end does not); when that fails the search runs as without it,
+    so the answer is the same either way."""
     if max_tokens <= 0:
         return ""
     if count_tokens(text) <= max_tokens:
         return text
     ends = [m.end() for m in _WORD_END.finditer(text)]
+    if near is not None:
+        k = bisect.bisect_right(ends, near)  # words whose end is at or before ``near``
+        fits = k == 0 or count_tokens(text[: ends[k - 1]]) <= max_tokens
+        if fits and (k == len(ends) or count_tokens(text[: ends[k]]) > max_tokens):
+            return text[: ends[k - 1]] if k else ""
     lo, hi = 0, len(ends)  # invariant: prefix of `lo` words fits; of `hi`+1 words... search largest fitting
     while lo < hi:
         mid = (lo + hi + 1) // 2

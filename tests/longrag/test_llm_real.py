@@ -84,6 +84,24 @@ def test_token_counting_uses_the_model_tokenizer(llm):
     assert llm.count_tokens(text + " " + text) > n
 
 
+def test_truncation_cuts_where_the_word_search_does(llm):
+    """The llama.cpp backend's cut (checked first where the n-th token ends) is the binary search's
+    over word ends with the model's own counts (longrag.text.tokens.trim_to_tokens), multi-byte text too."""
+    from longrag.llm.base import LLM
+    from longrag.llm.llamacpp import LlamaVocab
+
+    text = ("Zorbland's capital, Velmora, lies on the Ütze river; its 1,204 bridges — ice-blue — date from "
+            "the 9th century. 東京 and Zürich are twinned with it. ") * 6
+    total = llm.count_tokens(text)
+    for n in (1, 2, 7, 40, total // 2, total - 1, total, total + 5):
+        want = LLM.truncate_tokens(llm, text, n)  # the base class: the search alone
+        assert llm.truncate_tokens(text, n) == want, n
+        assert llm.count_tokens(want) <= n and text.startswith(want)
+    assert llm.truncate_tokens(text, 0) == "" and llm.truncate_tokens(text, total) == text
+    vocab = LlamaVocab.load("smollm2-135m-instruct")  # the remote LLM's fitter: vocabulary only
+    assert vocab(text) == total and vocab.truncate(text, 40) == llm.truncate_tokens(text, 40)
+
+
 def test_chat_real_tokens_deterministic_and_thread_safe(llm):
     messages = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 

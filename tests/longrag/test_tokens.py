@@ -164,6 +164,24 @@ def test_trim_to_tokens_equals_a_linear_scan_of_word_prefixes(counter, passages)
             assert trim_to_tokens(text, n, counter.count) == want
 
 
+def test_a_hint_where_the_cut_is_changes_the_cost_never_the_cut(counter, passages):
+    """``near``: the same cut as the search (the linear definition above) for a right, a wrong and an
+    out-of-range hint; a right one costs at most three counts."""
+    import re
+
+    for text in passages[:6]:
+        ends = [m.end() for m in re.finditer(r"\S+", text)]
+        for n in (1, 3, 17, 60):
+            fitting = [e for e in ends if counter.count(text[:e]) <= n]
+            want = text if counter.count(text) <= n else text[: fitting[-1]] if fitting else ""
+            for near in (len(want), len(want) + 1, 0, len(want) // 2, len(text), len(text) + 50, -5):
+                assert trim_to_tokens(text, n, counter.count, near=near) == want, (n, near)
+            if want != text:
+                calls = []
+                trim_to_tokens(text, n, lambda t: calls.append(t) or counter.count(t), near=len(want))
+                assert len(calls) <= 3
+
+
 def test_llm_truncate_tokens_keeps_the_tokenizers_own_first_n_tokens(model_dir, passages):
     """A backend with a local tokenizer.json cuts at token offsets: the cut encodes to exactly the first
     n token ids of the whole text, by the tokenizer's own encode (truncation and padding off)."""
