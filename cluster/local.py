@@ -20,6 +20,7 @@ from typing import Any
 
 import ray
 
+from longrag import scoped
 from longrag.cli import OFFLINE_ENV
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,32 @@ WORKER_ENV = {
     "OMP_NUM_THREADS": "1",
     "RAY_USAGE_STATS_ENABLED": "0",
 }
+
+#: The rates of Ray's periodic bookkeeping for one machine whose LLM holds every core
+#: (``start_or_join(quiet=True)``: ``make demo``, ``python -m serve.run --quiet-ray``). llama.cpp's threads
+#: work in lock step, so any process that takes a core for a moment stalls all of them. Beside the
+#: idle demo app Ray's own processes took 0.10 of a core at Ray's rates (Serve's controller 0.030, the
+#: GCS 0.014, the dashboard agent 0.008) and 0.05 at these (docs/benchmarks.md, "Where the 0.5B's gap
+#: goes"). Read when Ray's processes start; on a cluster they would go in the environment of ``ray start``.
+#: A variable already set in the environment wins.
+QUIET_RAY_ENV: dict[str, str] = {
+    # Serve's controller reconciles every 0.1 s: replica deaths and config changes are acted on within 1 s.
+    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1",
+    # The dashboard agent's node and process stats (every 5 s: a walk over every process).
+    "REPORTER_UPDATE_INTERVAL_MS": "30000",
+    # Every Ray process's metrics export.
+    "RAY_metrics_report_interval_ms": "60000",
+    # Task events (the state API's and the dashboard's task lists) sent to the GCS.
+    "RAY_task_events_report_interval_ms": "10000",
+    # The raylet's resource reports to the GCS (scheduling on one node does not wait for them).
+    "RAY_raylet_report_resources_period_milliseconds": "1000",
+}
+
+
+def quiet_ray_env() -> dict[str, str]:
+    """:data:`QUIET_RAY_ENV` less the variables this process's environment already sets."""
+    return {k: v for k, v in QUIET_RAY_ENV.items() if k not in os.environ}
+
 
 # Settings the driver has that workers need too (an S3 endpoint for a local S3-compatible server,
 # credentials for it). On a real cluster prefer instance roles / IRSA over forwarded keys.
@@ -91,6 +118,7 @@ def start_or_join(
     env_vars: dict[str, str] | None = None,
     include_dashboard: bool = False,
     dashboard_port: int | None = None,
+    quiet: bool = False,
 ) -> ClusterHandle:
     """Connect this driver to a Ray cluster, starting a local one when no address is known.
 
@@ -98,6 +126,7 @@ def start_or_join(
     GPU-shaped actors schedule on a CPU machine: the code picks its real device itself).
     ``include_dashboard`` (single node) starts the dashboard, which the state API
     (``ray.util.state``) and job submission need, on ``dashboard_port`` (Ray's default 8265).
+    ``quiet`` (a new single-node Ray): Ray's bookkeeping at :data:`QUIET_RAY_ENV`'s rates.
     """
     forwarded = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
     runtime_env = {"env_vars": {**WORKER_ENV, **forwarded, **(env_vars or {})}}
@@ -113,18 +142,19 @@ def start_or_join(
     if nodes < 1:
         raise ValueError(f"nodes must be >= 1, got {nodes}")
     if nodes == 1:
-        ctx = ray.init(
-            address="local",  # always a new local instance, never another Ray already on this machine
-            num_cpus=num_cpus,
-            num_gpus=num_gpus,
-            resources=resources,
-            namespace=namespace,
-            include_dashboard=include_dashboard,
-            **({"dashboard_port": dashboard_port} if include_dashboard and dashboard_port else {}),
-            object_store_memory=object_store_memory,
-            runtime_env=runtime_env,
-            log_to_driver=True,
-        )
+        with scoped.environ(quiet_ray_env() if quiet else {}):  # Ray's processes inherit it at their start
+            ctx = ray.init(
+                address="local",  # always a new local instance, never another Ray already on this machine
+                num_cpus=num_cpus,
+                num_gpus=num_gpus,
+                resources=resources,
+                namespace=namespace,
+                include_dashboard=include_dashboard,
+                **({"dashboard_port": dashboard_port} if include_dashboard and dashboard_port else {}),
+                object_store_memory=object_store_memory,
+                runtime_env=runtime_env,
+                log_to_driver=True,
+            )
         return ClusterHandle(address=ray.get_runtime_context().gcs_address, started=True, nodes=1,
                              logs_dir=_logs_dir(ctx))
 

@@ -180,9 +180,10 @@ def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], st
 
             # Serve on a fresh Ray, as a cluster serves what an index job built: the build's idle
             # workers (Ray keeps up to --num-cpus of them, each with its imports) go with the old one.
+            # Its bookkeeping runs at single-machine rates (cluster.local.QUIET_RAY_ENV), as make serve's.
             handle.shutdown()
             _release_memory()
-            handle = start_or_join(None, num_cpus=args.num_cpus)
+            handle = start_or_join(None, num_cpus=args.num_cpus, quiet=not args.ray_rates)
             index_peak = mem.new_phase()  # the serving phase's own peak from here
             say("== 2/3 deploying the Serve app (cpu.yaml's single-machine layout: the LLM, and an Ingress "
                 "holding encoder, index and readers)" if config.serve.colocate else
@@ -275,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-cpus", type=float, default=2, help="logical CPUs of the local Ray (default: 2, this machine's cores)")
     p.add_argument("--raw-baseline", action="store_true", help="also time plain llama-cpp-python on each short "
                    "answer's own prompt (after the run) and print the ratio of the short answer's p50 to it")
+    p.add_argument("--ray-rates", action="store_true", help="serve on a Ray with its own bookkeeping rates "
+                   "instead of the single-machine ones (cluster.local.QUIET_RAY_ENV); for comparison")
     p.add_argument("--max-rss-gib", type=float, help="fail when the peak RSS (this process, Ray and its "
                    "workers, sampled every 0.5 s) is above this many GiB")
     add_config_flags(p)

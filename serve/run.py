@@ -143,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--direct-ingress", action="store_true",
                         help="the Ingress replica serves the config's HTTP port itself, without Serve's proxy "
                              "(a new local Ray, one application, one Ingress replica: the single-machine profile)")
+    parser.add_argument("--quiet-ray", action="store_true",
+                        help="a new local Ray whose bookkeeping runs at single-machine rates "
+                             "(cluster.local.QUIET_RAY_ENV: the LLM's threads keep the cores)")
     args = parser.parse_args(argv)
 
     config = yaml.safe_load(Path(args.config).read_text())
@@ -153,7 +156,13 @@ def main(argv: list[str] | None = None) -> int:
                          "variables in the environment of `ray start` on every node")
         if len(config.get("applications", [])) != 1:
             parser.error("--direct-ingress deploys one application (its Ingress serves the port)")
-    with direct_ingress(port) if args.direct_ingress else contextlib.nullcontext():
+    from cluster.local import quiet_ray_env  # imports Ray: the comparisons above stay Ray-free
+
+    if args.quiet_ray and (args.address or os.environ.get("RAY_ADDRESS")):
+        parser.error("--quiet-ray starts a new local Ray; on a cluster, put cluster.local.QUIET_RAY_ENV's "
+                     "variables in the environment of `ray start`")
+    with direct_ingress(port) if args.direct_ingress else contextlib.nullcontext(), \
+            scoped.environ(quiet_ray_env() if args.quiet_ray else {}):
         return _run(args, config, port)
 
 

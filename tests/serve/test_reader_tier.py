@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import os
+
 import httpx
 import pytest
+import ray
 import yaml
 from ray import serve
 
-from cluster.local import start_or_join
+from cluster.local import QUIET_RAY_ENV, start_or_join
 from longrag.llm.bundled import BUNDLED_MODELS, file_sha256, resolve_model_path
 from serve.run import deploy, wait_healthy, wait_running
 
@@ -31,14 +34,24 @@ def test_the_1_5b_tier_assembles_to_its_published_sha256():
     assert file_sha256(path) == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
 
 
+@ray.remote(num_cpus=0)
+def _environ(names: list[str]) -> dict[str, str]:
+    return {k: os.environ[k] for k in names if k in os.environ}
+
+
 def test_the_1_5b_tier_answers_through_v1_answer(sample_index):
     config = yaml.safe_load(CPU_YAML.read_text())
     config["http_options"]["port"] = PORT
     (app,) = config["applications"]
     app["args"]["index"] = sample_index["uri"]
     app["args"]["overrides"] = [*app["args"].get("overrides", []), f"llm.model={MODEL}"]
-    handle = start_or_join(None, num_cpus=2)
+    for k in QUIET_RAY_ENV:
+        assert k not in os.environ, f"{k} is set here: the test would not see quiet=True at work"
+    handle = start_or_join(None, num_cpus=2, quiet=True)  # make serve's and make demo's single-machine rates
     try:
+        # Ray's processes started with the rates, this process's environment is as before
+        assert ray.get(_environ.remote(list(QUIET_RAY_ENV))) == QUIET_RAY_ENV
+        assert not any(k in os.environ for k in QUIET_RAY_ENV)
         deploy(config)
         reason = wait_running(["longrag"], schedule_timeout_s=120, ready_timeout_s=420)
         assert reason is None, reason

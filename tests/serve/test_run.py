@@ -168,3 +168,31 @@ def test_direct_ingress_is_refused_where_it_cannot_hold(tmp_path, monkeypatch, c
     with pytest.raises(SystemExit) as exc:
         main(["--direct-ingress", str(two)])
     assert exc.value.code == 2 and "one application" in capsys.readouterr().err
+
+
+def test_quiet_ray_is_refused_when_joining_a_cluster(tmp_path, monkeypatch, capsys):
+    """``serve.run --quiet-ray`` sets rates Ray's processes read when they start: joining a running
+    cluster would silently change nothing, so it is a usage error naming where they go instead."""
+    import pytest
+    import yaml
+
+    from serve.run import main
+
+    one = tmp_path / "one.yaml"
+    one.write_text(yaml.safe_dump({"http_options": {"port": 8000}, "applications": [{"name": "a", "import_path": "x:y"}]}))
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    with pytest.raises(SystemExit) as exc:
+        main(["--quiet-ray", str(one)])
+    assert exc.value.code == 2 and "ray start" in capsys.readouterr().err
+
+
+def test_the_quiet_rates_leave_a_variable_the_user_set(monkeypatch):
+    from cluster.local import QUIET_RAY_ENV, quiet_ray_env
+
+    for k in QUIET_RAY_ENV:
+        monkeypatch.delenv(k, raising=False)
+    assert quiet_ray_env() == QUIET_RAY_ENV
+    assert QUIET_RAY_ENV["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] == "1"
+    monkeypatch.setenv("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.1")
+    env = quiet_ray_env()
+    assert "RAY_SERVE_CONTROL_LOOP_INTERVAL_S" not in env and len(env) == len(QUIET_RAY_ENV) - 1
