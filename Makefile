@@ -119,7 +119,7 @@ index: setup
 # Like `serve run serve/configs/cpu.yaml`, but exits 1 naming the missing resources (or the failed
 # deployment) instead of waiting forever when the app cannot start.
 serve: setup
-	$(BIN)/python -m serve.run --direct-ingress --quiet-ray serve/configs/cpu.yaml
+	$(BIN)/python -m serve.run --direct-ingress serve/configs/cpu.yaml
 
 bench-mixpr: setup
 	$(BIN)/python -m jobs.bench_mixpr

@@ -33,13 +33,14 @@ WORKER_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
 }
 
-#: The rates of Ray's periodic bookkeeping for one machine whose LLM holds every core
-#: (``start_or_join(quiet=True)``: ``make demo``, ``python -m serve.run --quiet-ray``). llama.cpp's threads
-#: work in lock step, so any process that takes a core for a moment stalls all of them. Beside the
-#: idle demo app Ray's own processes took 0.10 of a core at Ray's rates (Serve's controller 0.030, the
-#: GCS 0.014, the dashboard agent 0.008) and 0.05 at these (docs/benchmarks.md, "Where the 0.5B's gap
-#: goes"). Read when Ray's processes start; on a cluster they would go in the environment of ``ray start``.
-#: A variable already set in the environment wins.
+#: The rates of Ray's periodic bookkeeping for one machine whose LLM holds every core, opt-in
+#: (``start_or_join(quiet=True)``, ``python -m serve.run --quiet-ray``, ``jobs.demo --quiet-ray``).
+#: llama.cpp's threads work in lock step, so any process that takes a core for a moment stalls all of
+#: them. Beside the idle demo app Ray's own processes took 0.10 of a core at Ray's rates (Serve's
+#: controller 0.030, the GCS 0.014, the dashboard agent 0.008) and 0.05 at these; the demo's time to
+#: the short answer did not measurably change (docs/benchmarks.md, "Where the 0.5B's gap goes"), so
+#: Ray's own rates stay the default. Read when Ray's processes start; on a cluster they would go in the
+#: environment of ``ray start``. A variable already set in the environment wins.
 QUIET_RAY_ENV: dict[str, str] = {
     # Serve's controller reconciles every 0.1 s: replica deaths and config changes are acted on within 1 s.
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1",
