@@ -156,13 +156,15 @@ def main(argv: list[str] | None = None) -> int:
                          "variables in the environment of `ray start` on every node")
         if len(config.get("applications", [])) != 1:
             parser.error("--direct-ingress deploys one application (its Ingress serves the port)")
-    from cluster.local import quiet_ray_env  # imports Ray: the comparisons above stay Ray-free
+    quiet: dict[str, str] = {}
+    if args.quiet_ray:
+        if args.address or os.environ.get("RAY_ADDRESS"):
+            parser.error("--quiet-ray starts a new local Ray; on a cluster, put cluster.local.QUIET_RAY_ENV's "
+                         "variables in the environment of `ray start`")
+        from cluster.local import quiet_ray_env  # imports Ray: the module's comparisons stay Ray-free
 
-    if args.quiet_ray and (args.address or os.environ.get("RAY_ADDRESS")):
-        parser.error("--quiet-ray starts a new local Ray; on a cluster, put cluster.local.QUIET_RAY_ENV's "
-                     "variables in the environment of `ray start`")
-    with direct_ingress(port) if args.direct_ingress else contextlib.nullcontext(), \
-            scoped.environ(quiet_ray_env() if args.quiet_ray else {}):
+        quiet = quiet_ray_env()
+    with direct_ingress(port) if args.direct_ingress else contextlib.nullcontext(), scoped.environ(quiet):
         return _run(args, config, port)
 
 

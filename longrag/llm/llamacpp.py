@@ -170,8 +170,7 @@ class LlamaCppLLM(LLM):
         return self._vocab.truncate(text, n)
 
     def tokenize(self, text: str) -> list[int]:
-        with self._lock:
-            return list(self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+        return self._vocab.tokenize(text).tolist()
 
     def detokenize(self, tokens: list[int]) -> str:
         with self._lock:

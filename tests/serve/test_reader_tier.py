@@ -6,9 +6,8 @@ here (it is no optional dependency of ``make test``)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import os
+from pathlib import Path
 
 import httpx
 import pytest
@@ -47,7 +46,7 @@ def test_the_1_5b_tier_answers_through_v1_answer(sample_index):
     app["args"]["overrides"] = [*app["args"].get("overrides", []), f"llm.model={MODEL}"]
     for k in QUIET_RAY_ENV:
         assert k not in os.environ, f"{k} is set here: the test would not see quiet=True at work"
-    handle = start_or_join(None, num_cpus=2, quiet=True)  # make serve's and make demo's single-machine rates
+    handle = start_or_join(None, num_cpus=2, quiet=True)  # the opt-in single-machine rates (--quiet-ray)
     try:
         # Ray's processes started with the rates, this process's environment is as before
         assert ray.get(_environ.remote(list(QUIET_RAY_ENV))) == QUIET_RAY_ENV
