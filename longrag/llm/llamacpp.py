@@ -6,8 +6,11 @@ file. A GGUF without a chat template gets ``chat_format`` (e.g. ``chatml``); bun
 ``lora_path`` applies a LoRA adapter GGUF on top of the model (``python -m jobs.finetune`` writes one,
 see :func:`longrag.llm.convert.lora_to_gguf`).
 
-A llama.cpp context is not thread-safe: every call runs in a worker thread
-(``asyncio.to_thread``) under one lock, so concurrent requests queue instead of corrupting state.
+A llama.cpp context is not thread-safe: every call runs in a worker thread under one lock, so
+concurrent requests queue instead of corrupting state. A call whose awaiting task is cancelled (its
+client went away, its deadline passed) stops: refused while it waits for the lock, aborted within
+one llama.cpp graph node while it runs (:mod:`longrag.llm.cancel`), the context reset and counted in
+:meth:`LlamaCppLLM.cancel_stats`.
 Consecutive calls that share a prompt prefix (the reader's second turn repeats the first turn's
 conversation) reuse llama.cpp's KV cache for that prefix: only the new tokens are evaluated. With
 ``prompt_cache_mb`` the KV states of recent calls are kept in RAM, so that holds when other requests
@@ -47,6 +50,7 @@ from longrag.llm.base import (
     resolve_temperature,
 )
 from longrag.llm.bundled import BUNDLED_MODELS, DEFAULT_READER_MODEL, BundledModel, file_sha256, resolve_model_path
+from longrag.llm.cancel import AbortSwitch, CancelToken, LLMCancelled
 from longrag.llm.kvcache import PrefixState, PrefixStateCache
 from longrag.text.tokens import trim_to_tokens
 
@@ -143,6 +147,9 @@ class LlamaCppLLM(LLM):
             # again even when another request ran in between (llama.cpp keeps only the last one).
             llama.set_cache(_make_ram_cache(prompt_cache_mb << 20))
         self._llama = llama
+        self._abort = AbortSwitch(llama.ctx)
+        self._calls = {"requests": 0, "refused_waiting": 0, "aborted_running": 0, "generated_tokens": 0,
+                           "all_calls": 0, "all_generated_tokens": 0}
         self._vocab = LlamaVocab(llama, self._lock)
         _OPEN.add(self)
         self.context_window = int(llama.n_ctx())
@@ -190,22 +197,57 @@ class LlamaCppLLM(LLM):
             return {"prompt_tokens": int(perf.n_p_eval), "prompt_ms": float(perf.t_p_eval_ms),
                     "generated_tokens": int(perf.n_eval), "generate_ms": float(perf.t_eval_ms)}
 
-    def _evaluated_prompt_tokens(self) -> int:
-        """Prompt tokens llama.cpp has evaluated in this context so far (its perf counter)."""
+    def _evaluated_tokens(self) -> tuple[int, int]:
+        """Prompt tokens evaluated and tokens generated in this context so far (llama.cpp's counters)."""
         import llama_cpp
 
-        return int(llama_cpp.llama_perf_context(self._llama.ctx).n_p_eval)
+        perf = llama_cpp.llama_perf_context(self._llama.ctx)
+        return int(perf.n_p_eval), int(perf.n_eval)
 
-    def _run(self, fn, what: str) -> Any:
-        """Run ``fn`` under the lock; returns (its result, prompt tokens it evaluated)."""
-        with self._lock:
+    def _evaluated_prompt_tokens(self) -> int:
+        return self._evaluated_tokens()[0]
+
+    def cancel_stats(self) -> dict[str, int]:
+        """Calls cancelled since the model was made: ``requests`` in all, ``refused_waiting`` (while
+        waiting for the model, or before they started), ``aborted_running`` (stopped mid-evaluation
+        or mid-generation), and the ``generated_tokens`` written for them before they stopped; beside
+        them ``all_calls`` and ``all_generated_tokens``, every call's (the share wasted is the ratio).
+        Read without the model's lock: a running call is counted when it ends."""
+        return dict(self._calls)
+
+    def _acquire(self, cancel: CancelToken | None, what: str) -> None:
+        """The model's lock; a call cancelled while it waits gives up its place at once."""
+        if cancel is None:
+            self._lock.acquire()
+            return
+        while not self._lock.acquire(timeout=0.05):
+            if cancel.cancelled:
+                self._count_cancelled("refused_waiting")
+                raise LLMCancelled(f"{self.name}: the {what} was cancelled while it waited for the model")
+
+    def _count_cancelled(self, how: str, generated: int = 0) -> None:
+        self._calls["requests"] += 1
+        self._calls[how] += 1
+        self._calls["generated_tokens"] += generated
+
+    def _run(self, fn, what: str, cancel: CancelToken | None = None) -> Any:
+        """Run ``fn`` under the lock; returns (its result, prompt tokens it evaluated). A call
+        whose ``cancel`` token is cancelled stops (:mod:`longrag.llm.cancel`): the context is reset
+        (llama.cpp keeps the batches it finished) and :class:`LLMCancelled` raised."""
+        self._acquire(cancel, what)
+        try:
             if self._llama is None:
                 raise LLMError(f"{self.name} is closed")
+            if cancel is not None and cancel.cancelled:
+                self._count_cancelled("refused_waiting")
+                raise LLMCancelled(f"{self.name}: the {what} was cancelled before it ran")
             if self.cold_reads:
                 self._forget_locked()
+            before = self._evaluated_tokens()
+            self._calls["all_calls"] += 1
             try:
-                before = self._evaluated_prompt_tokens()
-                return fn(), self._evaluated_prompt_tokens() - before
+                with self._abort.bound(cancel, what):
+                    return fn(), self._evaluated_tokens()[0] - before[0]
             except ValueError as e:
                 msg = str(e)
                 if "context window" in msg or "n_ctx" in msg:
@@ -214,7 +256,28 @@ class LlamaCppLLM(LLM):
                     ) from e
                 raise LLMError(f"{self.name} {what} failed: {msg}") from e
             except RuntimeError as e:
+                if cancel is not None and cancel.cancelled:
+                    self._count_cancelled("aborted_running", self._evaluated_tokens()[1] - before[1])
+                    self._llama.reset()  # the aborted batch's tokens are not the context's
+                    raise LLMCancelled(f"{self.name}: the {what} was cancelled while it ran") from None
                 raise LLMError(f"{self.name} {what} failed: {e}") from e
+            finally:
+                if self._llama is not None:
+                    self._calls["all_generated_tokens"] += self._evaluated_tokens()[1] - before[1]
+        finally:
+            self._lock.release()
+
+    async def _in_thread(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, cancel=token, **kwargs)`` in a worker thread; when the awaiting task is
+        cancelled, so is the call (it stops at llama.cpp's next graph node, or never starts)."""
+        token = CancelToken()
+        worker = asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args, cancel=token, **kwargs))
+        worker.add_done_callback(_retrieved)  # a cancelled call's LLMCancelled has no reader
+        try:
+            return await asyncio.shield(worker)
+        except asyncio.CancelledError:
+            token.cancel()
+            raise
 
     def _temperature(self, temperature: float | None) -> float:
         return resolve_temperature(self.temperature, temperature)
@@ -241,10 +304,12 @@ class LlamaCppLLM(LLM):
         stop: list[str] | None = None,
         response_format: dict | None = None,
         cache_prefix: str | None = None,
+        cancel: CancelToken | None = None,
     ) -> ChatResult:
         """Blocking chat (what :meth:`chat` runs in a thread). ``response_format``
         ``{"type": "json_object", "schema": {...}}`` constrains decoding with a grammar built from the
-        schema (llama-cpp-python's own conversion). ``cache_prefix``: see :meth:`_use_prefix`."""
+        schema (llama-cpp-python's own conversion). ``cache_prefix``: see :meth:`_use_prefix`;
+        ``cancel``: the call stops when it is cancelled (:class:`LLMCancelled`)."""
         check_messages(messages)
         check_max_tokens(max_tokens)
         if not self.is_chat_model:
@@ -262,7 +327,7 @@ class LlamaCppLLM(LLM):
                 response_format=response_format,
             ), source
 
-        (out, source), evaluated = self._run(call, "chat")
+        (out, source), evaluated = self._run(call, "chat", cancel)
         text = out["choices"][0]["message"].get("content") or ""
         return replace(self._result(out, evaluated, text, t0), prefix_cache=source)
 
@@ -273,6 +338,7 @@ class LlamaCppLLM(LLM):
         max_tokens: int,
         temperature: float | None = None,
         stop: list[str] | None = None,
+        cancel: CancelToken | None = None,
     ) -> ChatResult:
         """Blocking plain completion (what :meth:`complete` runs in a thread)."""
         check_prompt(prompt)
@@ -288,6 +354,7 @@ class LlamaCppLLM(LLM):
                 seed=self.seed,
             ),
             "completion",
+            cancel,
         )
         return self._result(out, evaluated, out["choices"][0].get("text") or "", t0)
 
@@ -300,7 +367,7 @@ class LlamaCppLLM(LLM):
         stop: list[str] | None = None,
         cache_prefix: str | None = None,
     ) -> ChatResult:
-        return await asyncio.to_thread(
+        return await self._in_thread(
             self.chat_sync, messages, max_tokens=max_tokens, temperature=temperature, stop=stop,
             cache_prefix=cache_prefix,
         )
@@ -315,7 +382,8 @@ class LlamaCppLLM(LLM):
         cache_prefix: str | None = None,
     ) -> AsyncIterator[str | ChatResult]:
         """``create_chat_completion(stream=True)`` in a worker thread, its deltas handed to the
-        event loop as they come; the model's lock is held for the whole generation."""
+        event loop as they come; the model's lock is held for the whole generation. A consumer that
+        stops reading (closes the stream, or its task is cancelled) stops the generation."""
         check_messages(messages)
         check_max_tokens(max_tokens)
         if not self.is_chat_model:
@@ -337,21 +405,29 @@ class LlamaCppLLM(LLM):
                     loop.call_soon_threadsafe(queue.put_nowait, delta)
             return int(self._llama.n_tokens), source
 
+        token = CancelToken()
+
         def run() -> None:
             try:
-                result = self._run(generate, "chat")
+                result = self._run(generate, "chat", token)
             except BaseException as exc:  # handed to the consumer, raised there
                 result = exc
             loop.call_soon_threadsafe(queue.put_nowait, _Done(result))
 
         worker = loop.run_in_executor(None, run)
         parts: list[str] = []
-        while True:
-            item = await queue.get()
-            if isinstance(item, _Done):
-                break
-            parts.append(item)
-            yield item
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, _Done):
+                    finished = True
+                    break
+                parts.append(item)
+                yield item
+        finally:
+            if not finished:
+                token.cancel()  # the consumer stopped reading (closed or cancelled): stop generating
         await worker
         if isinstance(item.value, BaseException):
             raise item.value
@@ -376,7 +452,7 @@ class LlamaCppLLM(LLM):
         """Chat constrained to one JSON object matching ``schema`` (a llama.cpp grammar)."""
         if not isinstance(schema, dict):
             raise ValueError(f"schema must be a JSON schema dict, got {type(schema).__name__}")
-        return await asyncio.to_thread(
+        return await self._in_thread(
             self.chat_sync,
             messages,
             max_tokens=max_tokens,
@@ -392,7 +468,7 @@ class LlamaCppLLM(LLM):
         temperature: float | None = None,
         stop: list[str] | None = None,
     ) -> ChatResult:
-        return await asyncio.to_thread(
+        return await self._in_thread(
             self.complete_sync, prompt, max_tokens=max_tokens, temperature=temperature, stop=stop
         )
 
@@ -440,8 +516,11 @@ class LlamaCppLLM(LLM):
         key = self._prefix_key(prefix)
         entry, source = self.unit_cache.get(key)
         if entry is not None and np.array_equal(entry.tokens, prefix):
-            self._load_prefix(entry)
-            return source
+            if self._load_prefix(entry):
+                return source
+            # llama.cpp refused the state: out of both tiers (kept, it would fail every request for
+            # its unit), and the prefix evaluated and stored afresh as on a miss
+            self.unit_cache.discard(key)
         llama.reset()
         llama.eval(prefix.tolist())
         saved = llama.save_state()
@@ -449,23 +528,43 @@ class LlamaCppLLM(LLM):
                                              scores=np.array(saved.scores[-1:], dtype=np.float32), seed=saved.seed))
         return "miss"
 
-    def _load_prefix(self, entry: PrefixState) -> None:
+    def _load_prefix(self, entry: PrefixState) -> bool:
+        """Put ``entry``'s state in the context; False when llama.cpp refuses it (damaged bytes, a
+        state of another layout). llama-cpp-python sets the context's tokens before
+        ``llama_state_set_data``, and a failed load may have changed part of the KV memory, so then
+        the context is reset and its memory cleared: it must not claim a prefix it does not hold
+        (the next call would take it from the context). Any exception means the same here."""
         import llama_cpp
 
         llama = self._llama
         input_ids = np.zeros(llama._n_ctx, dtype=np.intc)
         input_ids[: len(entry.tokens)] = entry.tokens
-        llama.load_state(llama_cpp.LlamaState(
-            input_ids=input_ids, scores=entry.scores.copy(), n_tokens=len(entry.tokens),
-            llama_state=entry.state, llama_state_size=len(entry.state), seed=entry.seed))
+        try:
+            llama.load_state(llama_cpp.LlamaState(
+                input_ids=input_ids, scores=entry.scores.copy(), n_tokens=len(entry.tokens),
+                llama_state=entry.state, llama_state_size=len(entry.state), seed=entry.seed))
+            return True
+        except Exception as exc:
+            log.warning("%s: llama.cpp could not load a cached state of %d tokens (%s): evaluating it again",
+                        self.name, len(entry.tokens), exc)
+            llama.reset()
+            clear = getattr(getattr(llama, "_ctx", None), "kv_cache_clear", None)  # not in every binding
+            if clear is not None:
+                clear()
+            return False
 
     def _prefix_key(self, prefix: np.ndarray) -> str:
-        """sha256 of the model file's sha256, the adapter's and its scale, the chat format and the
-        prefix's token ids (which spell the prompt template and the unit's content)."""
+        """sha256 of :func:`prefix_key_base` (the model, adapter, chat format, binding and context
+        layout: fixed for the life of the context, so computed once) and of the prefix's token ids
+        (which spell the prompt template and the unit's content)."""
         if self._prefix_key_base is None:
+            import llama_cpp
+
             model_sha = self._model_sha256 or file_sha256(self.model_path)
             lora = f"{file_sha256(self._lora[0])}:{self._lora[1]}" if self._lora else "-"
-            self._prefix_key_base = f"{model_sha}|{lora}|{self._llama.chat_format}|{KV_FORMAT_VERSION}"
+            self._prefix_key_base = prefix_key_base(
+                model_sha256=model_sha, lora=lora, chat_format=self._llama.chat_format,
+                binding_version=llama_cpp.__version__, state_params=state_params(self._llama))
         h = hashlib.sha256(self._prefix_key_base.encode())
         h.update(prefix.astype("<i4").tobytes())
         return h.hexdigest()
@@ -515,8 +614,36 @@ class LlamaCppLLM(LLM):
         self.close()
 
 
-KV_FORMAT_VERSION = "1"
-"""Part of every unit-cache key: bump when what a stored state holds changes."""
+KV_FORMAT_VERSION = "2"
+"""Part of every unit-cache key: bump when what a stored state holds changes (2: keys name the
+binding's version and the context's layout, see :func:`prefix_key_base`)."""
+
+#: the context parameters a ``llama_state_get_data`` blob depends on: its KV cells' number, types and
+#: arrangement (``n_seq_max``, ``swa_full``, ``kv_unified``), and their values' last bits (the batch
+#: sizes and flash attention change how the sums run). Names a binding lacks are left out
+#: (``flash_attn`` was a bool before ``flash_attn_type``).
+STATE_PARAMS = ("n_batch", "n_ubatch", "n_seq_max", "type_k", "type_v", "flash_attn", "flash_attn_type",
+                "swa_full", "kv_unified")
+
+
+def state_params(llama: Any) -> dict[str, Any]:
+    """The context's :data:`STATE_PARAMS` that this binding has (``llama.context_params``) and its
+    real window (``llama.n_ctx()``: llama.cpp may round the asked one up)."""
+    params = llama.context_params
+    out = {name: getattr(params, name) for name in STATE_PARAMS if hasattr(params, name)}
+    out["n_ctx"] = int(llama.n_ctx())
+    return out
+
+
+def prefix_key_base(*, model_sha256: str, lora: str, chat_format: str | None, binding_version: str,
+                    state_params: dict[str, Any]) -> str:
+    """The part of a unit-cache key beside the prefix's tokens: everything that changes the bytes of
+    a stored state or whether the backend can load it. The disk tier outlives the process and is
+    shared by the node's replicas, so a state made by another model, adapter, llama-cpp-python
+    (``llama_state_get_data``'s format follows llama.cpp's) or context layout must land under
+    another key rather than be loaded -- or fail to load -- in its place."""
+    params = ",".join(f"{name}={state_params[name]!r}" for name in sorted(state_params))
+    return f"{KV_FORMAT_VERSION}|{model_sha256}|{lora}|{chat_format}|llama-cpp-python {binding_version}|{params}"
 
 
 class LlamaVocab:
@@ -620,6 +747,11 @@ def resolve_threads(n_threads: int | None, cpus: float | None = None) -> int:
         raise ValueError(f"cpus must be positive or None, got {cpus}")
     limit = usable_cpus()
     return limit if cpus is None else max(1, min(limit, math.ceil(cpus - 1e-9)))
+
+
+def _retrieved(future: "asyncio.Future[Any]") -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 @dataclass

@@ -251,3 +251,38 @@ def test_cold_reads_evaluate_every_prompt_whole():
         assert len({r.text for r in [first, *again]}) == 1  # greedy and cold: the same reply each time
     finally:
         asyncio.run(model.aclose())
+
+
+def test_a_cached_state_llama_cpp_refuses_is_purged_and_evaluated_again(tmp_path):
+    """A unit-cache entry whose state llama.cpp's ``llama_state_set_data`` refuses (cut in half here)
+    failed its request and every later one for its unit, the context left claiming the prefix. Now
+    it is evaluated again with the answer of a miss, and replaced in both tiers by a good state."""
+    from dataclasses import replace
+
+    from longrag.llm.kvcache import PrefixStateCache
+
+    cache = PrefixStateCache(64 << 20, 64 << 20, tmp_path)
+    model = LlamaCppLLM("smollm2-135m-instruct", n_ctx=1024, n_threads=1, unit_cache=cache)
+    try:
+        head = "Documents:\n" + "The river Nile flows north through Egypt into the Mediterranean Sea. " * 4
+        msgs = [{"role": "user", "content": head + "\nQuestion: Into which sea does the Nile flow?"}]
+        first = model.chat_sync(msgs, max_tokens=8, cache_prefix=head)
+        assert first.prefix_cache == "miss"
+        (path,) = tmp_path.glob("*.kv.npz")
+        key = path.name[: -len(".kv.npz")]
+        good, _ = cache.get(key)
+        cache.clear()
+        path.unlink()
+        cache.put(key, replace(good, state=good.state[: len(good.state) // 2]))  # both tiers
+        model.forget_prefixes()  # another request ran in between
+        again = model.chat_sync(msgs, max_tokens=8, cache_prefix=head)
+        assert again.prefix_cache == "miss" and again.text == first.text
+        assert cache.stats.discarded == 1
+        cache.clear()  # the fresh state is on disk, whole
+        stored, where = cache.get(key)
+        assert where == "disk" and len(stored.state) == len(good.state)
+        model.forget_prefixes()
+        third = model.chat_sync(msgs, max_tokens=8, cache_prefix=head)
+        assert third.prefix_cache == "ram" and third.text == first.text
+    finally:
+        asyncio.run(model.aclose())
