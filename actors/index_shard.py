@@ -11,7 +11,8 @@ search is never taken for dead. A call its client cancels (a stage deadline) sto
 the FAISS call already running finishes in its thread (FAISS cannot be interrupted) and the next
 call's work waits for it (the one-at-a-time lock is held in the worker thread); a call cancelled
 before its turn never runs. A replica holding ``index.shard_max_pending`` calls refuses one more at
-once (:class:`ReplicaBusyError`, retriable: the sharded client tries another replica).
+once (:class:`ReplicaBusyError`, retriable: the sharded client asks again after a short backoff,
+within the shard's deadline, when this or another replica may have room).
 """
 
 from __future__ import annotations
@@ -206,7 +207,8 @@ def _rss_bytes() -> int | None:
 class ReplicaBusyError(RuntimeError):
     """A shard replica refused a call at once: it already holds ``max_pending`` calls (running,
     waiting, or abandoned by their clients and still to finish). Retriable: another replica of the
-    shard, or a moment later (:class:`actors.sharded_index.ShardedIndex` counts it as a failed try)."""
+    shard, or a moment later (:class:`actors.sharded_index.ShardedIndex` asks again after a backoff,
+    within the shard's deadline, without using up one of its tries)."""
 
 
 class IndexShardReplica:

@@ -5,10 +5,14 @@ A query batch goes to every shard through its handle (one Serve deployment per s
 shard answers its own top-k units (MaxP is shard-local because a unit never spans shards) and the
 client merges the lists exactly. A call slower than ``timeout_s`` is cancelled (the replica does
 not keep it queued) and, like a failed call, tried once more (the router sends it to a replica that
-answers). When no try of a shard answers, the result says so (``coverage.answered < shards``,
-``degraded = True``, the shard and its error named) instead of failing the request or silently
-dropping the shard. Every result's coverage carries each shard's replica count ("1 of 2 replicas",
-:meth:`ShardedIndex.liveness`), so lost redundancy shows even while every shard answers.
+answers); a replica that refuses a call because it is full (``ReplicaBusyError``) is asked again
+after a short backoff, within the shard's deadline, so a busy shard of one replica is waited for
+rather than dropped. When no try of a shard answers, the result says so (``coverage.answered <
+shards``, ``degraded = True``, the shard and its error named) instead of failing the request or
+silently dropping the shard; likewise when the units a shard won could not be fetched from it
+(``coverage.fetch_errors`` and ``unfetched``). Every result's coverage carries each shard's replica
+count ("1 of 2 replicas", :meth:`ShardedIndex.liveness`), so lost redundancy shows even while every
+shard answers.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from tenacity import AsyncRetrying, retry_if_exception_type
 
 from longrag.index.fusion import Fusion, merge_answers
 from longrag.index.lexical import require_lexical
@@ -46,6 +51,14 @@ class ShardUnavailable(RuntimeError):
         super().__init__(f"no replica of shard {shard} answered: {'; '.join(errors)}")
         self.shard = shard
         self.errors = errors
+
+
+def is_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` is a shard replica's refusal of a call it has no room for
+    (:class:`actors.index_shard.ReplicaBusyError`; Ray's task error wrapping it is one too)."""
+    from actors.index_shard import ReplicaBusyError
+
+    return isinstance(exc, ReplicaBusyError) or isinstance(getattr(exc, "cause", None), ReplicaBusyError)
 
 
 _ERROR_LINE = re.compile(r"^\s*(?:\S+\.)?(\w+(?:Error|Exception|Unavailable)): (.+)$")
@@ -75,8 +88,15 @@ async def await_response(response: Any, timeout_s: float) -> Any:
 
 class ShardedIndex:
     """Client over one handle per shard (``handles[shard].method.remote(*args)``); ``attempts``
-    tries per call. :meth:`replica_counts` says how many replicas each shard has running; this
-    class knows none (the Serve backend reads Serve's, :class:`serve.index_app.ServeShards`)."""
+    tries per call, each within ``timeout_s``, and a replica's refusal (``ReplicaBusyError``) asked
+    again after a backoff within the call's deadline (:meth:`_call`). :meth:`replica_counts` says how
+    many replicas each shard has running; this class knows none (the Serve backend reads Serve's,
+    :class:`serve.index_app.ServeShards`)."""
+
+    #: The first wait after a replica refused a call (``ReplicaBusyError``); it doubles with each
+    #: refusal in a row, up to :attr:`busy_backoff_max_s`.
+    busy_backoff_s = 0.05
+    busy_backoff_max_s = 1.0
 
     def __init__(self, handles: list[Any], *, timeout_s: float = 10.0, manifest: Manifest | None = None,
                  attempts: int = 2, replicas: int = 1, fused_fetch_max_units: int = 32) -> None:
@@ -139,21 +159,56 @@ class ShardedIndex:
 
     # ------------------------------------------------------------------ calls
     async def _call(self, shard: int, method: str, *args: Any) -> tuple[Any, int]:
-        """Call ``method`` on ``shard``, trying again on failure; returns (result, failovers)."""
+        """Call ``method`` on ``shard``, trying again on failure; returns (result, failovers).
+
+        A try that fails or takes longer than ``timeout_s`` is tried again at once (Serve routes it to
+        another replica), ``attempts`` tries in all. A try a replica refuses for want of room
+        (``ReplicaBusyError``: it holds ``index.shard_max_pending`` calls) uses up no try: it is tried
+        again after a backoff (:attr:`busy_backoff_s`, doubling up to :attr:`busy_backoff_max_s`), by
+        when a replica may have room, as long as the call's deadline allows: ``attempts`` x
+        ``timeout_s`` (the longest the tries could take anyway) plus a quarter of a try from its
+        first try, which also bounds each try. Raises :class:`ShardUnavailable` with every try's error."""
+        loop = asyncio.get_running_loop()
+        # the tries' own time plus a quarter of one: a try that fails is tried again with its whole
+        # timeout (the moments between tries never shorten it); refusals' backoffs spend the slack
+        deadline = loop.time() + self.timeout_s * (self.attempts + 0.25)
         errors: list[str] = []
-        for attempt in range(self.attempts):
+        failed, refused, backoff = 0, 0, 0.0  # tries failed (not refused), refusals in a row, the next wait
+
+        async def once() -> Any:
+            nonlocal failed, refused, backoff
+            timeout = max(0.001, min(self.timeout_s, deadline - loop.time()))
             try:
-                result = await await_response(getattr(self.handles[shard], method).remote(*args), self.timeout_s)
-                return result, len(errors)
+                return await await_response(getattr(self.handles[shard], method).remote(*args), timeout)
             except asyncio.TimeoutError:
-                errors.append(f"try {attempt + 1}: timed out after {self.timeout_s}s")
+                errors.append(f"try {len(errors) + 1}: timed out after {round(timeout, 3)}s")
                 self._unexplained = True
-            except Exception as exc:  # a dead or restarting replica, or the shard failed to load
-                errors.append(f"try {attempt + 1}: {describe_error(exc)}")
-                if not self._note_lost(shard, exc):
-                    self._unexplained = True
+                failed, refused, backoff = failed + 1, 0, 0.0
+                raise
+            except Exception as exc:  # a dead or restarting replica, the shard failed to load, a full replica
+                errors.append(f"try {len(errors) + 1}: {describe_error(exc)}")
+                if is_busy(exc):  # alive, only full: no replica to count as lost
+                    backoff = min(self.busy_backoff_max_s, self.busy_backoff_s * 2 ** refused)
+                    refused += 1
+                else:
+                    if not self._note_lost(shard, exc):
+                        self._unexplained = True
+                    failed, refused, backoff = failed + 1, 0, 0.0
+                raise
+
+        def log_failure(_: Any) -> None:
             log.warning("shard %d %s failed: %s", shard, method, errors[-1])
-        raise ShardUnavailable(shard, errors)
+
+        try:
+            async for attempt in AsyncRetrying(
+                    retry=retry_if_exception_type(Exception), reraise=True, after=log_failure,
+                    wait=lambda _: backoff,
+                    stop=lambda _: failed >= self.attempts or loop.time() + backoff >= deadline):
+                with attempt:
+                    return await once(), len(errors)
+        except Exception:  # the last try's failure (CancelledError, the caller leaving, is not caught)
+            raise ShardUnavailable(shard, errors) from None
+        raise AssertionError("unreachable: tenacity returns or raises")  # pragma: no cover
 
     async def _scatter(self, *call: Any) -> tuple[list[Any], Coverage, dict[int, float]]:
         """``call`` (method, args...) on every shard at once: the answers of those that answered, in
@@ -209,7 +264,9 @@ class ShardedIndex:
         merge keeps only hits a shard sent): half the shard calls of :meth:`search` +
         :meth:`retrieve_units`. Above it, ids and scores first and then only the ``k`` units that
         won: with units of ~4K tokens, 8 shards at k = 100 would otherwise ship 800 units to keep
-        100. With ``evidence`` each unit's documents come best first."""
+        100; a shard whose winners could not be fetched then is named in the coverage
+        (``fetch_errors``; its units, without text, in ``unfetched``), which makes it ``degraded``.
+        With ``evidence`` each unit's documents come best first."""
         query = np.asarray(query, dtype=np.float32)
         if query.ndim != 1:
             raise ValueError(f"one query vector (dim,), got shape {query.shape}")
@@ -217,7 +274,11 @@ class ShardedIndex:
             raise ValueError(f"k must be >= 1, got {k}")
         if self.n_shards * k > self.fused_fetch_max_units:
             result = await self.search(query[None, :], k)
-            return result, await self.retrieve_units(result.hits[0], query if evidence else None, evidence)
+            hits = result.hits[0]
+            rows, failed = await self._fetch_rows(
+                hits, None if not evidence else np.repeat(query[None, :], len(hits), 0), evidence)
+            result.coverage = result.coverage.with_fetch_errors(failed, [h.unit_id for h in hits if h.shard in failed])
+            return result, [RetrievedUnit.from_hit(h, rows.get(h.unit_id)) for h in hits]
         answers, coverage, shard_ms = await self._scatter("search_units", query, k, evidence)
         hits = merge_answers([[shard_hits] for shard_hits, _ in answers], 1, k, None)
         rows = {row["unit_id"]: row for _, shard_rows in answers for row in shard_rows}
@@ -228,10 +289,16 @@ class ShardedIndex:
                           evidence: bool = True) -> dict[str, dict[str, Any]]:
         """Unit rows for hits (``unit_id`` -> ``Unit.to_row()`` plus ``best_chunk_text``), asking
         each owning shard once (with a second try); units of a shard that could not be asked are
-        missing. With ``queries`` (one vector per hit) each unit's documents come best first
+        missing (logged; :meth:`search_units` also names them in its coverage). With ``queries`` (one
+        vector per hit) each unit's documents come best first
         (:meth:`actors.index_shard.IndexShardImpl.get_units`): the rows are keyed by unit, so the hits
         must name each unit once (one question's hits); ``evidence=False`` keeps the stored order and
         uses ``queries`` only to pick the best chunk of hits without one (found by the graph walk)."""
+        return (await self._fetch_rows(hits, queries, evidence))[0]
+
+    async def _fetch_rows(self, hits: list[UnitHit], queries: np.ndarray | None = None, evidence: bool = True
+                          ) -> tuple[dict[str, dict[str, Any]], dict[int, str]]:
+        """:meth:`fetch_units`'s rows, and ``{shard: why}`` for each shard whose units could not be fetched."""
         if queries is not None and len({h.unit_id for h in hits}) < len(hits):
             raise ValueError("a unit appears twice among the hits: fetch one question's hits at a time when "
                              "ordering documents by evidence")
@@ -247,13 +314,16 @@ class ShardedIndex:
             return_exceptions=True,
         )
         out: dict[str, dict[str, Any]] = {}
+        failed: dict[int, str] = {}
         for (shard, (ids, _, _)), res in zip(by_shard.items(), results):
             if isinstance(res, BaseException):
                 log.warning("could not fetch %d units from shard %d: %s", len(ids), shard, res)
+                failed[shard] = (res.errors[-1] if isinstance(res, ShardUnavailable) and res.errors
+                                 else describe_error(res))
                 continue
             for row in res[0]:
                 out[row["unit_id"]] = row
-        return out
+        return out, failed
 
     async def retrieve_units(self, hits: list[UnitHit], query: np.ndarray | None = None,
                              evidence: bool = True) -> list[RetrievedUnit]:

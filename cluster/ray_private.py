@@ -8,6 +8,13 @@ of them and fails loudly on another Ray, so an upgrade re-checks them before any
 * :func:`serve_run_nowait`: ``serve.run`` that returns once the application is submitted, not
   once it runs (``serve.run`` waits for it, forever when a replica cannot be placed; the caller
   then waits with a deadline and reports why) — ``ray.serve.api._run(..., _blocking=False)``;
+* :func:`serve_delete_nowait`: ``serve.delete`` that returns once the deletion is submitted, not
+  once the application is gone (the index holder registry deletes from inside its one-at-a-time
+  calls, which must not wait for Serve to drain replicas) — ``serve.delete(name, _blocking=False)``;
+* :func:`deploy_apps_nowait`: a deploy schema submitted to Serve's controller without waiting for
+  its applications to run (``serve deploy``'s behaviour; the caller waits with a deadline) —
+  ``ServeControllerClient.deploy_apps(schema, _blocking=False)``
+  (``ray.serve._private.client``);
 * :func:`max_resources_from_cluster_config`: what an autoscaling cluster can grow to, as Ray Data
   reads it — ``ray._private.state.state.get_max_resources_from_cluster_config``;
 * :func:`put_autoscaler_cluster_config`: writes that config (node groups, as the protobuf message
@@ -48,6 +55,15 @@ PRIVATE_NAMES = (
     ("ray.autoscaler.v2.sdk", "get_cluster_status"),
     ("ray.serve.context", "_get_global_client"),
     ("ray.serve.context", "_get_serve_request_context"),
+    ("ray.serve._private.client", "ServeControllerClient"),
+)
+
+#: (module, callable, keyword) of every private keyword argument passed here to a public or
+#: private callable: the upgrade test checks each callable still takes it.
+PRIVATE_KEYWORDS = (
+    ("ray.serve.api", "_run", "_blocking"),
+    ("ray.serve.api", "delete", "_blocking"),
+    ("ray.serve._private.client", "ServeControllerClient.deploy_apps", "_blocking"),
 )
 
 
@@ -65,6 +81,19 @@ def serve_run_nowait(app: Any, *, name: str, route_prefix: str | None) -> None:
     from ray.serve import api
 
     api._run(app, _blocking=False, name=name, route_prefix=route_prefix)
+
+
+def serve_delete_nowait(name: str) -> None:
+    """Submit the deletion of the Serve application ``name`` without waiting for it to be gone."""
+    from ray import serve
+
+    serve.delete(name, _blocking=False)
+
+
+def deploy_apps_nowait(client: Any, schema: Any) -> None:
+    """Submit ``schema`` (a ``ServeDeploySchema``) through ``client`` (:func:`serve_start`'s) without
+    waiting for its applications to run."""
+    client.deploy_apps(schema, _blocking=False)
 
 
 def max_resources_from_cluster_config() -> dict[str, float] | None:

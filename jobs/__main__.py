@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "autoscale-demo": ("jobs.autoscale_demo", "nodes and replicas grow and shrink on a fake autoscaling cluster"),
     "bench-serve": ("jobs.bench_serve", "serving overhead: HTTP vs the same work in process"),
     "bench-shard-load": ("jobs.bench_shard_load", "a large shard's load time and memory: bytes vs the node-local cache"),
+    "bench-traffic": ("jobs.bench_traffic", "answers under load with clients that give up: goodput, p99, 503s"),
     "bench-serve-status": ("jobs.bench_serve_status", "what one serve.status() costs at the shard tier's shape"),
     "bench-reader": ("jobs.bench_reader", "reader settings vs the bare prompt, EM/F1"),
     "bench-index": ("jobs.bench_index", "FAISS factories, shard memory, capacity plan"),

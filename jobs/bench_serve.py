@@ -48,13 +48,18 @@ APP = "longrag"
 log = logging.getLogger("jobs.bench_serve")
 
 
-def serve_config(index: str, port: int, one_replica: bool = False, path: Path = CPU_YAML) -> dict[str, Any]:
+def serve_config(index: str, port: int, one_replica: bool = False, path: Path = CPU_YAML,
+                 admit: int | None = None) -> dict[str, Any]:
     """The Serve config at ``path`` with the benchmark's build and port; ``one_replica``: every
-    autoscaled deployment held at one replica (what an autoscaling target is chosen from)."""
+    autoscaled deployment held at one replica (what an autoscaling target is chosen from); ``admit``:
+    ``serve.max_reader_requests`` raised to it (the chat levels measure the cost of serving, not
+    admission, which jobs.bench_traffic measures)."""
     config = yaml.safe_load(path.read_text())
     config["http_options"].update(host="127.0.0.1", port=port)
     (app,) = config["applications"]
     app["args"]["index"] = index
+    if admit is not None:
+        app["args"].setdefault("overrides", []).append(f"serve.max_reader_requests={admit}")
     for dep in app["deployments"] if one_replica else []:
         if dep.pop("autoscaling_config", None) is not None:
             dep["num_replicas"] = 1
@@ -216,7 +221,7 @@ def run(args: argparse.Namespace, terminal: TextIO) -> dict[str, Any]:
         handle = start_or_join(None, num_cpus=args.num_cpus)
         try:
             index = args.index or ensure_sample_build(str(ROOT / "artifacts" / "bench-serve"), say)
-            config = serve_config(index, args.port, args.one_replica, Path(args.config))
+            config = serve_config(index, args.port, args.one_replica, Path(args.config), max(args.chat_levels))
             deploy(config)
             reason = wait_running([APP], schedule_timeout_s=180, ready_timeout_s=600)  # a loaded machine starts workers slowly
             # Serve's own cost beside the app (serve/floor.py): the same request to an ingress doing nothing

@@ -121,7 +121,8 @@ class IndexConfig(_Section):
         32, ge=1, description="Calls one shard replica takes at once (Serve's max_ongoing_requests); more wait in "
         "the deployment's queue for a free replica and count towards index.autoscaling. The replica counts calls "
         "its clients cancelled while their search still runs or waits, and refuses one more at once "
-        "(ReplicaBusyError; the sharded client tries another replica).",
+        "(ReplicaBusyError; the sharded client asks again after a short backoff, within the shard's deadline of "
+        "2 x index.search_timeout_s).",
     )
     search_params: str = Field(
         "", description="FAISS search-time parameters for approximate factories, e.g. nprobe=32 or efSearch=128."
@@ -377,6 +378,18 @@ class ServeConfig(_Section):
     timeouts: StageTimeouts = Field(
         default_factory=StageTimeouts, description="Per-stage deadlines (504 with the stage named); a stage "
         "that fails (a replica died, the LLM raised) is retried once within its deadline, then answered 503.",
+    )
+    max_reader_requests: int = Field(
+        2, ge=1, description="Requests that need the reader (/v1/answer, /v1/chat/completions, "
+        "/v1/longcontext) one ingress replica admits at once, reading or waiting for the reader; the next is "
+        "answered 503 with Retry-After at once, before retrieval runs (/v1/retrieve is never refused by it). "
+        "2 for the embedded default: its llama.cpp reader answers one question at a time (~6 s on 2 cores), "
+        "so one reads while the next waits ready, and no admitted request waits more than one answer; a "
+        "vLLM tier that batches takes its concurrent sequences' worth (serve/configs/gpu.yaml).",
+    )
+    request_timeout_s: float = Field(
+        600.0, gt=0, description="A request's deadline: each stage starts only while time is left and gets at "
+        "most what is left (504 past it). A client may ask for less with the header X-Request-Timeout (seconds).",
     )
 
 

@@ -125,9 +125,11 @@ def describe_redundancy(rows: list[ShardRedundancy]) -> str:
 class Coverage(BaseModel):
     """How much of a sharded index answered one search. A shard none of whose replicas answered is
     named in ``errors`` (with the last replica's error) and makes the result ``degraded``; it is
-    never dropped silently. A shard that answered from fewer live replicas than configured (a
-    replica dead, restarting or being re-created) shows in ``replicas`` and makes
-    ``redundancy_degraded`` true: full results, less redundancy."""
+    never dropped silently. So does a shard whose winning units could not be fetched from it after
+    the search (``fetch_errors``, the units in ``unfetched``: they come without text). A shard that
+    answered from fewer live replicas than configured (a replica dead, restarting or being
+    re-created) shows in ``replicas`` and makes ``redundancy_degraded`` true: full results, less
+    redundancy."""
 
     shards: int = Field(description="Shards of the build.")
     answered: int = Field(description="Shards that answered (one replica each).")
@@ -140,10 +142,21 @@ class Coverage(BaseModel):
         "not live from a failed call until it answers again); empty: not tracked.",
     )
 
-    @computed_field(description="Whether some shard did not answer (answered < shards).")  # type: ignore[prop-decorator]
+    fetch_errors: dict[int, str] = Field(
+        default_factory=dict, description="Shard -> why the units it won could not be fetched from it after the "
+        "search (the winners-only fetch above index.fused_fetch_max_units; JSON keys are strings).",
+    )
+    unfetched: list[str] = Field(
+        default_factory=list, description="The result's units whose records could not be fetched (their shard is "
+        "in fetch_errors): ranked, without titles or text.",
+    )
+
+    @computed_field(  # type: ignore[prop-decorator]
+        description="Whether some shard did not answer (answered < shards), or the units some shard won could not "
+        "be fetched (fetch_errors).")
     @property
     def degraded(self) -> bool:
-        return self.answered < self.shards
+        return self.answered < self.shards or bool(self.fetch_errors)
 
     @computed_field(description="The shards that did not answer, ascending.")  # type: ignore[prop-decorator]
     @property
@@ -160,6 +173,13 @@ class Coverage(BaseModel):
     @property
     def redundancy(self) -> str:
         return describe_redundancy(self.replicas)
+
+    def with_fetch_errors(self, fetch_errors: dict[int, str], unfetched: list[str]) -> "Coverage":
+        """This coverage with the shards whose units could not be fetched, and those units, added."""
+        if not fetch_errors and not unfetched:
+            return self
+        units = [*self.unfetched, *(u for u in unfetched if u not in self.unfetched)]
+        return self.model_copy(update={"fetch_errors": {**self.fetch_errors, **fetch_errors}, "unfetched": units})
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

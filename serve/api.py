@@ -14,7 +14,7 @@ from serve import playground
 from serve.errors import UnhandledErrors, install_handlers
 from serve.gateway import Gateway
 from serve.guard import Guard
-from serve.middleware import BodyLimit, Guarded, cors
+from serve.middleware import Admitted, BodyLimit, Guarded, cors
 from serve.routes import ROUTERS
 from serve.routes.health import PROBE_PATHS, ReadyCache
 from serve.schemas import state_limits
@@ -40,6 +40,8 @@ def create_api(gw: Gateway, guard: Guard | None = None) -> FastAPI:
         api.include_router(router)
     playground.install(api, guard)
     # add_middleware wraps what is there: the last added is the outermost.
+    s = gw.config.serve
+    api.add_middleware(Admitted, admission=gw.admission, timeout_s=s.request_timeout_s, metrics=gw.metrics)
     api.add_middleware(Guarded, guard=guard, metrics=gw.metrics, open_paths=OPEN_PATHS,
                        keyless_paths=PROBE_PATHS)
     api.add_middleware(BodyLimit, guard=guard, metrics=gw.metrics)  # before the key check: never held

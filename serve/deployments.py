@@ -145,14 +145,17 @@ class Retriever:
 
     ``index_cls(index_uri, index, app_name=, holder=)`` builds the index backend (the search API of
     :class:`actors.sharded_index.ShardedIndex`: ``search``, ``search_units``, ``retrieve_units``, ``liveness``; a
-    ``manifest``; ``retire`` and ``release``); None: :class:`serve.index_app.ServeIndex`, the build's
-    Serve application of shard deployments (shared by every Retriever replica).
+    ``manifest``; ``retire`` and ``release``, and optionally ``released``: whether its hold ended);
+    None: :class:`serve.index_app.ServeIndex`, the build's Serve application of shard deployments
+    (shared by every Retriever replica).
 
     ``index_uri`` may be a build alias (:mod:`longrag.index.alias`): every ``index.refresh_s`` the
     replica re-reads its pointer and, on a new build, builds a second backend over it (its shards
     load beside the old ones), switches to it once every shard answers, lets the requests still
-    running on the old build finish, then releases the old backend. A request runs on one build
-    from start to end and its trace names it (``build_id``)."""
+    running on the old build finish, then retires the old backend: its hold ends
+    ``index.retire_after_s`` later, or when this replica stops if that comes first (``__del__``
+    releases every backend still retiring). A request runs on one build from start to end and its
+    trace names it (``build_id``)."""
 
     def __init__(self, index_uri: str, index: IndexConfig, index_cls: Callable[..., Any] | None = None,
                  retrieval: RetrievalConfig | None = None) -> None:
@@ -172,6 +175,7 @@ class Retriever:
         self.live: list[ShardRedundancy] = [ShardRedundancy(shard=s, live=index.replicas, replicas=index.replicas)
                                             for s in range(len(self.manifest.shards))]
         self.inflight: dict[int, int] = {}  # id(backend) -> requests running on it
+        self.retiring: set[Any] = set()  # superseded backends whose hold may not have ended: __del__ ends them
         self.switches = 0
         self._watcher: asyncio.Task | None = None
         self._switching = asyncio.Lock()
@@ -265,21 +269,26 @@ class Retriever:
             new = await asyncio.to_thread(self._open, uri)  # returns once every shard of the new build is ready
             old = self.index
             self.index, self.manifest, self.build_uri = new, new.manifest, uri
-            self.live = await new.liveness()
+            # kept until its hold ends, whichever way this goes: a replica stopping within
+            # index.retire_after_s (or before the wait below ends) releases it in __del__
+            self.retiring = {b for b in self.retiring if not getattr(b, "released", False)} | {old}
             self.switches += 1
-            # the old build is released only once no request runs on it: each request ends by its
-            # replica calls' deadlines (index.search_timeout_s per replica tried), so this ends too
-            waited, warned = time.monotonic(), time.monotonic()
-            while self.inflight.get(id(old), 0):
-                if time.monotonic() - warned >= 60:
-                    warned = time.monotonic()
-                    log.warning("build %s: %d requests still running %.0f s after the switch; released after them",
-                                old.manifest.build_id, self.inflight[id(old)], warned - waited)
-                await asyncio.sleep(0.05)
-            self.inflight.pop(id(old), None)
-            self._uris.pop(old.manifest.build_id, None)
-            self._graphs.pop(old.manifest.build_id, None)
-            await old.retire()
+            try:
+                self.live = await new.liveness()
+                # the old build is released only once no request runs on it: each request ends by its
+                # replica calls' deadlines (index.search_timeout_s per replica tried), so this ends too
+                waited, warned = time.monotonic(), time.monotonic()
+                while self.inflight.get(id(old), 0):
+                    if time.monotonic() - warned >= 60:
+                        warned = time.monotonic()
+                        log.warning("build %s: %d requests still running %.0f s after the switch; released after "
+                                    "them", old.manifest.build_id, self.inflight[id(old)], warned - waited)
+                    await asyncio.sleep(0.05)
+            finally:
+                self.inflight.pop(id(old), None)
+                self._uris.pop(old.manifest.build_id, None)
+                self._graphs.pop(old.manifest.build_id, None)
+                await old.retire()  # its hold ends index.retire_after_s later, or in __del__ if that comes first
             return self.manifest.build_id
 
     async def describe(self) -> IndexDescription:
@@ -300,15 +309,28 @@ class Retriever:
         self.live = await self.index.liveness()
 
     async def __del__(self) -> None:
-        """Serve's graceful shutdown: the index application goes with the last Retriever replica."""
-        index = getattr(self, "index", None)  # None: the constructor failed
-        if index is not None:
-            await index.release()
+        """Serve's graceful shutdown: this replica's holds end, of the build it serves and of every
+        superseded build still retiring (the alias moved less than ``index.retire_after_s`` ago);
+        each index application goes with its last holder."""
+        backends = [getattr(self, "index", None), *getattr(self, "retiring", ())]  # index None: the constructor failed
+        for backend in backends:
+            if backend is None:
+                continue
+            try:
+                await backend.release()
+            except Exception:  # one backend's failure must not keep the others held
+                log.warning("could not release the index backend of build %s",
+                            getattr(getattr(backend, "manifest", None), "build_id", "?"), exc_info=True)
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=8)
 class LLMServer:
     """An in-process LLM behind a deployment; its calls run one at a time per replica.
+
+    A call whose caller goes away (Serve cancels the request when its client disconnects or the
+    ingress' deadline passes, and every handle call it made) is cancelled here too: the engine stops
+    its work (llama.cpp: :mod:`longrag.llm.cancel`), and the call is counted (``cancelled``,
+    ``longrag_llm_cancelled_calls``; the engine's tokens for them in ``longrag_llm_cancelled_tokens``).
 
     ``engine_cls(llm)`` builds the engine (any :class:`longrag.llm.base.LLM`), as ``engine_cls``
     does in ``ray.serve.llm``; None: :func:`serve.llm_handle.build_engine` (llama.cpp, an
@@ -328,14 +350,43 @@ class LLMServer:
         self.config = llm
         self.llm = engine_cls(llm)
         self.in_flight = 0
+        self.cancelled = 0
+        self._metrics: Any = None
+        self._tokens_counted = 0
 
     @contextlib.contextmanager
     def _running(self) -> Iterator[None]:
         self.in_flight += 1
         try:
             yield
+        except (asyncio.CancelledError, GeneratorExit):
+            self.cancelled += 1
+            self._count_cancelled()
+            raise
         finally:
             self.in_flight -= 1
+
+    def _engine_cancelled(self) -> dict[str, int]:
+        stats = getattr(self.llm, "cancel_stats", None)
+        return stats() if callable(stats) else {}
+
+    def _count_cancelled(self) -> None:
+        """Ray counters of cancelled calls (and the engine's tokens for them), made on first use."""
+        try:
+            if self._metrics is None:
+                from ray.util.metrics import Counter
+
+                self._metrics = (Counter("longrag_llm_cancelled_calls", "LLM calls cancelled before they finished."),
+                                 Counter("longrag_llm_cancelled_tokens", "Tokens generated for LLM calls that were "
+                                         "then cancelled (the engine's count, where it has one)."))
+            calls, tokens = self._metrics
+            calls.inc(1)
+            generated = self._engine_cancelled().get("generated_tokens", 0)
+            if generated > self._tokens_counted:
+                tokens.inc(generated - self._tokens_counted)
+                self._tokens_counted = generated
+        except Exception:  # noqa: BLE001 - metrics never fail a call (outside Ray: none)
+            log.debug("could not count a cancelled call", exc_info=True)
 
     async def chat(self, messages: list[dict[str, str]], max_tokens: int, temperature: float | None = None,
                    stop: list[str] | None = None, cache_prefix: str | None = None) -> ChatResult:
@@ -364,7 +415,8 @@ class LLMServer:
                 yield item
 
     def describe(self) -> LLMDescription:
-        return LLMDescription(name=self.llm.name, context_window=self.llm.context_window, in_flight=self.in_flight)
+        return LLMDescription(name=self.llm.name, context_window=self.llm.context_window, in_flight=self.in_flight,
+                              cancelled=self.cancelled, engine_cancelled=self._engine_cancelled())
 
 
 class RemoteLLM(LLM):

@@ -31,7 +31,8 @@ ERRORS = {
     429: {"model": ErrorResponse, "description": "Rate limit exceeded; Retry-After says when to retry."},
     500: {"model": ErrorResponse, "description": "Internal error."},
     503: {"model": ErrorResponse, "description": "No shard or no replica could serve the request, or a stage "
-          "failed and its retry failed too (error.detail.stage names it)."},
+          "failed and its retry failed too (error.detail.stage names it), or the reader is at capacity "
+          "(error.code overloaded; Retry-After says when to retry)."},
     504: {"model": ErrorResponse, "description": "A stage took longer than serve.timeouts (error.detail.stage)."},
 }
 
@@ -56,8 +57,11 @@ async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
 
 
 async def _stage_error(request: Request, exc: stages.StageError) -> JSONResponse:
-    """A stage past its deadline (504) or failed twice (503), named (:mod:`serve.stages`)."""
-    return error_response(exc.status, exc.message, exc.detail, exc.code)
+    """A stage past its deadline (504), failed twice (503) or refused by a full queue (503 with
+    ``Retry-After``), named (:mod:`serve.stages`)."""
+    retry = getattr(exc, "retry_after_s", None)
+    return error_response(exc.status, exc.message, exc.detail, exc.code,
+                          headers={"Retry-After": str(retry)} if retry is not None else None)
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -15,6 +15,7 @@ from typing import Any
 
 from fastapi import Request
 
+from longrag.admission import Admission
 from longrag.config import LongRAGConfig
 from longrag.index.graph import split_mode
 from longrag.reading.reader import ReaderResult
@@ -65,6 +66,12 @@ class Gateway:
     dual: Any = None  # serve.dual.DualReader: strategy requests and the model longrag-dual; None: not deployed
     metrics: Any = field(default_factory=NoMetrics)
     app_name: str | None = None  # the Serve application, for /readyz
+    #: the reader's requests admitted at once in this replica (serve.max_reader_requests; serve.middleware.Admitted)
+    admission: Admission | None = None
+
+    def __post_init__(self) -> None:
+        if self.admission is None:
+            self.admission = Admission(self.config.serve.max_reader_requests)
 
     def validate(self, req: RetrieveRequest) -> tuple[str, int]:
         s = self.config.serve

@@ -161,9 +161,10 @@ class IndexHolders:
     * ``release(app, holder)``: it stopped; the last holder's release deletes the application (Serve
       drains its replicas) and returns True.
 
-    A holder that dies without releasing (its node lost) is dropped at the next release of its
-    application once the GCS reports its actor dead; a job (no actor) that dies without its
-    ``finally`` leaves its hold until an operator deletes the application. When the registry itself
+    A holder that dies without releasing (its node lost) is dropped at the registry's next call
+    (``hold``, ``release`` or ``held``, of any application) once the GCS reports its actor dead, and an
+    application it held alone is deleted then; a job (no actor) that dies without its ``finally``
+    leaves its hold until an operator deletes the application. When the registry itself
     restarts it has lost its table: the index applications running then are never deleted by it
     (logged; deleting one the registry no longer knows the holders of could take shards from a
     live service), those deployed after are handled as usual."""
@@ -182,6 +183,7 @@ class IndexHolders:
 
     def hold(self, app: str, holder: str, actor_id: str | None = None) -> int:
         """Register ``holder`` of ``app``; returns how many hold it now."""
+        self._prune(keep=app)  # app itself is not deleted here: it is about to be held
         self.holders.setdefault(app, {})[holder] = actor_id
         return len(self.holders[app])
 
@@ -189,33 +191,46 @@ class IndexHolders:
         """``holder`` stopped reading ``app``; deletes ``app`` when nobody else holds it (True then)."""
         held = self.holders.get(app)
         if held is None or held.pop(holder, False) is False:
+            self._prune()
             return False  # released before (or never held here)
-        if held:
-            self._forget_dead(app, held)
-        if held:
-            return False
-        del self.holders[app]
-        if app in self.unknown:
-            log.warning("not deleting %s: its holders from before the registry restarted are unknown", app)
-            return False
-        log.info("deleting the index application %s: its last holder (%s) released it", app, holder)
-        serve.delete(app, _blocking=False)
-        return True
+        return app in self._prune(released_by={app: holder})
 
     def held(self) -> dict[str, list[str]]:
-        """``{application: its holders}``."""
+        """``{application: its holders}`` (the holders of dead actors dropped first)."""
+        self._prune()
         return {app: sorted(h) for app, h in self.holders.items()}
 
-    @staticmethod
-    def _forget_dead(app: str, held: dict[str, str | None]) -> None:
-        actors = [a for a in held.values() if a]
-        if not actors:
-            return
-        dead = {row["ActorID"] for row in ray_private.actor_table() if row.get("State") == "DEAD"}
-        for holder, actor in list(held.items()):
-            if actor in dead:
-                log.warning("%s: dropping holder %s, its actor %s died without releasing it", app, holder, actor)
-                del held[holder]
+    def _prune(self, keep: str | None = None, released_by: dict[str, str] | None = None) -> list[str]:
+        """Drop the holders whose actor the GCS reports dead, of every application, then delete each
+        application (but ``keep``) that nobody holds; returns the applications deleted.
+        ``released_by``: the holder whose release emptied an application, for the log."""
+        if any(a for held in self.holders.values() for a in held.values()):
+            try:
+                dead = {row["ActorID"] for row in ray_private.actor_table() if row.get("State") == "DEAD"}
+            except Exception:  # the GCS did not answer: keep every hold until a later call
+                log.warning("could not read the actor table; keeping the holders of dead actors for now",
+                            exc_info=True)
+                dead = set()
+            for app, held in self.holders.items():
+                for holder, actor in list(held.items()):
+                    if actor and actor in dead:
+                        log.warning("%s: dropping holder %s, its actor %s died without releasing it",
+                                    app, holder, actor)
+                        del held[holder]
+        deleted = []
+        for app, held in list(self.holders.items()):
+            if held or app == keep:
+                continue
+            del self.holders[app]
+            if app in self.unknown:
+                log.warning("not deleting %s: its holders from before the registry restarted are unknown", app)
+                continue
+            why = (f"its last holder ({released_by[app]}) released it" if released_by and app in released_by
+                   else "the holders left died without releasing it")
+            log.info("deleting the index application %s: %s", app, why)
+            ray_private.serve_delete_nowait(app)
+            deleted.append(app)
+        return deleted
 
 
 _holders_actor: Any = None
@@ -245,7 +260,8 @@ def _new_holder(who: str) -> tuple[str, str | None]:
 class ServeShards(ShardedIndex):
     """:class:`ShardedIndex` over one deployment handle per shard of the application ``app``: a
     failed or timed-out call is tried once more on the same deployment (Serve routes it to another
-    replica), and the replica counts are Serve's (``RUNNING`` of those not stopping)."""
+    replica), one refused by a full replica again after a short backoff within the call's deadline,
+    and the replica counts are Serve's (``RUNNING`` of those not stopping)."""
 
     def __init__(self, app: str, manifest: "Manifest", config: "IndexConfig") -> None:
         self.app = app
@@ -332,8 +348,14 @@ class ServeIndex(ServeShards):
         if self._retiring is None or self._retiring.done():
             self._retiring = asyncio.get_running_loop().create_task(later())
 
+    @property
+    def released(self) -> bool:
+        """Whether this instance's hold ended (its retirement's delay passed, or :meth:`release`)."""
+        return self._released
+
     async def release(self) -> None:
-        """This Retriever replica goes away (scale-down, redeploy, delete): end its hold now."""
+        """This Retriever replica goes away (scale-down, redeploy, delete): end its hold now (a
+        retirement still waiting is cancelled: its hold ends here instead)."""
         if self._retiring is not None and not self._retiring.done():
             self._retiring.cancel()
         await self._release("its Retriever replica going away")

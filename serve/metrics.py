@@ -5,7 +5,12 @@ metrics port, ``ray start --metrics-export-port``, with a ``ray_`` prefix):
 * ``longrag_errors`` (counter; ``route``, ``status``): those answered with a 4xx or 5xx;
 * ``longrag_stage_latency_ms`` (histogram; ``stage``: encode, retrieve, read, total);
 * ``longrag_llm_tokens`` (counter; ``kind``: prompt, completion): the reader's tokens;
-* ``longrag_degraded_responses`` (counter): retrievals some shard did not answer;
+* ``longrag_shed_requests`` (counter; ``route``): reader requests refused at the door (503 + Retry-After,
+  ``serve.max_reader_requests``);
+* ``longrag_cancelled_requests`` (counter; ``route``): reader requests cancelled before they were
+  answered (the client went away, or the request's deadline passed);
+* ``longrag_degraded_responses`` (counter): retrievals some shard did not answer (or whose winning
+  units some shard could not send: ``coverage.fetch_errors``);
 * ``longrag_shard_failovers`` (counter): replica calls retried on another replica of the shard;
 * ``longrag_shard_live_replicas`` (gauge; ``shard``): live replicas of each shard of the build served,
   as the last ``/readyz`` report found them (0: the shard's results are degraded);
@@ -39,6 +44,10 @@ class AppMetrics:
                                  boundaries=LATENCY_BOUNDARIES_MS, tag_keys=("stage",))
         self.tokens = Counter("longrag_llm_tokens", "Reader LLM tokens, by kind (prompt, completion).",
                               tag_keys=("kind",))
+        self.shed_requests = Counter("longrag_shed_requests", "Reader requests refused at the door (503 + "
+                                     "Retry-After), by route.", tag_keys=("route",))
+        self.cancelled_requests = Counter("longrag_cancelled_requests", "Reader requests cancelled before their "
+                                          "answer (client gone or deadline passed), by route.", tag_keys=("route",))
         self.degraded = Counter("longrag_degraded_responses", "Retrievals that some shard did not answer.")
         self.failovers = Counter("longrag_shard_failovers", "Shard replica calls retried on another replica.")
         self.shard_live = Gauge("longrag_shard_live_replicas", "Live replicas of each shard (last /readyz report).",
@@ -52,6 +61,12 @@ class AppMetrics:
         self.requests.inc(1, tags)
         if status >= 400:
             self.errors.inc(1, tags)
+
+    def shed(self, path: str) -> None:
+        self.shed_requests.inc(1, {"route": path if path in ROUTES else "other"})
+
+    def cancelled(self, path: str) -> None:
+        self.cancelled_requests.inc(1, {"route": path if path in ROUTES else "other"})
 
     def stages(self, trace: dict[str, Any]) -> None:
         for stage in ("encode", "retrieve", "read", "total"):

@@ -2,6 +2,9 @@
 
 * :class:`Guarded`: API key and rate limit before the endpoint, the request and its status counted after;
 * :class:`BodyLimit`: 413 for a POST body over its limit, decided while the body streams in;
+* :class:`Admitted`: every request's deadline (``serve.request_timeout_s``, ``X-Request-Timeout``),
+  and the reader's requests admitted or refused at once (503 + ``Retry-After``,
+  ``serve.max_reader_requests``) before any stage runs; requests whose client went away counted;
 * :func:`cors`: Starlette's CORS middleware with ``serve.cors_origins``, left out while none are configured.
 
 Plain ASGI callables, not ``@app.middleware("http")`` functions: those run every request through
@@ -10,11 +13,15 @@ Starlette's ``BaseHTTPMiddleware`` (a task and a memory stream per request and p
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 
+from longrag.admission import Admission, Deadline, Overloaded, parse_timeout_header
+from serve import stages
 from serve.errors import error_response
 from serve.guard import Guard
 from serve.metrics import AppMetrics
@@ -119,6 +126,61 @@ class BodyLimit:
                                   headers={"Connection": "close"})
         self.metrics.request(path, 413)
         await response(scope, receive, send)
+
+
+log = logging.getLogger("ray.serve")
+
+#: The routes that need the reader (its LLM): admitted by :class:`Admitted`.
+READER_PATHS = frozenset({"/v1/answer", "/v1/chat/completions", "/v1/longcontext"})
+
+
+class Admitted:
+    """A deadline for every HTTP request, and admission for the reader's (:mod:`longrag.admission`).
+
+    The deadline is ``serve.request_timeout_s`` from now, or the client's ``X-Request-Timeout``
+    when shorter (a value that is not a positive number: 422); the stages read it
+    (:data:`serve.stages.request_deadline`). A request to one of :data:`READER_PATHS` takes a place
+    in ``admission`` or is answered 503 with ``Retry-After`` at once, before its body is read or any
+    stage runs; it holds the place until its response is sent (a stream: its last event) or its
+    client goes away. A request cancelled under it (Serve cancels the request when its client
+    disconnects) is counted (``metrics.cancelled``) and its place freed."""
+
+    def __init__(self, app: Any, admission: Admission, timeout_s: float, metrics: AppMetrics,
+                 paths: frozenset[str] = READER_PATHS) -> None:
+        self.app, self.admission, self.timeout_s, self.metrics, self.paths = app, admission, timeout_s, metrics, paths
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = route_path(scope)
+        try:
+            timeout_s = parse_timeout_header(Headers(scope=scope).get("x-request-timeout"), self.timeout_s)
+        except ValueError as exc:
+            return await error_response(422, str(exc), ["X-Request-Timeout: " + str(exc)])(scope, receive, send)
+        token = stages.request_deadline.set(Deadline.after(timeout_s))
+        try:
+            if scope["method"] != "POST" or path not in self.paths:
+                return await self.app(scope, receive, send)
+            try:
+                ticket = self.admission.enter()
+            except Overloaded as exc:
+                self.metrics.shed(path)
+                return await error_response(
+                    503, f"{exc} (serve.max_reader_requests)", {"in_flight": exc.in_flight, "limit": exc.limit,
+                                                                "retry_after_s": exc.retry_after_s},
+                    code="overloaded", headers={"Retry-After": str(exc.retry_after_s)})(scope, receive, send)
+            completed = False
+            try:
+                await self.app(scope, receive, send)
+                completed = True
+            except asyncio.CancelledError:
+                self.metrics.cancelled(path)
+                log.info("%s cancelled: its client went away or its deadline passed", path)
+                raise
+            finally:
+                self.admission.leave(ticket, completed=completed)
+        finally:
+            stages.request_deadline.reset(token)
 
 
 def cors(api: Any, guard: Guard) -> None:

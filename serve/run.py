@@ -102,7 +102,7 @@ def deploy(config: dict[str, Any], address: str | None = None) -> Any:
         grpc_options=gRPCOptions(**schema.grpc_options.model_dump()),
         controller_options=schema.controller_options,
     )
-    client.deploy_apps(schema, _blocking=False)
+    ray_private.deploy_apps_nowait(client, schema)
     return schema
 
 

@@ -166,6 +166,11 @@ class LLMDescription(BaseModel):
     name: str
     context_window: int
     in_flight: int = Field(0, description="Calls this replica is running now (chat, completion, stream, JSON).")
+    cancelled: int = Field(0, description="Calls cancelled before they finished (the caller went away or ran out "
+                           "of time), since the replica started.")
+    engine_cancelled: dict[str, int] = Field(
+        default_factory=dict, description="The engine's own count where it has one (llama.cpp: calls refused while "
+        "waiting, aborted while running, and the tokens generated for them).")
 
 
 class Health(BaseModel):
@@ -189,6 +194,10 @@ class Health(BaseModel):
     problems: list[str] = Field(default_factory=list, description="One line per problem found.")
     limits: dict[str, int] = Field(default_factory=dict, description="max_question_chars, max_k, default_k.")
     age_s: float = Field(0.0, description="Seconds since this report was built (at most serve.readyz_cache_s).")
+    described_age_s: float | None = Field(
+        None, description="Set when the Retriever's describe timed out (a slow Serve controller): the build, shards "
+        "and replica counts are then those of its last answer, this many seconds older than the report (stale), "
+        "and problems says so. None: the Retriever described them for this report.")
 
 
 class Liveness(BaseModel):

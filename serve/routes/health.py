@@ -4,8 +4,9 @@
 * ``GET /readyz``: whether this pod can answer requests (its readiness; KubeRay's readinessProbe of
   every worker group), with the cluster's state in the report. 503 only on this ingress's own
   request path: its query encoder has no running replica, or no build is loaded (the Retriever
-  describes none). The cluster's state (a shard without a live replica, a deployment unhealthy or
-  waiting for resources, e.g. the LLM) makes the report ``degraded`` and stays 200: one shard down
+  describes none; when its describe only timed out, a slow controller, the report carries its last
+  answer instead, marked stale with its age: ``described_age_s``). The cluster's state (a shard
+  without a live replica, a deployment unhealthy or waiting for resources, e.g. the LLM) makes the report ``degraded`` and stays 200: one shard down
   must not take every pod out of the Service, its requests are answered with ``degraded`` set and
   the shard named. The same report sets the metrics (:meth:`serve.metrics.AppMetrics.health`).
   Built at most once per ``serve.readyz_cache_s`` per ingress replica (concurrent probes wait for
@@ -33,7 +34,7 @@ from longrag.types import describe_redundancy
 from serve.errors import error_response
 from serve.gateway import Gateway, gateway
 from serve.status import Placement, missing_resources, placement, serve_status, waiting_replicas
-from serve.schemas import DeploymentHealth, ErrorResponse, Health, Liveness
+from serve.schemas import DeploymentHealth, ErrorResponse, Health, IndexDescription, Liveness
 
 router = APIRouter()
 log = logging.getLogger("ray.serve")  # Serve's replica logger: lines carry the request id
@@ -87,24 +88,29 @@ class Report:
     full: Health  # with Serve's messages: for a caller with a key (or when no keys are configured)
     public: Health  # without them: for anyone
     ready: bool
+    described: IndexDescription | None = None  # the Retriever's answer for this report (None: none, or stale)
 
 
 class ReadyCache:
     """The last readiness report of this ingress replica, rebuilt when older than ``ttl_s``; one
-    build at a time, and the probes that arrive meanwhile get its result."""
+    build at a time, and the probes that arrive meanwhile get its result. It also keeps the
+    Retriever's last answer (:func:`report` falls back on it when a describe times out)."""
 
     def __init__(self, gw: Gateway, ttl_s: float) -> None:
         self.gw, self.ttl_s = gw, ttl_s
         self._lock = asyncio.Lock()
         self._report: tuple[float, Report] | None = None  # (built at, report)
+        self._described: tuple[float, IndexDescription] | None = None  # (answered at, the Retriever's last answer)
 
     async def get(self, full: bool = False) -> Any:
         async with self._lock:
             now = time.monotonic()
             if self._report is None or now - self._report[0] >= self.ttl_s:
-                built = await report(self.gw)
+                built = await report(self.gw, self._described)
                 self.gw.metrics.health(built.full)
                 self._report = (time.monotonic(), built)
+                if built.described is not None:
+                    self._described = (time.monotonic(), built.described)
             at, built = self._report
         health = (built.full if full else built.public).model_copy(update={"age_s": round(time.monotonic() - at, 3)})
         if not built.ready:
@@ -113,10 +119,13 @@ class ReadyCache:
         return JSONResponse(health.model_dump(mode="json"))
 
 
-async def report(gw: Gateway) -> Report:
+async def report(gw: Gateway, last_described: tuple[float, IndexDescription] | None = None) -> Report:
     """The readiness report now. Not ready: a deployment of :data:`OWN_PATH` without a running
     replica, or no build described by the Retriever; anything else found is a problem of the
-    cluster (``degraded``). An exception's text is logged, never put in the report."""
+    cluster (``degraded``). When the Retriever's describe times out (it reads Serve's status: a slow
+    controller), ``last_described`` (``(time.monotonic() when answered, its answer)``) stands in for
+    it, marked stale (``described_age_s``, and a problem saying so): the build is still loaded. An
+    exception's text is logged, never put in the report."""
     problems: list[tuple[str, str]] = []  # (public line, line with Serve's messages)
     not_ready: list[str] = []
     deployments: dict[str, DeploymentHealth] = {}
@@ -145,20 +154,27 @@ async def report(gw: Gateway) -> Report:
             if running[name] == 0 and name in OWN_PATH:
                 not_ready.append(f"{name}: no running replica")
 
-    async def ask(handle: Any, name: str) -> Any:
+    stale_s: list[float] = []  # the age of the Retriever's last answer, when it stands in for a timed-out one
+
+    async def ask(handle: Any, name: str, last: tuple[float, Any] | None = None) -> Any:
         if running.get(name, 1) == 0:
             return None
         try:
             return await asyncio.wait_for(handle.describe.remote(), DESCRIBE_TIMEOUT_S)
         except asyncio.TimeoutError:
             line = f"{name}.describe timed out after {DESCRIBE_TIMEOUT_S:g} s"
+            if last is not None:
+                stale_s.append(round(time.monotonic() - last[0], 3))
+                line += f": its answer of {stale_s[0]:.0f} s ago is shown (stale)"
+                problems.append((line, line))
+                return last[1]
         except Exception:
             log.warning("/readyz: %s.describe failed", name, exc_info=True)
             line = f"{name}.describe failed (the ingress log has the error)"
         problems.append((line, line))
         return None
 
-    info, llm = await asyncio.gather(ask(gw.retriever, "Retriever"), ask(gw.llm, "LLMServer"))
+    info, llm = await asyncio.gather(ask(gw.retriever, "Retriever", last_described), ask(gw.llm, "LLMServer"))
     index = info.index if info is not None else []
     if info is None:
         not_ready.append("no build loaded (the Retriever describes none)")
@@ -177,9 +193,10 @@ async def report(gw: Gateway) -> Report:
         deployments=deployments,
         problems=not_ready + [line for _, line in problems],
         limits={"max_question_chars": s.max_question_chars, "max_k": s.max_k, "default_k": s.default_k},
+        described_age_s=stale_s[0] if stale_s else None,
     )
     public = full.model_copy(update={
         "deployments": {n: d.model_copy(update={"message": "", "missing_resources": None}) for n, d in deployments.items()},
         "problems": not_ready + [line for line, _ in problems],
     })
-    return Report(full=full, public=public, ready=not not_ready)
+    return Report(full=full, public=public, ready=not not_ready, described=None if stale_s else info)

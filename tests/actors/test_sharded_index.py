@@ -362,3 +362,60 @@ def test_graph_expansion_over_shards_and_replicas_survives_a_killed_replica(clus
                         assert row["best_chunk_id"] == best.chunk_id and row["best_chunk_text"] == best.text
                     else:
                         assert row["best_chunk_text"] == best.text and "doc_scores" not in row
+
+
+# ------------------------------------------------------------------ without Ray: fake shard handles
+class _FakeShard:
+    """A shard deployment's handle in process: ``handle.search.remote(q, k)`` and ``get_units`` are
+    awaitables with ``cancel()`` (as Serve's ``DeploymentResponse``); ``fetch_error`` makes every
+    ``get_units`` fail (the shard answered its search, then lost its replica)."""
+
+    def __init__(self, shard: int, units: list[str], fetch_error: Exception | None = None) -> None:
+        self.shard, self.units, self.fetch_error = shard, units, fetch_error
+
+    def _search(self, queries, k):
+        from longrag.types import UnitHit
+
+        return [[UnitHit(unit_id=u, score=1.0 - i / 100 - self.shard / 1000, best_chunk_id=f"{u}:0000",
+                         shard=self.shard) for i, u in enumerate(self.units[:k])] for _ in range(len(queries))]
+
+    def _get_units(self, unit_ids, chunk_ids=None, queries=None, evidence=True):
+        if self.fetch_error is not None:
+            raise self.fetch_error
+        return [{"unit_id": u, "doc_ids": [u], "titles": [f"Title {u}"], "n_tokens": 3, "text": f"text of {u}",
+                 "best_chunk_text": f"chunk of {u}"} for u in unit_ids]
+
+    def __getattr__(self, method):
+        impl = getattr(self, f"_{method}")
+
+        class _Method:
+            def remote(self, *args):
+                async def call():
+                    return impl(*args)
+
+                return asyncio.ensure_future(call())
+
+        return _Method()
+
+
+def test_a_failed_winners_only_fetch_makes_the_coverage_degraded_and_names_the_units():
+    """Issue 44 item 3.3: above ``fused_fetch_max_units`` the winners are fetched after the search; a
+    shard that answered its search but not the fetch (both tries failed) leaves its units without
+    text: the coverage says degraded, names the shard (with its error) and the units, instead of only
+    logging it."""
+    from actors.sharded_index import ShardedIndex
+
+    handles = [_FakeShard(0, ["a0", "a1"]), _FakeShard(1, ["b0", "b1"], RuntimeError("replica lost mid-fetch"))]
+    index = ShardedIndex(handles, timeout_s=1.0, fused_fetch_max_units=1)  # 2 shards x k=2 > 1: winners only
+    res, units = asyncio.run(index.search_units(np.zeros(DIM, dtype=np.float32), 2))
+    cov = res.coverage
+    assert cov.answered == 2 and cov.degraded, cov
+    assert set(cov.fetch_errors) == {1} and "replica lost mid-fetch" in cov.fetch_errors[1], cov
+    missing = [u.unit_id for u in units if u.text is None]
+    assert missing and sorted(cov.unfetched) == sorted(missing) and all(u.startswith("b") for u in missing), cov
+    assert cov.to_dict()["degraded"] is True and cov.to_dict()["fetch_errors"] == {"1": cov.fetch_errors[1]}
+    # every fetch answered: nothing named, not degraded
+    handles[1].fetch_error = None
+    res, units = asyncio.run(index.search_units(np.zeros(DIM, dtype=np.float32), 2))
+    assert not res.coverage.degraded and res.coverage.fetch_errors == {} and res.coverage.unfetched == []
+    assert all(u.text for u in units)

@@ -8,6 +8,7 @@ import importlib
 import inspect
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import ray
@@ -40,6 +41,16 @@ def test_the_wrapped_state_calls_exist():
     assert "_blocking" in inspect.signature(api._run).parameters  # serve_run_nowait's keyword
 
 
+@pytest.mark.parametrize("module, name, keyword", ray_private.PRIVATE_KEYWORDS, ids=lambda x: str(x))
+def test_every_private_keyword_is_still_taken(module, name, keyword):
+    """The private keyword arguments ray_private.py passes (``_blocking=False``: submit, do not wait)."""
+    target = importlib.import_module(module)
+    for part in name.split("."):
+        target = getattr(target, part)
+    assert keyword in inspect.signature(target).parameters, (
+        f"{module}.{name} takes no {keyword} in Ray {ray.__version__}")
+
+
 def test_no_other_module_uses_a_private_ray_api():
     offenders = []
     for pkg in PRODUCT:
@@ -67,11 +78,49 @@ PRIVATE_MODULES = ("ray._private", "ray._raylet", "ray.core.generated", "ray.aut
 PRIVATE_NAMES_ANYWHERE = ("_get_global_client", "_get_serve_request_context")
 
 
+def _root(node: Any) -> str | None:
+    """The name an attribute chain, subscript or call starts from (``client`` of ``client.x.y(...)``)."""
+    import ast
+
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call, ast.Await)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _ray_names(tree: Any) -> tuple[set[str], set[str]]:
+    """The names of ``tree`` bound to Ray: those imported from ``ray`` (``ray``, ``serve``, ``api``
+    ...), and those assigned from a call on one of them or on ``ray_private`` (``client =
+    ray_private.serve_start(...)``, ``handle = serve.get_deployment_handle(...)``), transitively."""
+    import ast
+
+    imported: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] == "ray"}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] == "ray":
+                imported |= {a.asname or a.name for a in node.names}
+            elif node.module == "cluster":
+                imported |= {a.asname or a.name for a in node.names if a.name == "ray_private"}
+    assigns = [n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None]
+    derived: set[str] = set()
+    while True:
+        known = imported | derived
+        more = {t.id for n in assigns if isinstance(n.value, (ast.Call, ast.Await)) and _root(n.value) in known
+                for target in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                for t in ast.walk(target) if isinstance(t, ast.Name)} - known
+        if not more:
+            break
+        derived |= more
+    return imported - {"ray_private"}, derived
+
+
 def _private_imports(source: str) -> list[tuple[int, str]]:
     """``(line, what)`` of every private Ray name ``source`` imports or reaches: a module under
     :data:`PRIVATE_MODULES` or with a ``_`` part (``ray.serve._private``), a name starting with ``_``
-    imported from ``ray.*``, a name of :data:`PRIVATE_NAMES_ANYWHERE`, or an attribute chain
-    ``ray.x._y`` in code."""
+    imported from ``ray.*``, a name of :data:`PRIVATE_NAMES_ANYWHERE`, an attribute chain
+    ``ray.x._y`` in code, or a call of a Ray API (on a name :func:`_ray_names` binds to Ray) with a
+    keyword argument starting with ``_`` (``serve.delete(app, _blocking=False)``)."""
     import ast
 
     def private_module(name: str) -> bool:
@@ -80,7 +129,12 @@ def _private_imports(source: str) -> list[tuple[int, str]]:
             or any(part.startswith("_") for part in name.split(".")))
 
     found = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    imported, derived = _ray_names(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _root(node.func) in imported | derived:
+            found += [(node.lineno, f"{ast.unparse(node.func)}({k.arg}=...)") for k in node.keywords
+                      if k.arg and k.arg.startswith("_")]
         if isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names if private_module(a.name)]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -127,6 +181,15 @@ def test_the_ast_scan_sees_each_kind_of_private_import():
     assert _private_imports("from ray.serve import api\napi._run(app)") == []  # a module's attribute: not by name
     assert _private_imports("from ray.experimental.internal_kv import _internal_kv_put")
     assert not _private_imports("from ray.serve.config import gRPCOptions\nimport ray.util\n'''ray._private'''")
+    # a private keyword argument to a Ray API: on a name imported from ray, or on what one returned
+    assert _private_imports("from ray import serve\nserve.delete(app, _blocking=False)")
+    assert _private_imports("import ray\nray.get(ref, _timeout=1)")
+    assert _private_imports("from cluster import ray_private\nclient = ray_private.serve_start()\n"
+                            "client.deploy_apps(schema, _blocking=False)")
+    assert _private_imports("from ray import serve\nh = serve.get_deployment_handle('d')\nh2 = h.options()\n"
+                            "h2.search.remote(q, _internal=True)")
+    assert not _private_imports("from ray import serve\nserve.delete(app)\nmine(x, _private_kw=1)\n"
+                                "from cluster import ray_private\nray_private.serve_delete_nowait(app)")
 
 
 def test_the_serve_runtime_does_not_import_the_cli():

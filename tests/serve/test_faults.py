@@ -1,6 +1,8 @@
 """Faults of the Serve app over fakes, fast: stage deadlines (504 naming the stage), an LLM that
 raises or whose replica process dies while an answer is in flight (one retry, then a JSON 503; a
-stream that already started ends with an error event). The backends misbehave on markers in the
+stream that already started ends with an error event), a client that goes away (its LLM call
+cancelled three hops down), the request's own deadline (``X-Request-Timeout``) and the reader's
+admission (503 with ``Retry-After`` at once, /v1/retrieve still served). The backends misbehave on markers in the
 question (``tests/fakes.py``:
 ``SleepyEncoder``, ``SleepyIndex``, ``FaultyReader``); the deployments, ingress, ``ShardedIndex``
 and Serve itself are the real ones. Killing real replicas of the real app: ``tests/serve/test_app_lifecycle.py``
@@ -22,7 +24,7 @@ from ray import serve
 
 from cluster.local import WORKER_ENV
 from serve.run import deploy, wait_running
-from tests.fakes import FLAKY_K, SLOW_K, write_tiny_build
+from tests.fakes import FLAKY_K, SLEEP_S, SLOW_K, write_tiny_build
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 8400
@@ -36,6 +38,7 @@ DOCS = [
 ]
 TIMEOUTS = {"encode_s": 2, "retrieve_s": 2, "read_s": 10, "dual_s": 4, "longcontext_s": 4}
 QUESTION = "What is the capital of Angola?"
+READER_LIMIT = 2  # serve.max_reader_requests of this app
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +49,8 @@ def client(tmp_path_factory):
              runtime_env={"env_vars": {**WORKER_ENV, "PYTHONPATH": path}},
              _metrics_export_port=METRICS_PORT, _system_config={"metrics_report_interval_ms": 1000})
     try:
-        overrides = ["index.replicas=2", "serve.readyz_cache_s=0", *(f"serve.timeouts.{k}={v}" for k, v in TIMEOUTS.items())]
+        overrides = ["index.replicas=2", "serve.readyz_cache_s=0", f"serve.max_reader_requests={READER_LIMIT}",
+                     *(f"serve.timeouts.{k}={v}" for k, v in TIMEOUTS.items())]
         # the LLMServer's health checked every second: Serve notices a dead replica at once
         deploy({"http_options": {"host": "127.0.0.1", "port": PORT}, "applications": [{
             "name": APP, "route_prefix": "/", "import_path": "tests.fakes:faults_app",
@@ -216,3 +220,74 @@ def test_a_replica_that_fails_a_search_fails_over_and_is_counted(client):
         time.sleep(1)
     assert "ray_longrag_shard_failovers_total" in text
     assert 'status="504"' in text and 'status="503"' in text  # the stage errors above, counted by status
+
+
+# ---------------------------------------------------------------------------- traffic: cancellation, deadlines, admission (issue 44)
+
+
+def _llm_description():
+    return serve.get_deployment_handle("LLMServer", app_name=APP).describe.remote().result(timeout_s=10)
+
+
+def _wait_llm_idle(cancelled_at_least: int, within_s: float):
+    deadline = time.time() + within_s
+    while True:
+        d = _llm_description()
+        if d.in_flight == 0 and d.cancelled >= cancelled_at_least:
+            return d
+        assert time.time() < deadline, f"the LLM still works for a request whose client left: {d}"
+        time.sleep(0.2)
+
+
+def test_a_client_that_goes_away_cancels_its_llm_call(client):
+    """The client gives up after 1.5 s on an answer whose LLM call would take SLEEP_S: Serve cancels
+    the request in the Ingress, the Reader and the LLMServer; the LLM is idle again long before the
+    call would have ended, and the cancellation is counted."""
+    before = _llm_description().cancelled
+    t0 = time.time()
+    with pytest.raises(httpx.ReadTimeout):
+        client.post("/v1/answer", json={"question": f"[slow-read] {QUESTION}", "k": 2}, timeout=1.5)
+    d = _wait_llm_idle(before + 1, within_s=6)
+    assert time.time() - t0 < SLEEP_S - 4, "idle only once the call's own sleep ended"
+    assert d.cancelled >= before + 1
+    assert client.post("/v1/answer", json={"question": QUESTION, "k": 2}).status_code == 200
+
+
+def test_the_request_deadline_header_shortens_it_and_cancels_the_read(client):
+    before = _llm_description().cancelled
+    r, took = _timed(client.post, "/v1/answer", json={"question": f"[slow-read] {QUESTION}", "k": 2},
+                     headers={"X-Request-Timeout": "1.5"})
+    err = _error(r, 504, "timeout", "read")
+    assert err["detail"]["request_timeout_s"] == 1.5 and "X-Request-Timeout" in err["message"], err
+    assert took < 1.5 + 2, took
+    _wait_llm_idle(before + 1, within_s=6)
+    r = client.post("/v1/retrieve", json={"question": QUESTION, "k": 2}, headers={"X-Request-Timeout": "soon"})
+    assert r.status_code == 422 and "X-Request-Timeout" in r.json()["error"]["message"], r.text
+
+
+def test_a_full_reader_sheds_at_the_door_and_retrieve_still_serves(client):
+    """READER_LIMIT slow answers hold the reader; the next answer and chat get 503 with Retry-After
+    at once (no retrieval runs for them), /v1/retrieve is served meanwhile, and once the slow ones
+    end (their own 3 s deadline) an answer is admitted again."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def slow(_):
+        with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=30) as c:
+            return c.post("/v1/answer", json={"question": f"[slow-read] {QUESTION}", "k": 2},
+                          headers={"X-Request-Timeout": "3"}).status_code
+
+    with ThreadPoolExecutor(READER_LIMIT) as pool:
+        held = [pool.submit(slow, i) for i in range(READER_LIMIT)]
+        time.sleep(1.0)  # both admitted and reading
+        for path, body in (("/v1/answer", {"question": QUESTION, "k": 2}),
+                           ("/v1/chat/completions", {"model": "longrag", "messages": [
+                               {"role": "user", "content": QUESTION}]})):
+            r, took = _timed(client.post, path, json=body)
+            assert r.status_code == 503, (path, r.status_code, r.text)
+            assert took < 0.5, f"{path} refused after {took:.2f} s: not at the door"
+            err = r.json()["error"]
+            assert err["code"] == "overloaded" and "serve.max_reader_requests" in err["message"], err
+            assert int(r.headers["Retry-After"]) >= 1 and err["detail"]["limit"] == READER_LIMIT, r.headers
+        assert client.post("/v1/retrieve", json={"question": QUESTION, "k": 2}).status_code == 200
+        assert [f.result() for f in held] == [504] * READER_LIMIT
+    assert client.post("/v1/answer", json={"question": QUESTION, "k": 2}).status_code == 200

@@ -238,3 +238,28 @@ def test_probes_need_no_key_but_are_rate_limited_by_address():
         codes = [client.get(p).status_code for p in ("/livez", "/readyz", "/healthz")]
     assert codes[:2] == [200, 200] and codes[2] == 429  # a burst of 2 from this address, then Retry-After
     assert index.calls == 1
+
+
+def test_a_slow_describe_answers_from_the_last_report_marked_stale(monkeypatch):
+    """Issue 44 item 3.5: the Retriever's describe reads Serve's status; on a slow controller it takes
+    longer than DESCRIBE_TIMEOUT_S. The build is still loaded: /readyz stays 200 with the Retriever's
+    last answer, marked stale with its age, instead of a 503 "no build loaded". Without any earlier
+    answer there is nothing to show: 503 as before."""
+    monkeypatch.setattr(health, "DESCRIBE_TIMEOUT_S", 0.2)
+    api, index = _fixture(readyz_cache_s=0)
+    with TestClient(api) as client:
+        index.delay_s = 0.5  # no answer yet, and this one times out
+        first = client.get("/readyz")
+        assert first.status_code == 503 and "no build loaded" in first.json()["error"]["message"], first.text
+        index.delay_s = 0.0
+        fresh = client.get("/readyz")
+        assert fresh.status_code == 200 and fresh.json()["described_age_s"] is None, fresh.text
+        index.delay_s = 0.5  # the controller is slow now
+        slow = client.get("/readyz")
+    assert slow.status_code == 200, slow.text
+    body = slow.json()
+    assert body["build_id"] == "b1" and body["redundancy"].count("2 of 2") == 2, body
+    assert body["described_age_s"] is not None and 0 <= body["described_age_s"] < 5, body
+    assert body["status"] == "degraded", body
+    assert any("Retriever.describe timed out" in p and "stale" in p for p in body["problems"]), body
+    assert index.calls == 3

@@ -172,3 +172,82 @@ def test_a_cancelled_stage_is_not_retried():
 
     run(go())
     assert made == [1]
+
+
+# ---------------------------------------------------------------------------- issue 44: the request's deadline, full queues
+
+
+class _Response:
+    """What a Serve handle call returns: awaitable, and cancellable by itself (``cancel()``); a
+    cancelled wait on it does not cancel it, so the stage must."""
+
+    def __init__(self, delay: float, cancelled: list[int]) -> None:
+        self.delay, self.cancelled = delay, cancelled
+
+    def __await__(self):
+        return asyncio.sleep(self.delay, "late").__await__()
+
+    def cancel(self) -> None:
+        self.cancelled.append(1)
+
+
+def test_a_stage_past_its_deadline_cancels_the_call_it_stops_waiting_for():
+    cancelled: list[int] = []
+    with pytest.raises(stages.StageTimeout):
+        run(stages.run_stage("read", 0.05, lambda: _Response(1.0, cancelled), retries=0))
+    assert cancelled == [1], "the deployment call would run on for no one"
+
+
+def _with_deadline(timeout_s: float, coro_fn):
+    async def go():
+        from longrag.admission import Deadline
+
+        token = stages.request_deadline.set(Deadline.after(timeout_s))
+        try:
+            return await coro_fn()
+        finally:
+            stages.request_deadline.reset(token)
+
+    return run(go())
+
+
+def test_the_request_deadline_bounds_a_stage_and_is_named_when_it_passes():
+    cancelled: list[int] = []
+    with pytest.raises(stages.DeadlinePassed) as info:
+        _with_deadline(0.1, lambda: stages.run_stage("read", 10.0, lambda: _Response(1.0, cancelled)))
+    assert info.value.status == 504 and info.value.detail == {"stage": "read", "request_timeout_s": 0.1}
+    assert cancelled == [1]
+    # a stage's own timeout shorter than what the request has left stays the stage's
+    with pytest.raises(stages.StageTimeout):
+        _with_deadline(10.0, lambda: stages.run_stage("encode", 0.05, lambda: _Response(1.0, []), retries=0))
+
+
+def test_no_stage_starts_once_the_request_has_no_time_left():
+    call, made = _calls("ok")
+
+    async def late():
+        await asyncio.sleep(0.06)
+        return await stages.run_stage("retrieve", 5.0, call)
+
+    with pytest.raises(stages.DeadlinePassed):
+        _with_deadline(0.05, late)
+    assert made == []
+    with pytest.raises(stages.DeadlinePassed):
+        _with_deadline(0.05, lambda: _drain_late_stream())
+
+
+async def _drain_late_stream():
+    await asyncio.sleep(0.06)
+    return [x async for x in stages.stream_stage("read", 5.0, lambda: _Stream(["a"], []))]
+
+
+class BackPressureError(Exception):
+    """Named as Serve's refusal of a call whose deployment's queue is full."""
+
+
+@pytest.mark.parametrize("exc", [BackPressureError("queue full"), _Wrapped(BackPressureError("queue full"))])
+def test_a_full_queue_is_a_503_with_retry_after_and_is_not_retried(exc):
+    call, made = _calls(exc)
+    with pytest.raises(stages.StageOverloaded) as info:
+        run(stages.run_stage("read", 5.0, call))
+    assert info.value.status == 503 and info.value.retry_after_s >= 1 and len(made) == 1

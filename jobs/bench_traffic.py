@@ -1,0 +1,192 @@
+"""Traffic benchmark: the app's answers under load, with clients that give up (issue 44).
+
+    python -m jobs.bench_traffic                                  # make serve's app over the bundled sample
+    python -m jobs.bench_traffic --levels 0.5,1,2,4 --duration-s 60 --plot docs/traffic.png
+
+Deploys ``--config`` (default ``serve/configs/cpu.yaml``, what ``make serve`` runs) on a local Ray
+over the bundled sample (indexed first into ``artifacts/bench-serve``), 127.0.0.1 only, then runs
+:mod:`lab.bench.traffic`: the abandoned burst (8 clients give up after 1.5 s, then one more
+question), 24 clients at once, and open-loop Poisson arrivals at each ``--levels`` multiple of the
+reader's capacity (answers/s, measured here one question at a time), 30% of the clients giving up
+uniformly in 0.5-5 s, the rest at 60 s. Per phase: the LLMServer's generated and cancelled tokens
+(its own counters, where it has them) and the peak memory of Ray's processes. Progress lines go to
+the terminal, Ray's output to ``--log``, and last one JSON line (``--out`` keeps it, ``--plot`` draws
+goodput and p99 against offered load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+import yaml
+
+from lab.bench import machine
+from lab.bench.serving import QUESTIONS
+from lab.bench.traffic import Arrivals, ProcessMemory, abandoned_burst, crowd, open_loop
+from longrag.cli import job_setup, number, transcript
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = "longrag"
+
+
+def float_list(text: str) -> list[float]:
+    values = [float(x) for x in text.split(",") if x.strip()]
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"a comma-separated list of positive numbers, got {text!r}")
+    return values
+
+
+def llm_counters() -> dict[str, Any]:
+    """The LLMServer's description (cancelled calls, the engine's token counts)."""
+    from ray import serve
+
+    return serve.get_deployment_handle("LLMServer", app_name=APP).describe.remote().result(timeout_s=60).model_dump()
+
+
+def token_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    b, a = before.get("engine_cancelled") or {}, after.get("engine_cancelled") or {}
+    if "all_generated_tokens" not in a:
+        return {"counted": False}
+    total = a["all_generated_tokens"] - b.get("all_generated_tokens", 0)
+    wasted = a["generated_tokens"] - b.get("generated_tokens", 0)
+    return {"counted": True, "generated_tokens": total, "cancelled_tokens": wasted,
+            "cancelled_share": round(wasted / total, 4) if total else 0.0,
+            "cancelled_calls": a["requests"] - b.get("requests", 0)}
+
+
+async def _phases(args: argparse.Namespace, say, memory: ProcessMemory) -> dict[str, Any]:
+    qs = QUESTIONS
+    out: dict[str, Any] = {}
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=0)  # a client that gives up closes
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{args.port}", timeout=None, limits=limits) as client:
+        memory.phase()
+        before = llm_counters()
+        burst = await abandoned_burst(client, qs[:3], qs[3:11], qs[11])
+        out["abandoned_burst"] = {**burst, "llm": token_delta(before, llm_counters()), "peak_gib": memory.phase()}
+        say(f"abandoned burst: next question {burst['next_s']} s = {burst['next_over_unloaded']}x unloaded "
+            f"p50 {burst['unloaded_p50_s']} s")
+        capacity = 1.0 / burst["unloaded_p50_s"]
+        await asyncio.sleep(args.rest_s)
+        before = llm_counters()
+        many = await crowd(client, [qs[i % len(qs)] for i in range(args.crowd)])
+        out["crowd"] = {**many, "llm": token_delta(before, llm_counters()), "peak_gib": memory.phase()}
+        say(f"{args.crowd} at once: {many['answered']} answered, {many['shed']} shed, longest wait {many['max_wait_s']} s")
+        out["capacity_rps"] = round(capacity, 4)
+        out["levels"] = []
+        for i, x in enumerate(args.levels):
+            await asyncio.sleep(args.rest_s)
+            before = llm_counters()
+            arrivals = Arrivals(rate=x * capacity, duration_s=args.duration_s, seed=args.seed + i)
+            level = await open_loop(client, qs, arrivals)
+            level.update(load=x, llm=token_delta(before, llm_counters()), peak_gib=memory.phase())
+            if not args.keep_outcomes:
+                level.pop("outcomes")
+            out["levels"].append(level)
+            say(f"{x}x capacity ({level['offered']} offered): goodput {level['goodput_rps']}/s, p99 {level['p99_s']} s, "
+                f"503 {level['shed_503']}, gave up {level['gave_up']}, other 5xx {level['other_5xx']}, "
+                f"cancelled tokens {level['llm'].get('cancelled_share')}")
+    return out
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = result["levels"]
+    x = [lv["load"] for lv in levels]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.6))
+    a.plot(x, [lv["goodput_rps"] / result["capacity_rps"] for lv in levels], "o-")
+    a.set(xlabel="offered load (x capacity)", ylabel="goodput (x capacity)", title="answers delivered in time")
+    b.plot(x, [lv["p99_s"] for lv in levels], "o-", color="C1")
+    b.axhline(3 * result["abandoned_burst"]["unloaded_p50_s"], ls=":", color="gray", label="3x unloaded p50")
+    b.set(xlabel="offered load (x capacity)", ylabel="p99 of delivered answers (s)", title="latency")
+    b.legend()
+    fig.suptitle(result.get("label") or "")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def run(args: argparse.Namespace, terminal: TextIO) -> dict[str, Any]:
+    def say(line: str) -> None:
+        print(f"bench_traffic: {line}", file=terminal, flush=True)
+
+    from ray import serve
+
+    from actors.distbuild import ensure_sample_build
+    from cluster.local import start_or_join
+    from serve.run import deploy, direct_ingress, wait_healthy, wait_running
+
+    t0 = time.perf_counter()
+    before = machine()
+    with direct_ingress(args.port, 1):
+        handle = start_or_join(None, num_cpus=2)
+        try:
+            index = args.index or ensure_sample_build(str(ROOT / "artifacts" / "bench-serve"), say)
+            config = yaml.safe_load(Path(args.config).read_text())
+            config["http_options"].update(host="127.0.0.1", port=args.port)
+            config["applications"][0]["args"]["index"] = index
+            config["applications"][0]["args"].setdefault("overrides", []).extend(args.set)
+            deploy(config)
+            if reason := wait_running([APP], schedule_timeout_s=180, ready_timeout_s=600):
+                raise RuntimeError(f"the app did not start: {reason}")
+            with httpx.Client(base_url=f"http://127.0.0.1:{args.port}", timeout=60) as c:
+                wait_healthy(c)
+            say(f"app RUNNING on 127.0.0.1:{args.port} over {index} (load average {before['loadavg']})")
+            with ProcessMemory() as memory:
+                result = asyncio.run(_phases(args, say, memory))
+        finally:
+            try:
+                serve.shutdown()
+            finally:
+                handle.shutdown()
+    return {"bench": "traffic", "label": args.label, "config": args.config, "overrides": args.set,
+            "machine": {**before, "loadavg_after": machine()["loadavg"]}, **result,
+            "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    job_setup(logging.WARNING)
+    p = argparse.ArgumentParser(prog="python -m jobs.bench_traffic", description=__doc__.split("\n\n")[0])
+    p.add_argument("--index", help="build folder or URI (default: the bundled sample in artifacts/bench-serve)")
+    p.add_argument("--config", default=str(ROOT / "serve" / "configs" / "cpu.yaml"), help="Serve config YAML")
+    p.add_argument("--set", action="append", default=[], help="a config override for the app (section.field=value)")
+    p.add_argument("--port", type=number(int, min_value=1, max_value=65535), default=8000)
+    p.add_argument("--levels", type=float_list, default=[0.5, 1, 2, 4], help="offered loads, x the reader's capacity")
+    p.add_argument("--duration-s", type=number(float, min_value=1), default=60.0, help="seconds of arrivals per level")
+    p.add_argument("--crowd", type=number(int, min_value=1), default=24, help="clients of the all-at-once phase")
+    p.add_argument("--rest-s", type=number(float, min_value=0), default=5.0, help="quiet seconds between phases")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--label", default="", help="what this run is (in the JSON and the plot's title)")
+    p.add_argument("--keep-outcomes", action="store_true", help="every request's outcome in the JSON")
+    p.add_argument("--out", help="write the JSON here too")
+    p.add_argument("--plot", help="draw goodput and p99 against offered load to this PNG")
+    p.add_argument("--log", default="artifacts/bench_traffic.log", help="Ray's and Serve's output")
+    args = p.parse_args(argv)
+    with transcript(args.log) as terminal:
+        try:
+            result = run(args, terminal)
+        except Exception as exc:
+            logging.getLogger("jobs.bench_traffic").exception("bench failed")
+            print(f"bench_traffic: failed: {type(exc).__name__}: {exc} (log: {args.log})", file=terminal, flush=True)
+            return 1
+    print(json.dumps(result), flush=True)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    if args.plot:
+        plot(result, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
