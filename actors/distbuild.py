@@ -359,5 +359,5 @@ def ensure_sample_build(out: str, say: Any = print) -> str:
         say(f"indexing the bundled sample into {out}")
     config = load_config(None, ["units.kind=grouped", "units.text_mode=lead", "index.shards=2"])
     build_corpus_index(str(data_path(SAMPLE_WIKI)), "wikixml", out, config, overwrite=True,
-                       command=["python", "-m", "jobs.bench_serve"])
+                       command=["python", "-m", "jobs.bench", "serve"])
     return out

@@ -3,8 +3,9 @@
 The single-machine profile (``serve.colocate``): the shards' own search code
 (:class:`actors.index_shard.IndexShardImpl`) called in process and merged with MaxP's ``merge_topk``,
 the same results as the shard deployments (:class:`serve.index_app.ServeIndex`) without a
-round trip per shard and per call. It offers the same backend API (``manifest``, ``search``,
-``retrieve_units``, ``search_units``, ``liveness``, ``retire``, ``release``); searches run in a worker
+round trip per shard and per call. It offers the same backend API (:class:`serve.backend.IndexBackend`:
+``manifest``, ``search``, ``retrieve_units``, ``search_units``, ``liveness``, ``retire``, ``release``) and
+checks requests as they do (:mod:`longrag.index.queries`); searches run in a worker
 thread, so the event loop of the replica that holds it keeps serving (``search_sync`` and
 ``retrieve_units_sync``: the same in the caller's thread, for benchmarks and jobs).
 """
@@ -22,6 +23,7 @@ from actors.sharded_index import ShardedSearchResult
 from longrag.index.artifacts import ArtifactStore
 from longrag.index.fusion import Fusion, merge_answers
 from longrag.index.lexical import require_lexical
+from longrag.index.queries import check_queries, check_query
 from longrag.types import Coverage, RetrievedUnit, ShardRedundancy, UnitHit
 
 if TYPE_CHECKING:
@@ -41,11 +43,7 @@ class InProcessIndex:
 
     def search_sync(self, queries: np.ndarray, k: int, texts: list[str] | None = None,
                     fusion: Fusion | None = None) -> ShardedSearchResult:
-        queries = np.ascontiguousarray(queries, dtype=np.float32)
-        if queries.ndim != 2:
-            raise ValueError(f"queries must be 2-D (n, dim), got shape {queries.shape}")
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
+        queries = check_queries(queries, k)
         fusion = fusion or Fusion()
         if texts is not None:
             require_lexical(self.manifest)
@@ -87,8 +85,10 @@ class InProcessIndex:
     async def search_units(self, query: np.ndarray, k: int, evidence: bool = False
                            ) -> tuple[ShardedSearchResult, list[RetrievedUnit]]:
         """One question's dense top-k with its units (:meth:`actors.sharded_index.ShardedIndex.search_units`)."""
+        query = check_query(query, k)
+
         def both() -> tuple[ShardedSearchResult, list[RetrievedUnit]]:
-            res = self.search_sync(np.asarray(query, np.float32)[None, :], k)
+            res = self.search_sync(query[None, :], k)
             return res, self.retrieve_units_sync(res.hits[0], query if evidence else None)
 
         return await asyncio.to_thread(both)

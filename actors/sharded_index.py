@@ -30,6 +30,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type
 from longrag.index.fusion import Fusion, merge_answers
 from longrag.index.lexical import require_lexical
 from longrag.index.manifest import Manifest
+from longrag.index.queries import check_queries, check_query
 from longrag.types import Coverage, RetrievedUnit, ShardRedundancy, UnitHit
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ class ShardedIndex:
     #: After a failover whose error does not name the replica lost (a timeout, an application error),
     #: the counts are read again at most this often (Serve's health checks of shard replicas run every
     #: 5 s: by then it knows). A ``serve.status()`` read costs ~90 ms idle and ~375 ms (p50) under load
-    #: at 8 shards x 4 replicas (python -m jobs.bench_serve_status).
+    #: at 8 shards x 4 replicas (python -m jobs.bench serve-status).
     recount_min_s = 5.0
 
     async def liveness(self) -> list[ShardRedundancy]:
@@ -241,11 +242,7 @@ class ShardedIndex:
         """Exact top-k units per query over every answering shard; with ``texts`` (one per query) the
         hybrid search: each shard's MaxP and BM25 lists in one call, each merged over the shards, then
         fused by reciprocal rank (:func:`longrag.index.fusion.merge_shards`)."""
-        queries = np.ascontiguousarray(queries, dtype=np.float32)
-        if queries.ndim != 2:
-            raise ValueError(f"queries must be 2-D (n, dim), got shape {queries.shape}")
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
+        queries = check_queries(queries, k)
         fusion = fusion or Fusion()
         if texts is not None:
             if self.manifest is not None:
@@ -267,11 +264,7 @@ class ShardedIndex:
         100; a shard whose winners could not be fetched then is named in the coverage
         (``fetch_errors``; its units, without text, in ``unfetched``), which makes it ``degraded``.
         With ``evidence`` each unit's documents come best first."""
-        query = np.asarray(query, dtype=np.float32)
-        if query.ndim != 1:
-            raise ValueError(f"one query vector (dim,), got shape {query.shape}")
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
+        query = check_query(query, k)
         if self.n_shards * k > self.fused_fetch_max_units:
             result = await self.search(query[None, :], k)
             hits = result.hits[0]

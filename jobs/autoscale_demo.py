@@ -59,7 +59,8 @@ def scenario_config(index: str, port: int, llm: str, target: float) -> dict[str,
     app["args"]["index"] = index
     app["args"]["overrides"] = ["index.replicas=2", "index.shard_num_cpus=1", "index.node_resource=index",
                                 "index.max_replicas_per_node=1", f"llm.model={llm}", "serve.timeouts.read_s=120",
-                                "reader.long_answer=false", "serve.max_reader_requests=8"]
+                                "reader.long_answer=false", "serve.max_reader_requests=8",
+                                "serve.max_reader_wait_s=null"]  # scaling is measured here, not admission
     for dep in app["deployments"]:
         if "autoscaling_config" in dep and not dep["name"].startswith("Dual"):
             dep["autoscaling_config"].update(FAST, target_ongoing_requests=target)

@@ -46,7 +46,7 @@ class EmbeddingConfig(_Section):
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto", description="The encoder's weights and activations; auto: float16 on a GPU, float32 on a CPU. On an "
         "H200, float16 embeds a bge-large-sized encoder 3.5x faster than float32 with vectors at cosine >= 0.9997 "
-        "to float32's (python -m jobs.bench_embed, docs/benchmarks.md); vectors are stored as float32 either way.")
+        "to float32's (python -m jobs.bench embed, docs/benchmarks.md); vectors are stored as float32 either way.")
     quantize: Literal["none", "int8"] = Field(
         "none", description="int8: dynamic int8 quantization of the encoder's Linear layers (torch "
         "quantize_dynamic: int8 weights, activations quantized per batch), CPU and float32 only. Vectors are "
@@ -263,7 +263,8 @@ class LLMConfig(_Section):
     )
     unit_cache_disk_mb: int = Field(
         0, ge=0, description="llamacpp: a node-local disk tier under the RAM one (states written through, read back "
-        "on a RAM miss, so a restarted replica keeps its hot units); 0: off.",
+        "on a RAM miss, so a restarted replica keeps its hot units); the budget is the folder's, held across "
+        "the node's processes under a lock file (give every replica on a folder the same one); 0: off.",
     )
     unit_cache_dir: str | None = Field(
         None, description="llamacpp: the disk tier's folder (None: $LONGRAG_MODEL_CACHE/../kv or ~/.cache/longrag/kv).",
@@ -380,12 +381,17 @@ class ServeConfig(_Section):
         "that fails (a replica died, the LLM raised) is retried once within its deadline, then answered 503.",
     )
     max_reader_requests: int = Field(
-        2, ge=1, description="Requests that need the reader (/v1/answer, /v1/chat/completions, "
+        8, ge=1, description="Requests that need the reader (/v1/answer, /v1/chat/completions, "
         "/v1/longcontext) one ingress replica admits at once, reading or waiting for the reader; the next is "
         "answered 503 with Retry-After at once, before retrieval runs (/v1/retrieve is never refused by it). "
-        "2 for the embedded default: its llama.cpp reader answers one question at a time (~6 s on 2 cores), "
-        "so one reads while the next waits ready, and no admitted request waits more than one answer; a "
-        "vLLM tier that batches takes its concurrent sequences' worth (serve/configs/gpu.yaml).",
+        "A cap on memory and on the queue; max_reader_wait_s is what usually decides.",
+    )
+    max_reader_wait_s: float | None = Field(
+        5.0, gt=0, description="A reader request is admitted only while those already admitted would be "
+        "answered within this many seconds at the reader's measured pace (the time between two answers "
+        "while it is busy: ~5 s for a cold read of the 0.5B on 2 cores, under 2 s when the top unit's KV "
+        "state is cached), so an admitted request waits about this long at most and the number admitted "
+        "follows the mix. None: max_reader_requests alone.",
     )
     request_timeout_s: float = Field(
         600.0, gt=0, description="A request's deadline: each stage starts only while time is left and gets at "

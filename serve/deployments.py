@@ -34,12 +34,13 @@ from ray.serve.handle import DeploymentHandle
 from longrag.config import EmbeddingConfig, IndexConfig, LLMConfig, ReaderConfig, RetrievalConfig
 from longrag.index.fusion import Fusion
 from longrag.index.graph import GraphExpansion, UnitGraph, expand
-from longrag.index.manifest import DimensionMismatch
+from longrag.index.manifest import DimensionMismatch, Manifest
 from longrag.llm.base import LLM, ChatResult
 from longrag.types import InvalidRequest
 from longrag.mixpr.config import MixPRConfig
 from longrag.reading.reader import ReaderResult, ShortAnswer
 from longrag.types import Retrieval, Unit
+from serve.backend import IndexBackend, IndexBackendFactory
 from serve.schemas import IndexDescription, LLMDescription, ShardRedundancy
 
 log = logging.getLogger(__name__)
@@ -143,23 +144,22 @@ class Retriever:
     """Scatter/gather over a sharded index; ``describe`` and every result's coverage report the
     redundancy left ("1 of 2 replicas"); its health check reads the shards' replica counts again.
 
-    ``index_cls(index_uri, index, app_name=, holder=)`` builds the index backend (the search API of
-    :class:`actors.sharded_index.ShardedIndex`: ``search``, ``search_units``, ``retrieve_units``, ``liveness``; a
-    ``manifest``; ``retire`` and ``release``, and optionally ``released``: whether its hold ended);
-    None: :class:`serve.index_app.ServeIndex`, the build's Serve application of shard deployments
-    (shared by every Retriever replica).
+    ``index_cls(index_uri, index, app_name=, holder=)`` builds the index backend
+    (:class:`serve.backend.IndexBackend`: ``search``, ``search_units``, ``retrieve_units``, ``liveness``,
+    a ``manifest``, ``retire`` and ``release``); None: :class:`serve.index_app.ServeIndex`, the build's
+    Serve application of shard deployments (shared by every Retriever replica).
 
-    ``index_uri`` may be a build alias (:mod:`longrag.index.alias`): every ``index.refresh_s`` the
-    replica re-reads its pointer and, on a new build, builds a second backend over it (its shards
-    load beside the old ones), switches to it once every shard answers, lets the requests still
-    running on the old build finish, then retires the old backend: its hold ends
-    ``index.retire_after_s`` later, or when this replica stops if that comes first (``__del__``
-    releases every backend still retiring). A request runs on one build from start to end and its
-    trace names it (``build_id``)."""
+    ``index_uri`` may be a build alias (:mod:`longrag.index.alias`), followed by
+    :class:`serve.alias_switch.AliasSwitch` (:attr:`alias`): every ``index.refresh_s`` the replica
+    re-reads its pointer and, on a new build, builds a second backend over it (its shards load beside
+    the old ones), switches to it once every shard answers, lets the requests still running on the
+    old build finish, then retires the old backend: its hold ends ``index.retire_after_s`` later, or
+    when this replica stops if that comes first (``__del__`` releases every backend still retiring).
+    A request runs on one build from start to end and its trace names it (``build_id``)."""
 
-    def __init__(self, index_uri: str, index: IndexConfig, index_cls: Callable[..., Any] | None = None,
+    def __init__(self, index_uri: str, index: IndexConfig, index_cls: IndexBackendFactory | None = None,
                  retrieval: RetrievalConfig | None = None) -> None:
-        from longrag.index.alias import resolve_build
+        from serve.alias_switch import AliasSwitch
 
         if index_cls is None:
             from serve.index_app import ServeIndex
@@ -167,20 +167,24 @@ class Retriever:
             index_cls = ServeIndex
         self.source, self.config, self.index_cls = index_uri, index, index_cls
         self.retrieval = retrieval or RetrievalConfig()
-        self.build_uri, _ = resolve_build(index_uri)
         self._uris: dict[str, str] = {}  # build id -> its uri, for the builds this replica opened
         self._graphs: dict[str, UnitGraph] = {}  # build id -> its unit graph, once a graph request read it
-        self.index = self._open(self.build_uri)
-        self.manifest = self.index.manifest
+        self.alias = AliasSwitch(index_uri, self._open, refresh_s=index.refresh_s, check=self._check_dim,
+                                 on_switch=self._switched, on_superseded=self._forget)
         self.live: list[ShardRedundancy] = [ShardRedundancy(shard=s, live=index.replicas, replicas=index.replicas)
                                             for s in range(len(self.manifest.shards))]
-        self.inflight: dict[int, int] = {}  # id(backend) -> requests running on it
-        self.retiring: set[Any] = set()  # superseded backends whose hold may not have ended: __del__ ends them
-        self.switches = 0
-        self._watcher: asyncio.Task | None = None
-        self._switching = asyncio.Lock()
 
-    def _open(self, build_uri: str) -> Any:
+    @property
+    def index(self) -> IndexBackend:
+        """The backend of the build served now."""
+        return self.alias.index
+
+    @property
+    def manifest(self) -> Manifest:
+        """The manifest of the build served now."""
+        return self.alias.index.manifest
+
+    def _open(self, build_uri: str) -> IndexBackend:
         ctx = serve.get_replica_context()
         backend = self.index_cls(build_uri, self.config, app_name=ctx.app_name, holder=str(ctx.replica_id))
         self._uris[backend.manifest.build_id] = build_uri
@@ -190,11 +194,9 @@ class Retriever:
         """The top ``k`` units for the question's vector; with its ``text``, the hybrid search (MaxP and
         BM25 fused, ``retrieval.hybrid_*``); with ``graph``, the first stage's top ``graph_depth``
         re-ranked with the units linked to its best ones (:func:`longrag.index.graph.expand`)."""
-        self._watch()
-        backend = self.index  # this request finishes on the build it started on, even across a switch
-        self.inflight[id(backend)] = self.inflight.get(id(backend), 0) + 1
+        self.alias.watch()
         trace: dict[str, Any] = {}
-        try:
+        with self.alias.using() as backend:  # this request finishes on the build it started on, even across a switch
             t0 = time.perf_counter()
             query = np.asarray(vector, dtype=np.float32)
             evidence_first = self.retrieval.document_order == "evidence"
@@ -215,35 +217,19 @@ class Retriever:
                 t1 = time.perf_counter()
                 units = await backend.retrieve_units(hits, query if evidence_first or graph else None, evidence_first)
                 t2 = time.perf_counter()
-        finally:
-            self.inflight[id(backend)] -= 1
         return Retrieval(units=units, coverage=res.coverage,
                          trace={"search_ms": round((t1 - t0) * 1e3, 2), "fetch_ms": round((t2 - t1) * 1e3, 2),
                                 **trace, "shard_ms": res.shard_ms, "build_id": backend.manifest.build_id})
 
-    async def _unit_graph(self, backend: Any) -> UnitGraph:
+    async def _unit_graph(self, backend: IndexBackend) -> UnitGraph:
         """The unit link graph of ``backend``'s build, read once (the first graph request loads it)."""
         build_id = backend.manifest.build_id
-        if build_id not in self._graphs:  # refresh() drops a retired build's
+        if build_id not in self._graphs:  # _forget() drops a retired build's
             from longrag.index.artifacts import ArtifactStore, require_unit_graph
 
             store = ArtifactStore.open(self._uris[build_id])
             self._graphs[build_id] = await asyncio.to_thread(require_unit_graph, store)
         return self._graphs[build_id]
-
-    def _watch(self) -> None:
-        """Start the alias watcher on this replica's event loop (once; again if it ever stopped)."""
-        if self.config.refresh_s > 0 and (self._watcher is None or self._watcher.done()):
-            self._watcher = asyncio.get_running_loop().create_task(self._watch_alias())
-
-    async def _watch_alias(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.refresh_s)
-            try:
-                await self.refresh()
-            except Exception as exc:  # a bad pointer or a new build that fails to load: keep serving this one
-                log.warning("index refresh from %s failed, still serving %s: %s",
-                                                    self.source, self.manifest.build_id, exc)
 
     def _check_dim(self, build_uri: str) -> None:
         """The query encoder was checked against the build this replica started on (``QueryEncoder``): a
@@ -257,39 +243,17 @@ class Retriever:
                 f"encoder makes {self.manifest.embedding.dim}-dimensional ones (those of {self.manifest.build_id}): "
                 "not switching; deploy the app again with the new build's embedding settings")
 
-    async def refresh(self) -> str:
-        """Follow the alias now; returns the build id served afterwards."""
-        from longrag.index.alias import resolve_build
+    async def _switched(self, new: IndexBackend) -> None:
+        self.live = await new.liveness()
 
-        async with self._switching:
-            uri, _ = await asyncio.to_thread(resolve_build, self.source)
-            if uri == self.build_uri:
-                return self.manifest.build_id
-            await asyncio.to_thread(self._check_dim, uri)
-            new = await asyncio.to_thread(self._open, uri)  # returns once every shard of the new build is ready
-            old = self.index
-            self.index, self.manifest, self.build_uri = new, new.manifest, uri
-            # kept until its hold ends, whichever way this goes: a replica stopping within
-            # index.retire_after_s (or before the wait below ends) releases it in __del__
-            self.retiring = {b for b in self.retiring if not getattr(b, "released", False)} | {old}
-            self.switches += 1
-            try:
-                self.live = await new.liveness()
-                # the old build is released only once no request runs on it: each request ends by its
-                # replica calls' deadlines (index.search_timeout_s per replica tried), so this ends too
-                waited, warned = time.monotonic(), time.monotonic()
-                while self.inflight.get(id(old), 0):
-                    if time.monotonic() - warned >= 60:
-                        warned = time.monotonic()
-                        log.warning("build %s: %d requests still running %.0f s after the switch; released after "
-                                    "them", old.manifest.build_id, self.inflight[id(old)], warned - waited)
-                    await asyncio.sleep(0.05)
-            finally:
-                self.inflight.pop(id(old), None)
-                self._uris.pop(old.manifest.build_id, None)
-                self._graphs.pop(old.manifest.build_id, None)
-                await old.retire()  # its hold ends index.retire_after_s later, or in __del__ if that comes first
-            return self.manifest.build_id
+    def _forget(self, old: IndexBackend) -> None:
+        """No request runs on ``old``'s build any more: what this replica read of it goes."""
+        self._uris.pop(old.manifest.build_id, None)
+        self._graphs.pop(old.manifest.build_id, None)
+
+    async def refresh(self) -> str:
+        """Follow the alias now; returns the build id served afterwards (:meth:`AliasSwitch.refresh`)."""
+        return await self.alias.refresh()
 
     async def describe(self) -> IndexDescription:
         m = self.manifest
@@ -305,22 +269,16 @@ class Retriever:
         without a running replica does not make this replica unhealthy (a new Retriever would find
         the same shards): requests keep being answered, with the shard named in their coverage, and
         /readyz reports it."""
-        self._watch()
+        self.alias.watch()
         self.live = await self.index.liveness()
 
     async def __del__(self) -> None:
         """Serve's graceful shutdown: this replica's holds end, of the build it serves and of every
         superseded build still retiring (the alias moved less than ``index.retire_after_s`` ago);
-        each index application goes with its last holder."""
-        backends = [getattr(self, "index", None), *getattr(self, "retiring", ())]  # index None: the constructor failed
-        for backend in backends:
-            if backend is None:
-                continue
-            try:
-                await backend.release()
-            except Exception:  # one backend's failure must not keep the others held
-                log.warning("could not release the index backend of build %s",
-                            getattr(getattr(backend, "manifest", None), "build_id", "?"), exc_info=True)
+        each index application goes with its last holder (:meth:`AliasSwitch.close`)."""
+        alias = getattr(self, "alias", None)  # None: the constructor failed before it held anything
+        if alias is not None:
+            await alias.close()
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=8)
@@ -343,7 +301,7 @@ class LLMServer:
             engine_cls = build_engine
         if llm.backend == "llamacpp" and llm.n_threads is None:
             # llama.cpp runs the CPUs this replica holds (Serve config's ray_actor_options or llm.num_cpus)
-            from longrag.llm.llamacpp import resolve_threads
+            from longrag.llm.threads import resolve_threads
 
             cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
             llm = llm.model_copy(update={"n_threads": resolve_threads(None, cpus)})
@@ -461,10 +419,10 @@ class RemoteLLM(LLM):
 
 def local_token_counter(config: LLMConfig) -> Callable[[str], int]:
     """Token counting without the model's weights: llama.cpp loads the GGUF vocabulary only
-    (:class:`longrag.llm.llamacpp.LlamaVocab`, which also truncates); an OpenAI-compatible server's
+    (:class:`longrag.llm.vocab.LlamaVocab`, which also truncates; no engine code); an OpenAI-compatible server's
     (or a ray.serve.llm app's) tokenizer is not reachable, so its counts are estimates."""
     if config.backend == "llamacpp":
-        from longrag.llm.llamacpp import LlamaVocab
+        from longrag.llm.vocab import LlamaVocab
 
         return LlamaVocab.load(config.model)
     from longrag.llm.openai_http import estimate_tokens

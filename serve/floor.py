@@ -1,5 +1,5 @@
 """Serve's own cost on this machine, the floor under the app's overhead: a FastAPI ingress that
-does no work. ``jobs.bench_serve`` deploys it beside the app (route ``/floor``) and posts the same
+does no work. ``jobs.bench serve`` deploys it beside the app (route ``/floor``) and posts the same
 ``/v1/retrieve`` body to it: the proxy, the replica and FastAPI's parsing and validation of the
 request, nothing of LongRAG's."""
 

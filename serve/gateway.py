@@ -71,7 +71,8 @@ class Gateway:
 
     def __post_init__(self) -> None:
         if self.admission is None:
-            self.admission = Admission(self.config.serve.max_reader_requests)
+            s = self.config.serve
+            self.admission = Admission(s.max_reader_requests, max_wait_s=s.max_reader_wait_s)
 
     def validate(self, req: RetrieveRequest) -> tuple[str, int]:
         s = self.config.serve

@@ -166,13 +166,22 @@ class Admitted:
             except Overloaded as exc:
                 self.metrics.shed(path)
                 return await error_response(
-                    503, f"{exc} (serve.max_reader_requests)", {"in_flight": exc.in_flight, "limit": exc.limit,
+                    503, f"{exc} (serve.max_reader_requests, serve.max_reader_wait_s)",
+                    {"in_flight": exc.in_flight, "limit": exc.limit,
                                                                 "retry_after_s": exc.retry_after_s},
                     code="overloaded", headers={"Retry-After": str(exc.retry_after_s)})(scope, receive, send)
+            status = 0
+
+            async def sent(message: Any) -> None:
+                nonlocal status
+                if message["type"] == "http.response.start":
+                    status = message["status"]
+                await send(message)
+
             completed = False
             try:
-                await self.app(scope, receive, send)
-                completed = True
+                await self.app(scope, receive, sent)
+                completed = 200 <= status < 400  # an answer: the reader's pace (not a timeout's, not an error's)
             except asyncio.CancelledError:
                 self.metrics.cancelled(path)
                 log.info("%s cancelled: its client went away or its deadline passed", path)

@@ -1,4 +1,5 @@
-"""Measuring tools shared by the benchmark jobs (Ray-free): latency statistics and load levels."""
+"""Measuring tools shared by the benchmarks (Ray-free): latency statistics and load levels; the benchmarks
+themselves, one CLI each behind ``longrag bench <name>``, are in :mod:`lab.bench.cli`."""
 
 from lab.bench.load import (
     LatencyStats,

@@ -1,4 +1,4 @@
-"""What ``python -m jobs.bench_scale`` measures in its own process (Ray-free): Algorithm 1 on the
+"""What ``python -m jobs.bench scale`` measures in its own process (Ray-free): Algorithm 1 on the
 arrays a Wikipedia-sized driver holds (time and peak memory), the projection to a larger corpus, and
 the chunk texts of the embedding benchmark."""
 

@@ -1,4 +1,4 @@
-"""What ``python -m jobs.bench_serve`` asks and checks (Ray-free): the questions it cycles through,
+"""What ``python -m jobs.bench serve`` asks and checks (Ray-free): the questions it cycles through,
 the checks of one served response, and the summary against the issue's goals."""
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ Three measurements over a running app's ``POST /v1/answer``, each from real HTTP
   unloaded one (the reader should not be writing answers nobody reads);
 * :func:`crowd`: ``n`` clients at once; each must get its answer or a 503 with ``Retry-After``, and
   how long each waited for it;
+* :func:`capacity`: answers per second of one client over the open loop's questions (warm);
 * :func:`open_loop`: Poisson arrivals at a rate for ``duration_s`` (open loop: an arrival never waits
   for an earlier answer), a share of the clients giving up at a uniform time in ``abandon_s`` and the
   rest at ``patience_s``: goodput (answers delivered to a client still waiting, per second), p50/p99
@@ -15,7 +16,7 @@ Three measurements over a running app's ``POST /v1/answer``, each from real HTTP
 
 The tokens the LLM generated (and those it generated for calls that were then cancelled) come from
 the LLMServer's own counters (``describe``), read by the caller before and after each phase; the
-memory from :class:`ProcessMemory`. No Ray here: the job wires the app in (``jobs/bench_traffic.py``).
+memory from :class:`ProcessMemory`. No Ray here: the benchmark wires the app in (``lab/bench/cli/traffic.py``).
 """
 
 from __future__ import annotations
@@ -71,17 +72,31 @@ async def unloaded(client: httpx.AsyncClient, questions: Sequence[str], patience
 
 async def abandoned_burst(client: httpx.AsyncClient, alone: Sequence[str], burst: Sequence[str], after: str,
                           give_up_s: float = 1.5, settle_s: float = 0.2) -> dict[str, Any]:
-    """:func:`unloaded` over ``alone`` (and ``after``, for its own unloaded time), then ``burst``
-    clients that give up after ``give_up_s``, then ``after`` asked ``settle_s`` later."""
-    base = await unloaded(client, [*alone, after])
+    """:func:`unloaded` over ``alone``, then ``burst`` clients that give up after ``give_up_s``,
+    then ``after`` asked ``settle_s`` later: its time against the unloaded p50. Every question is
+    new to the app (none shares a text with another), so each reads cold as far as the questions
+    go; ``after`` is a question the burst did not ask."""
+    base = await unloaded(client, alone)
     gave = await asyncio.gather(*(ask(client, q, give_up_s) for q in burst))
     await asyncio.sleep(settle_s)
     status, waited, _ = await ask(client, after, 300)
     p50 = float(np.median(base))
     return {"unloaded_s": [round(x, 3) for x in base], "unloaded_p50_s": round(p50, 3),
             "burst": len(burst), "give_up_s": give_up_s, "burst_statuses": sorted(s for s, _, _ in gave),
-            "next_status": status, "next_s": round(waited, 3), "next_over_unloaded": round(waited / p50, 3),
-            "next_over_its_own_unloaded": round(waited / base[-1], 3)}
+            "next_status": status, "next_s": round(waited, 3), "next_over_unloaded": round(waited / p50, 3)}
+
+
+async def capacity(client: httpx.AsyncClient, questions: Sequence[str]) -> dict[str, Any]:
+    """Answers per second of one client asking ``questions`` one after another, on a second pass
+    (the open loop asks the same questions again and again, so its mix is the warm one: hot units'
+    KV states cached): the open-loop rates are multiples of it. The first, warming pass is kept."""
+    warm = await unloaded(client, questions)
+    t0 = time.perf_counter()
+    times = await unloaded(client, questions)
+    wall = time.perf_counter() - t0
+    return {"questions": len(questions), "answers_per_s": round(len(questions) / wall, 4),
+            "p50_s": round(float(np.median(times)), 3), "mean_s": round(float(np.mean(times)), 3),
+            "first_pass_mean_s": round(float(np.mean(warm)), 3)}
 
 
 async def crowd(client: httpx.AsyncClient, questions: Sequence[str], patience_s: float = 120) -> dict[str, Any]:

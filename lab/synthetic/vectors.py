@@ -91,7 +91,7 @@ def write_synthetic_build(root: str, sizes: list[int], dim: int, chunk_chars: in
     from longrag.index.artifacts import ArtifactStore, write_shard
 
     store = ArtifactStore.open(root)
-    manifest = Manifest.create(LongRAGConfig(), dim=dim, documents=0, argv=["jobs.bench_index"])
+    manifest = Manifest.create(LongRAGConfig(), dim=dim, documents=0, argv=["jobs.bench", "index"])
     offset = 0
     for shard_id, n in enumerate(sizes):
         vectors, chunks, units = synthetic_shard(n, dim, chunk_chars, chunks_per_unit, seed, shard_id, offset)

@@ -7,7 +7,7 @@ An experiment file (``repro/*.yaml``)::
     title: MixPR recall@100 by document format
     readme: "docs/mixpr.md: Recall by document format"
     slow: false                      # true: skipped by `jobs.regress --fast`
-    command: [python, -m, jobs.bench_mixpr, --skip-timing, --skip-recall]
+    command: [python, -m, jobs.bench, mixpr, --skip-timing, --skip-recall]
     result: stdout                   # the last stdout line is JSON; or a file path under {out}
     tolerance: 0.005                 # default absolute tolerance of the figures
     figures:

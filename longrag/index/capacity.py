@@ -5,7 +5,7 @@ cut into shards and nodes.
   without training it.
 * :class:`CapacityModel` predicts a shard actor's resident memory from its chunk count, the
   factory's bytes per vector and the bytes each chunk's text and ids take once loaded, plus a
-  fixed process baseline; ``jobs.bench_index`` fits those constants on one machine and checks the
+  fixed process baseline; ``jobs.bench index`` fits those constants on one machine and checks the
   prediction against shard actors on a simulated multi-node Ray cluster.
 * :func:`plan_corpus` turns a corpus size into shards and nodes for a memory budget;
   :func:`plan_factories` does so per factory, with the scan cost measured by :func:`scan_cost`.
@@ -60,7 +60,7 @@ def projected_bytes_per_vector(factory: str, dim: int) -> float:
 #: the float32 input is there either way), and the chunk text as the staged arrow column, the
 #: ``Chunk`` records, the chunks parquet and the BM25 tokens (~12x its UTF-8 bytes); plus the
 #: worker's baseline (Python, pyarrow, FAISS, bm25s). Checked against the measured peak by
-#: ``python -m jobs.bench_shard_load --build`` (docs/benchmarks.md).
+#: ``python -m jobs.bench shard-load --build`` (docs/benchmarks.md).
 BUILD_BASE_BYTES = 400 * 2**20
 BUILD_VECTOR_COPIES = 4
 BUILD_TEXT_FACTOR = 12

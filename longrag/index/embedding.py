@@ -208,7 +208,7 @@ def embedding_pool(config: EmbeddingConfig, cpus: float, gpus: float = 0.0) -> E
     CPUs: one single-threaded actor per core, the actors sharing the CPUs left after the feeding
     stages' share (a logical reservation: every core still runs one torch thread). On a 2-core
     machine: 2 actors x 1 thread (1.14x raw encode end to end, 1 actor x 2 threads 0.82x, README
-    Benchmarks); ``python -m jobs.bench_scale --embed-chunks 400 --embed-pools
+    Benchmarks); ``python -m jobs.bench scale --embed-chunks 400 --embed-pools
     auto,1x2`` compares it with 1 actor x 2 threads and with raw ``SentenceTransformer.encode``."""
     if config.num_gpus > 0:
         actors = config.concurrency or max(1, int(gpus // config.num_gpus))

@@ -15,7 +15,7 @@ is the PPR of the whole graph, whose mass never leaves that component.
 
 Where the graph lives: with the Retriever (the shards hold chunks and units; the walk needs the
 edges across them), read on a build's first graph request: ~175 MB per million units with ~8
-links each, a walk p50 9 ms (``python -m jobs.bench_graph``; docs/evaluation.md).
+links each, a walk p50 9 ms (``python -m jobs.bench graph``; docs/evaluation.md).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ client only has to merge the shards' lists with :func:`merge_topk`.
 With an approximate factory (IVF, HNSW, PQ) the same loop runs on the index's own (approximate)
 ranking and stops as soon as the index returns fewer chunks than asked (its probes are used up);
 the result is then approximate. ``set_search_params`` tunes the trade (``nprobe``, ``efSearch``);
-``jobs.bench_index`` measures recall against exact search, memory and latency per factory.
+``jobs.bench index`` measures recall against exact search, memory and latency per factory.
 
 Scores are "higher is better" everywhere: the inner product for ``metric="ip"`` and the negated
 squared L2 distance for ``metric="l2"``. Ties are broken by ``unit_id`` (ascending), and a unit's

@@ -19,20 +19,23 @@ ran in between, as they do behind a Serve deployment.
 Models still open when the interpreter exits are closed by an ``atexit`` hook, while llama.cpp's
 module is whole: left to ``Llama.__del__`` during finalization they free half their state (the
 binding's globals are already gone) or none.
+
+This module is the engine: loading, the lock, cancellation, generation. Beside it, each for those
+who need it without the engine: :mod:`longrag.llm.vocab` (counting and cutting in the model's
+tokens), :mod:`longrag.llm.threads` (how many threads), :mod:`longrag.llm.prefix` (the unit cache's
+keys and states in and out of a context) and :mod:`longrag.llm.memory` (the binding's logits
+buffers, bounded). ``resolve_threads`` and ``resolve_model_path`` are importable from here too, where
+jobs have always taken them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import hashlib
 import logging
-import math
-import os
 import threading
 import time
 import weakref
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -51,10 +54,13 @@ from longrag.llm.base import (
 )
 from longrag.llm.bundled import BUNDLED_MODELS, DEFAULT_READER_MODEL, BundledModel, file_sha256, resolve_model_path
 from longrag.llm.cancel import AbortSwitch, CancelToken, LLMCancelled
-from longrag.llm.kvcache import PrefixState, PrefixStateCache
-from longrag.text.tokens import trim_to_tokens
+from longrag.llm.kvcache import PrefixStateCache
+from longrag.llm.memory import make_ram_cache, one_row_of_logits
+from longrag.llm.prefix import chat_formatter, common_prefix, hold_prefix, prefix_key, prefix_key_base, state_params
+from longrag.llm.threads import resolve_threads
+from longrag.llm.vocab import LlamaVocab
 
-__all__ = ["BUNDLED_MODELS", "BundledModel", "LlamaCppLLM", "resolve_model_path"]
+__all__ = ["BUNDLED_MODELS", "BundledModel", "LlamaCppLLM", "resolve_model_path", "resolve_threads"]
 
 log = logging.getLogger(__name__)
 
@@ -141,11 +147,11 @@ class LlamaCppLLM(LLM):
             kwargs["n_ctx"] = trained
             kwargs["n_batch"] = min(n_batch, trained)
             llama = Llama(**kwargs)
-        _one_row_of_logits(llama)
+        one_row_of_logits(llama)
         if prompt_cache_mb > 0:
             # Saved KV states keyed by token prefix: a conversation's next turn finds its own prefix
             # again even when another request ran in between (llama.cpp keeps only the last one).
-            llama.set_cache(_make_ram_cache(prompt_cache_mb << 20))
+            llama.set_cache(make_ram_cache(prompt_cache_mb << 20))
         self._llama = llama
         self._abort = AbortSwitch(llama.ctx)
         self._calls = {"requests": 0, "refused_waiting": 0, "aborted_running": 0, "generated_tokens": 0,
@@ -159,7 +165,7 @@ class LlamaCppLLM(LLM):
         self.n_threads = n_threads
         self.unit_cache = unit_cache
         self.min_cached_prefix_tokens = int(min_cached_prefix_tokens)
-        self._formatter = _chat_formatter(llama)
+        self._formatter = chat_formatter(llama)
         if unit_cache is not None and self._formatter is None:
             log.warning("%s: chat format %r cannot be rendered here: the unit KV cache is off", self.name,
                         llama.chat_format)
@@ -487,6 +493,7 @@ class LlamaCppLLM(LLM):
         the context, from the unit cache ("ram", "disk") or, on a miss, by evaluating exactly the
         prefix's tokens and storing their state ("miss"); "context" when the context already holds
         them; "" when there is nothing to do (no prefix, a cold read, a short prefix) or no cache.
+        This method picks the tokens; :func:`longrag.llm.prefix.hold_prefix` puts their state in.
 
         The prefix's tokens are the prompt's own: the common token prefix of the whole prompt and of
         the same conversation cut after ``cache_prefix``. A stored state is loaded only when its
@@ -502,61 +509,16 @@ class LlamaCppLLM(LLM):
             return ""
         full = self.chat_prompt_tokens(messages)
         head = self.chat_prompt_tokens(messages[:-1] + [{"role": "user", "content": cache_prefix}])
-        n = min(_common_prefix(full, head), len(full) - 1)  # llama.cpp evaluates the last token again
+        n = min(common_prefix(full, head), len(full) - 1)  # llama.cpp evaluates the last token again
         if n < self.min_cached_prefix_tokens:
             return ""
-        prefix = np.asarray(full[:n], dtype=np.int32)
-        llama = self._llama
-        if llama.n_tokens >= n and np.array_equal(np.asarray(llama._input_ids[:n], dtype=np.int32), prefix):
-            return "context"
-        if self.unit_cache is None:
-            llama.reset()
-            llama.eval(prefix.tolist())
-            return ""
-        key = self._prefix_key(prefix)
-        entry, source = self.unit_cache.get(key)
-        if entry is not None and np.array_equal(entry.tokens, prefix):
-            if self._load_prefix(entry):
-                return source
-            # llama.cpp refused the state: out of both tiers (kept, it would fail every request for
-            # its unit), and the prefix evaluated and stored afresh as on a miss
-            self.unit_cache.discard(key)
-        llama.reset()
-        llama.eval(prefix.tolist())
-        saved = llama.save_state()
-        self.unit_cache.put(key, PrefixState(tokens=prefix, state=saved.llama_state,
-                                             scores=np.array(saved.scores[-1:], dtype=np.float32), seed=saved.seed))
-        return "miss"
-
-    def _load_prefix(self, entry: PrefixState) -> bool:
-        """Put ``entry``'s state in the context; False when llama.cpp refuses it (damaged bytes, a
-        state of another layout). llama-cpp-python sets the context's tokens before
-        ``llama_state_set_data``, and a failed load may have changed part of the KV memory, so then
-        the context is reset and its memory cleared: it must not claim a prefix it does not hold
-        (the next call would take it from the context). Any exception means the same here."""
-        import llama_cpp
-
-        llama = self._llama
-        input_ids = np.zeros(llama._n_ctx, dtype=np.intc)
-        input_ids[: len(entry.tokens)] = entry.tokens
-        try:
-            llama.load_state(llama_cpp.LlamaState(
-                input_ids=input_ids, scores=entry.scores.copy(), n_tokens=len(entry.tokens),
-                llama_state=entry.state, llama_state_size=len(entry.state), seed=entry.seed))
-            return True
-        except Exception as exc:
-            log.warning("%s: llama.cpp could not load a cached state of %d tokens (%s): evaluating it again",
-                        self.name, len(entry.tokens), exc)
-            llama.reset()
-            clear = getattr(getattr(llama, "_ctx", None), "kv_cache_clear", None)  # not in every binding
-            if clear is not None:
-                clear()
-            return False
+        return hold_prefix(self._llama, np.asarray(full[:n], dtype=np.int32), self.unit_cache, self._prefix_key,
+                           self.name)
 
     def _prefix_key(self, prefix: np.ndarray) -> str:
-        """sha256 of :func:`prefix_key_base` (the model, adapter, chat format, binding and context
-        layout: fixed for the life of the context, so computed once) and of the prefix's token ids
-        (which spell the prompt template and the unit's content)."""
+        """:func:`longrag.llm.prefix.prefix_key` of :func:`~longrag.llm.prefix.prefix_key_base` (the
+        model, adapter, chat format, binding and context layout: fixed for the life of the context,
+        so computed once) and of the prefix's token ids."""
         if self._prefix_key_base is None:
             import llama_cpp
 
@@ -565,9 +527,7 @@ class LlamaCppLLM(LLM):
             self._prefix_key_base = prefix_key_base(
                 model_sha256=model_sha, lora=lora, chat_format=self._llama.chat_format,
                 binding_version=llama_cpp.__version__, state_params=state_params(self._llama))
-        h = hashlib.sha256(self._prefix_key_base.encode())
-        h.update(prefix.astype("<i4").tobytes())
-        return h.hexdigest()
+        return prefix_key(self._prefix_key_base, prefix)
 
     def next_token_logits(self, messages: list[dict], cache_prefix: str | None = None) -> np.ndarray:
         """The logits of the first token a chat call would generate for ``messages`` (a copy), with
@@ -577,7 +537,7 @@ class LlamaCppLLM(LLM):
             self._use_prefix(messages, cache_prefix)
             llama = self._llama
             full = self.chat_prompt_tokens(messages)
-            n = _common_prefix(list(llama._input_ids[: llama.n_tokens]), full[:-1])
+            n = common_prefix(list(llama._input_ids[: llama.n_tokens]), full[:-1])
             if n == 0:
                 llama.reset()
             llama.n_tokens = n
@@ -614,141 +574,6 @@ class LlamaCppLLM(LLM):
         self.close()
 
 
-KV_FORMAT_VERSION = "2"
-"""Part of every unit-cache key: bump when what a stored state holds changes (2: keys name the
-binding's version and the context's layout, see :func:`prefix_key_base`)."""
-
-#: the context parameters a ``llama_state_get_data`` blob depends on: its KV cells' number, types and
-#: arrangement (``n_seq_max``, ``swa_full``, ``kv_unified``), and their values' last bits (the batch
-#: sizes and flash attention change how the sums run). Names a binding lacks are left out
-#: (``flash_attn`` was a bool before ``flash_attn_type``).
-STATE_PARAMS = ("n_batch", "n_ubatch", "n_seq_max", "type_k", "type_v", "flash_attn", "flash_attn_type",
-                "swa_full", "kv_unified")
-
-
-def state_params(llama: Any) -> dict[str, Any]:
-    """The context's :data:`STATE_PARAMS` that this binding has (``llama.context_params``) and its
-    real window (``llama.n_ctx()``: llama.cpp may round the asked one up)."""
-    params = llama.context_params
-    out = {name: getattr(params, name) for name in STATE_PARAMS if hasattr(params, name)}
-    out["n_ctx"] = int(llama.n_ctx())
-    return out
-
-
-def prefix_key_base(*, model_sha256: str, lora: str, chat_format: str | None, binding_version: str,
-                    state_params: dict[str, Any]) -> str:
-    """The part of a unit-cache key beside the prefix's tokens: everything that changes the bytes of
-    a stored state or whether the backend can load it. The disk tier outlives the process and is
-    shared by the node's replicas, so a state made by another model, adapter, llama-cpp-python
-    (``llama_state_get_data``'s format follows llama.cpp's) or context layout must land under
-    another key rather than be loaded -- or fail to load -- in its place."""
-    params = ",".join(f"{name}={state_params[name]!r}" for name in sorted(state_params))
-    return f"{KV_FORMAT_VERSION}|{model_sha256}|{lora}|{chat_format}|llama-cpp-python {binding_version}|{params}"
-
-
-class LlamaVocab:
-    """Text counted and cut in a llama.cpp model's tokens (no BOS, no special tokens), through a
-    ``Llama`` of the model (a vocabulary-only one from :meth:`load`) under the lock its calls take.
-    The token ids of the last :attr:`MEMO` texts of at least :attr:`MEMO_MIN_CHARS` are kept: a
-    reader counts a unit, then may cut it, and hot units come back with the next questions."""
-
-    MEMO = 64
-    MEMO_MIN_CHARS = 2048
-
-    def __init__(self, llama: Any, lock: threading.Lock | None = None) -> None:
-        self.llama, self.lock = llama, lock or threading.Lock()
-        self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
-
-    @classmethod
-    def load(cls, model: str) -> "LlamaVocab":
-        """The GGUF's vocabulary only (no weights): a reader's fitter beside a remote LLM."""
-        from llama_cpp import Llama
-
-        return cls(Llama(model_path=str(resolve_model_path(model)), vocab_only=True, verbose=False))
-
-    def tokenize(self, text: str) -> np.ndarray:
-        with self.lock:
-            ids = self._memo.get(text)
-            if ids is not None:
-                self._memo.move_to_end(text)
-                return ids
-            ids = np.asarray(self.llama.tokenize(text.encode("utf-8"), add_bos=False, special=False), dtype=np.int32)
-            if len(text) >= self.MEMO_MIN_CHARS:
-                self._memo[text] = ids
-                if len(self._memo) > self.MEMO:
-                    self._memo.popitem(last=False)
-            return ids
-
-    def __call__(self, text: str) -> int:
-        return len(self.tokenize(text)) if text else 0
-
-    def truncate(self, text: str, n: int) -> str:
-        """:func:`~longrag.text.tokens.trim_to_tokens`' cut (the longest word prefix within ``n``
-        tokens), checked first at the word end before the offset where the text's ``n``-th token
-        ends: two counts of prefixes, where the search over a 4K-token unit's words takes a dozen."""
-        if n <= 0:
-            return ""
-        ids = self.tokenize(text)
-        if len(ids) <= n:
-            return text
-        with self.lock:
-            head = self.llama.detokenize(ids[:n].tolist())
-        near = len(text.encode("utf-8")[: len(head)].decode("utf-8", errors="ignore"))
-        return trim_to_tokens(text, n, self, near=near)
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def _chat_formatter(llama: Any) -> Any:
-    """The formatter behind ``llama.create_chat_completion``: a named chat format's (``chatml``) or
-    the GGUF's own template (llama-cpp-python's ``chat_template.default``); None when neither."""
-    from llama_cpp import llama_chat_format as lcf
-
-    name = llama.chat_format
-    if name == "chat_template.default":
-        template = (llama.metadata or {}).get("tokenizer.chat_template")
-        if not template:
-            return None
-        eos, bos = llama.token_eos(), llama.token_bos()
-        return lcf.Jinja2ChatFormatter(
-            template=template, eos_token=llama._model.token_get_text(eos) if eos != -1 else "",
-            bos_token=llama._model.token_get_text(bos) if bos != -1 else "", stop_token_ids=[eos])
-    return getattr(lcf, "format_" + str(name).replace("-", "_"), None) if name else None
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask where the OS has one, else the machine's)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - macOS, Windows
-        return max(1, os.cpu_count() or 1)
-
-
-def resolve_threads(n_threads: int | None, cpus: float | None = None) -> int:
-    """llama.cpp threads for a call of ``n_threads`` (``llm.n_threads``): a number is kept; None takes
-    ``cpus`` (the CPUs a Ray replica holds) rounded up, or every usable CPU when ``cpus`` is None, and
-    never more than the process may run on.
-
-    llama-cpp-python's own default is ``cpu_count() // 2`` (one thread on a 2-core machine): it
-    assumes hyper-threads, where a second thread per core buys little. Generation is bound by memory
-    bandwidth and prompt evaluation by arithmetic; both scale with the cores a replica really holds."""
-    if n_threads is not None:
-        if n_threads <= 0:
-            raise ValueError(f"n_threads must be positive or None, got {n_threads}")
-        return int(n_threads)
-    if cpus is not None and cpus <= 0:
-        raise ValueError(f"cpus must be positive or None, got {cpus}")
-    limit = usable_cpus()
-    return limit if cpus is None else max(1, min(limit, math.ceil(cpus - 1e-9)))
-
-
 def _retrieved(future: "asyncio.Future[Any]") -> None:
     if not future.cancelled():
         future.exception()
@@ -759,39 +584,3 @@ class _Done:
     """End of a streamed generation: ``(tokens in context, prompt tokens evaluated)`` or the error."""
 
     value: Any
-
-
-def _one_row_of_logits(llama: Any) -> None:
-    """Shrink llama-cpp-python's logits buffer (``Llama.scores``, n_batch x vocabulary floats: 311 MB
-    for Qwen2.5's 152K-token vocabulary) to one row.
-
-    Without ``logits_all`` nothing writes it (sampling runs in llama.cpp; only logprobs, which need
-    ``logits_all``, read it), but ``load_state`` broadcasts a saved state's row over its first
-    n_tokens rows on every prompt-cache hit: the whole buffer became resident at the first hit (the
-    demo's LLMServer grew by ~0.6 GB over seven questions). With one row, slices of it stay one row."""
-    import numpy as np
-
-    if not getattr(llama, "_logits_all", False):
-        llama.scores = np.zeros((1, llama.n_vocab()), dtype=np.single)
-
-
-def _make_ram_cache(capacity_bytes: int) -> Any:
-    """llama-cpp-python's RAM prompt cache, bounded for real (see :class:`_BoundedRAMCache`)."""
-    import llama_cpp
-
-    class _BoundedRAMCache(llama_cpp.LlamaRAMCache):
-        """``LlamaRAMCache`` counts only a saved state's KV bytes against its capacity, not the copy of
-        the logits saved with it (up to n_batch x vocabulary floats: 311 MB per state for Qwen2.5's
-        152K-token vocabulary), so a 256 MB cache held over 4 GB (the demo's LLMServer at 5.7 GB RSS).
-        Here a state keeps its last row of logits only (on a hit llama.cpp evaluates the last prompt
-        token again, which rewrites it) and is counted whole."""
-
-        def __setitem__(self, key: Any, value: Any) -> None:
-            value.scores = value.scores[-1:].copy()
-            super().__setitem__(key, value)
-
-        @property
-        def cache_size(self) -> int:
-            return sum(s.llama_state_size + s.scores.nbytes + s.input_ids.nbytes for s in self.cache_state.values())
-
-    return _BoundedRAMCache(capacity_bytes=capacity_bytes)

@@ -168,7 +168,7 @@ def finish_short_answer(raw: str, question: str, long_answer: str, context: str,
 
     Cleaned (:func:`clean_short_answer`) and, with ``cut_span``, cut to its span (:func:`reduce_to_span`;
     the long-document reader leaves it out: on its bare-prompt replies it cost 1.2-1.6 F1 and
-    changed no exact match, ``jobs.bench_reader --document``); a reply that
+    changed no exact match, ``jobs.bench reader --document``); a reply that
     cannot be the answer (:func:`short_answer_problem`) is replaced by the long answer's first
     sentence cut to its span, when there is a long answer; a yes/no question gets yes or no
     (:func:`yes_no_answer`)."""

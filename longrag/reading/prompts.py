@@ -34,7 +34,7 @@ Question: {question}
 
 Using the documents, answer the question "{question}" in one to three sentences. Say the answer explicitly (the name, date, number or phrase the question asks for)."""
 
-# The bare prompt's words (the baseline of ``jobs.bench_reader``): listing the kinds of answer ("a
+# The bare prompt's words (the baseline of ``jobs.bench reader``): listing the kinds of answer ("a
 # name, a date, ... or yes or no") made the 0.5B reply "Yes" to 13 of 16 HotpotQA questions.
 DIRECT_TEMPLATE = """Documents:
 

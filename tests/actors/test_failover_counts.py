@@ -1,5 +1,5 @@
 """A failover does not poll Serve (issue 40, item 7): ``serve.status()`` costs ~90 ms idle and ~375 ms p50 /
-745 ms p95 under load at 8 shards x 4 replicas on a 2-CPU local Ray (``python -m jobs.bench_serve_status``),
+745 ms p95 under load at 8 shards x 4 replicas on a 2-CPU local Ray (``python -m jobs.bench serve-status``),
 and the Retriever read it up to 6 times after every call that needed a second try. The failed call's own
 error (Ray's ``RayActorError``: the replica's actor died or is unreachable, with its id) says which replica
 is gone: the redundancy drops by it at once, each lost replica counted once, and the platform's counts are

@@ -1,4 +1,4 @@
-"""jobs.bench_embed run for real, tiny, on this CPU: the product's Embedder over chunk-sized texts,
+"""``jobs.bench embed`` run for real, tiny, on this CPU: the product's Embedder over chunk-sized texts,
 levels per dtype and batch, vectors of every level checked against the first level's."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from jobs.bench_embed import main, texts
+from lab.bench.cli.embed import main, texts
 
 
 def test_texts_fill_a_chunk_and_cycle():
@@ -42,7 +42,7 @@ def test_a_random_shape_is_measured_and_its_folder_removed(monkeypatch, capsys, 
     like any encoder, its temporary folder gone afterwards (a small shape stands in for bge-large)."""
     import tempfile
 
-    import jobs.bench_embed as be
+    import lab.bench.cli.embed as be
 
     monkeypatch.setitem(be.SHAPES, "tiny", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                                                 intermediate_size=128, max_position_embeddings=512))

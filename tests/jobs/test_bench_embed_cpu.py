@@ -1,4 +1,4 @@
-"""jobs.bench_embed_cpu run for real on the bundled MiniLM, tiny (a child process measures the row): speed,
+"""``jobs.bench embed-cpu`` run for real on the bundled MiniLM, tiny (a child process measures the row): speed,
 latency, memory and recall; the recall against a hand-made ranking; the Matryoshka cut."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from jobs import bench_embed_cpu as B
+from lab.bench.cli import embed_cpu as B
 
 
 def test_settings_rows_and_ratios(tmp_path):

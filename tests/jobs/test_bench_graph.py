@@ -1,11 +1,11 @@
-"""jobs.bench_graph on a small synthetic graph: the figures it prints are there and consistent."""
+"""``jobs.bench graph`` on a small synthetic graph: the figures it prints are there and consistent."""
 
 from __future__ import annotations
 
 import json
 from collections import Counter
 
-from jobs.bench_graph import main, synthetic_links
+from lab.bench.cli.graph import main, synthetic_links
 
 
 def test_small_graph_bench_prints_its_figures(tmp_path, capsys):

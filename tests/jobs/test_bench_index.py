@@ -1,4 +1,4 @@
-"""``python -m jobs.bench_index`` at toy sizes: tables, plot and JSON come out and hold together;
+"""``python -m jobs.bench index`` at toy sizes: tables, plot and JSON come out and hold together;
 a synthetic build serves from an in-process shard with search params and reports its memory."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import numpy as np
 
 from actors.index_shard import IndexShardImpl
-from jobs import bench_index
+from lab.bench.cli import index as bench_index
 from longrag.index.factories import split_factories, sweep_for
 from lab.synthetic.vectors import write_synthetic_build
 

@@ -1,4 +1,4 @@
-"""jobs.bench_llm's options, prompts and per-level arithmetic (the real backends run in `make bench-llm`)."""
+"""``jobs.bench llm``'s options, prompts and per-level arithmetic (the real backends run in `make bench-llm`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from jobs.bench_llm import bench, level_sizes, parse_args, prompts
+from lab.bench.cli.llm import bench, level_sizes, parse_args, prompts
 from tests.fakes import ScriptedLLM
 
 
@@ -49,7 +49,7 @@ def test_phase_settings_name_llama_cpp_python_default_and_the_products(monkeypat
     gives llama.cpp (every usable one in a driver), or a number."""
     import os
 
-    from jobs.bench_llm import thread_setting
+    from lab.bench.cli.llm import thread_setting
 
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)

@@ -1,4 +1,4 @@
-"""jobs.bench_multihop on the first questions of the MuSiQue sample: every signal scored, and the
+"""``jobs.bench multihop`` on the first questions of the MuSiQue sample: every signal scored, and the
 invariants that hold whatever the model: evidence order changes no unit ranking (same R/AR/PR@k), a
 second hop keeps the first hop's top unit first (same @1),
 recall grows with k and with the token budget (the unit graph and its walk: tests/longrag/test_unit_graph.py)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from jobs import bench_multihop as B
+from lab.bench.cli import multihop as B
 
 
 def test_all_signals_on_a_small_pool(tmp_path, capsys, monkeypatch):

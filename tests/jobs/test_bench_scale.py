@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from jobs.bench_scale import main
+from lab.bench.cli.scale import main
 
 
 def test_bench_scale_small(capsys):

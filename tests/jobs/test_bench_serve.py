@@ -1,4 +1,4 @@
-"""``python -m jobs.bench_serve`` end to end, tiny: the Serve app from cpu.yaml (retrieval in the
+"""``python -m jobs.bench serve`` end to end, tiny: the Serve app from cpu.yaml (retrieval in the
 Ingress) and from cpu-cluster.yaml (separate deployments: the handles row too) over the sample build
 with the real bundled models on a local Ray, a few /v1/retrieve calls at concurrency 1 and 2 and (cpu.yaml)
 one chat completion, each beside the same work in process; the last stdout line is the JSON report."""
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from jobs.bench_serve import QUESTIONS, ROOT, main
+from lab.bench.cli.serve import QUESTIONS, ROOT, main
 
 PORT = 8411
 

@@ -1,11 +1,11 @@
-"""jobs.bench_shard_load on a small shard: the three settings, each in its own process, find the same
+"""``jobs.bench shard-load`` on a small shard: the three settings, each in its own process, find the same
 shard; the warm cache hashes nothing and the first one hashes every file once."""
 
 from __future__ import annotations
 
 import json
 
-from jobs import bench_shard_load as B
+from lab.bench.cli import shard_load as B
 
 
 def test_three_settings_one_json_line(tmp_path, capsys):

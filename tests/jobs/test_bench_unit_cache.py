@@ -1,11 +1,11 @@
-"""jobs.bench_unit_cache's workload (the real readers run in the bench itself, docs/benchmarks.md)."""
+"""``jobs.bench unit-cache``'s workload (the real readers run in the bench itself, docs/benchmarks.md)."""
 
 from __future__ import annotations
 
 import numpy as np
 from scipy import stats
 
-from jobs.bench_unit_cache import TEMPLATES, workload, zipf_ranks
+from lab.bench.cli.unit_cache import TEMPLATES, workload, zipf_ranks
 from longrag.types import Unit
 
 

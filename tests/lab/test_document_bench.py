@@ -1,5 +1,5 @@
 """The long-document benchmark: documents from a question's paragraphs, settings, both readers' prompts,
-the shared budget and resume (scripted LLM; the real models run in `jobs.bench_reader --document`)."""
+the shared budget and resume (scripted LLM; the real models run in `jobs.bench reader --document`)."""
 
 from __future__ import annotations
 

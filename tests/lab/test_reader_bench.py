@@ -69,7 +69,7 @@ def test_other_few_shot_counts_are_separate_reads_and_scored():
 
 
 def test_bench_cli_rejects_bad_values(capsys):
-    from jobs.bench_reader import parse_args
+    from lab.bench.cli.reader import parse_args
 
     for argv in (["--dataset", "hotpotqa", "--settings", "half@2"], ["--dataset", "nq"],
                  ["--dataset", "musique", "--limit", "0"]):

@@ -33,24 +33,45 @@ def test_at_most_limit_are_admitted_and_a_place_freed_admits_the_next():
     assert adm.in_flight == 0 and adm.to_dict()["admitted"] == 3
 
 
-def test_retry_after_is_what_the_oldest_still_needs_by_the_mean_duration():
+def test_the_service_interval_is_the_time_between_answers_while_busy():
     clock = Clock()
-    adm = Admission(1, expected_s=5.0, smoothing=0.5, clock=clock)
-    t = adm.enter()
-    clock.t += 2.0
+    adm = Admission(8, expected_s=5.0, smoothing=0.5, clock=clock)
+    a, b = adm.enter(), adm.enter()
+    clock.t += 3.0
+    adm.leave(a)  # 3 s since the reader became busy: 5 + 0.5 * (3 - 5) = 4
+    assert adm.service_s == pytest.approx(4.0)
+    clock.t += 1.0
+    adm.leave(b)  # 1 s after the last answer: 4 + 0.5 * (1 - 4) = 2.5
+    assert adm.service_s == pytest.approx(2.5)
+    clock.t += 100.0  # idle: the next interval starts when it is busy again, not at the last answer
+    c = adm.enter()
+    clock.t += 2.5
+    adm.leave(c)
+    assert adm.service_s == pytest.approx(2.5)
+    d = adm.enter()
+    clock.t += 50
+    adm.leave(d, completed=False)  # a timeout or an error says nothing of the reader's pace
+    assert adm.service_s == pytest.approx(2.5) and adm.finished == 3
+
+
+def test_admitted_only_while_those_admitted_would_be_answered_within_max_wait():
+    clock = Clock()
+    adm = Admission(8, max_wait_s=10.0, expected_s=4.0, clock=clock)
+    tickets = [adm.enter(), adm.enter(), adm.enter()]  # waits 0, 4, 8 s: admitted
     with pytest.raises(Overloaded) as info:
-        adm.enter()
-    assert info.value.retry_after_s == 3  # 5 s expected, 2 s gone
-    clock.t += 7.0
-    adm.leave(t)  # took 9 s: mean 5 + 0.5 * (9 - 5) = 7
-    assert adm.mean_s == pytest.approx(7.0)
-    t = adm.enter()
-    clock.t += 0.5
-    assert adm.retry_after_s() == 7  # ceil(7 - 0.5)
-    clock.t += 30
-    assert adm.retry_after_s() == 1  # overdue: never under a second
-    adm.leave(t, completed=False)  # a failed or cancelled request says nothing of durations
-    assert adm.mean_s == pytest.approx(7.0) and adm.retry_after_s() == 1
+        adm.enter()  # 3 admitted x 4 s = 12 s > 10 s
+    assert info.value.retry_after_s == 2  # 12 - 10
+    adm.leave(tickets.pop(0))
+    clock.t += 0.1
+    adm.leave(tickets.pop(0))  # answers every 0.1 s: many more fit in 10 s
+    assert adm.service_s < 4.0
+    fast = Admission(8, max_wait_s=10.0, expected_s=0.5, clock=clock)
+    held = [fast.enter() for _ in range(8)]  # 8 x 0.5 s = 4 s: the count is what stops it
+    with pytest.raises(Overloaded) as info:
+        fast.enter()
+    assert info.value.retry_after_s == 1 and len(held) == 8
+    alone = Admission(1, max_wait_s=1.0, expected_s=60.0, clock=clock)
+    alone.enter()  # the first is always admitted, however slow the reader
 
 
 def test_the_context_manager_frees_its_place_on_errors():

@@ -149,7 +149,7 @@ def test_invariants_on_generated_graphs(seed):
 
 def test_large_graph_groups_within_budget():
     """A 100K-document graph: every document in one group, multi-document groups within the budget.
-    (Its speed is a benchmark, not a test: ``python -m jobs.bench_scale``.)"""
+    (Its speed is a benchmark, not a test: ``python -m jobs.bench scale``.)"""
     n = 100_000
     rng = np.random.default_rng(1)
     src, dst = rng.integers(0, n, size=(2, 2 * n))  # ~4 relations per document

@@ -340,7 +340,7 @@ def test_the_key_covers_what_shapes_a_state():
     key of this one (its bytes differ, or llama.cpp refuses them)."""
     import llama_cpp
 
-    from longrag.llm.llamacpp import prefix_key_base, state_params
+    from longrag.llm.prefix import prefix_key_base, state_params
 
     def base(version: str = "0.3.36", **params: object) -> str:
         fake = FakeLlama(**{k: v for k, v in params.items() if k != "n_ctx"}, n_ctx=int(params.get("n_ctx", 256)))

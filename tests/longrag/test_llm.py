@@ -252,17 +252,17 @@ def test_llama_threads_default_to_the_cpus_held_not_half_the_machine(monkeypatch
     cores). None now takes the CPUs a replica holds, rounded up, or every CPU the process may run on."""
     import os
 
-    from longrag.llm import llamacpp
+    from longrag.llm import threads
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
-    assert llamacpp.usable_cpus() == 4
-    assert llamacpp.resolve_threads(None) == 4  # a driver: every usable CPU
-    assert llamacpp.resolve_threads(None, 1.8) == 2  # cpu.yaml's LLMServer
-    assert llamacpp.resolve_threads(None, 1.0) == 1
-    assert llamacpp.resolve_threads(None, 0.25) == 1
-    assert llamacpp.resolve_threads(None, 16) == 4  # never more than the process may run on
-    assert llamacpp.resolve_threads(3, 1.0) == 3  # an explicit setting wins
+    assert threads.usable_cpus() == 4
+    assert threads.resolve_threads(None) == 4  # a driver: every usable CPU
+    assert threads.resolve_threads(None, 1.8) == 2  # cpu.yaml's LLMServer
+    assert threads.resolve_threads(None, 1.0) == 1
+    assert threads.resolve_threads(None, 0.25) == 1
+    assert threads.resolve_threads(None, 16) == 4  # never more than the process may run on
+    assert threads.resolve_threads(3, 1.0) == 3  # an explicit setting wins
     with pytest.raises(ValueError):
-        llamacpp.resolve_threads(0)
+        threads.resolve_threads(0)
     with pytest.raises(ValueError):
-        llamacpp.resolve_threads(None, 0)
+        threads.resolve_threads(None, 0)

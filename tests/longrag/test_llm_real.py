@@ -88,7 +88,7 @@ def test_truncation_cuts_where_the_word_search_does(llm):
     """The llama.cpp backend's cut (checked first where the n-th token ends) is the binary search's
     over word ends with the model's own counts (longrag.text.tokens.trim_to_tokens), multi-byte text too."""
     from longrag.llm.base import LLM
-    from longrag.llm.llamacpp import LlamaVocab
+    from longrag.llm.vocab import LlamaVocab
 
     text = ("Zorbland's capital, Velmora, lies on the Ütze river; its 1,204 bridges — ice-blue — date from "
             "the 9th century. 東京 and Zürich are twinned with it. ") * 6

@@ -347,7 +347,7 @@ def test_the_reader_reads_kept_chunks_with_the_documents_own_breaks():
 
 
 def test_the_long_document_reader_cleans_its_reply_but_does_not_cut_it_to_a_span():
-    """The span cut cost the long-document reader 1.2-1.6 F1 on bare-prompt replies (jobs.bench_reader
+    """The span cut cost the long-document reader 1.2-1.6 F1 on bare-prompt replies (jobs.bench reader
     --document); its answer is the cleaned reply (prefix, quotes, trailing period), yes/no kept."""
     from longrag.reading.answers import finish_short_answer
 

@@ -105,7 +105,7 @@ def test_agrees_with_pysbd_on_wikipedia(passages):
 
 
 def test_about_a_million_tokens(passages):
-    """A ~1M-token text splits in one pass (its speed is measured by ``jobs.bench_mixpr``, whose
+    """A ~1M-token text splits in one pass (its speed is measured by ``jobs.bench mixpr``, whose
     chunking stage runs this splitter, not asserted here: a wall-clock bound flakes on a busy machine)."""
     text = "\n\n".join(passages) * 7  # ~4.5M characters, ~1M MiniLM tokens
     spans = sentence_spans(text)

@@ -1,8 +1,8 @@
 """The unit link graph at corpus scale (``retrieval.mode=graph``): memory per million units, file
 size, load time, and the added latency of the graph expansion per question, on a synthetic graph.
 
-    python -m jobs.bench_graph                                  # 1M units, 10 links each on average
-    python -m jobs.bench_graph --units 200000 --degree 20 --queries 500
+    python -m jobs.bench graph                                  # 1M units, 10 links each on average
+    python -m jobs.bench graph --units 200000 --degree 20 --queries 500
 
 The graph: ``--units`` units on ``--shards`` shards, ``units x degree / 2`` links whose ends are
 drawn from a Zipf-like law (a few hubs with thousands of links, most units with a handful, as
@@ -47,7 +47,8 @@ def synthetic_links(n: int, degree: float, seed: int) -> tuple[np.ndarray, np.nd
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m jobs.bench graph", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--units", type=number(int, min_value=10), default=1_000_000)
     p.add_argument("--degree", type=number(float, min_value=0.0), default=10.0, help="links per unit, on average")
     p.add_argument("--shards", type=number(int, min_value=1), default=8)
@@ -104,7 +105,3 @@ def main(argv: list[str] | None = None) -> int:
             ("load average", f"{at_start['loadavg']} -> {summary['machine']['end']['loadavg']}")]
     publish(args.out, markdown_table([{"measure": a, "value": b} for a, b in rows], ["measure", "value"]), summary)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

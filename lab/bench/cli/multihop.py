@@ -8,9 +8,9 @@ question; or the query moved toward the top unit's best chunk, Rocchio's dense f
 documents of each unit in evidence order. Prints a table (R@k, AR@k, PR@k,
 paragraph recall within token budgets) and writes it with a JSON line to ``--out``.
 
-    python -m jobs.bench_multihop                                   # MuSiQue sample, MiniLM
-    python -m jobs.bench_multihop --data data/hotpotqa/hotpotqa_train100.json.gz --dataset hotpotqa
-    python -m jobs.bench_multihop --model /path/to/sentence-transformers/folder
+    python -m jobs.bench multihop                                   # MuSiQue sample, MiniLM
+    python -m jobs.bench multihop --data data/hotpotqa/hotpotqa_train100.json.gz --dataset hotpotqa
+    python -m jobs.bench multihop --model /path/to/sentence-transformers/folder
 
 The chunk vectors are cached on disk (``embedding.vector_cache``, :mod:`longrag.index.vector_cache`): a rerun
 with the same model, settings and sample encodes nothing again, and its ``build_s`` is then the cache's time.
@@ -87,7 +87,8 @@ def score(name: str, lists: list[list[int]], units: list[Any], texts: list[list[
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m jobs.bench multihop", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="musique", choices=sorted(DATASET_FORMATS))
     p.add_argument("--data", default="data/musique/musique_train100.json.gz")
     p.add_argument("--model", default=EmbeddingConfig().model, help="embedding model (bundled name or folder)")
@@ -213,7 +214,3 @@ def main(argv: list[str] | None = None) -> int:
                "query_ms": round(query_ms, 2), "results": results}
     publish(args.out, "\n".join(lines), summary)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

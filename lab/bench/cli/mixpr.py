@@ -4,11 +4,11 @@ vs RAG-Hybrid on HashHop (2-6 hops) and BABILong-style qa2/qa3, then MixPR vs RA
 HashHop facts written in several document formats (one per line with and without periods, lower-case
 line starts, bulleted and numbered lists, prose paragraphs). Ends with one JSON line.
 
-    python -m jobs.bench_mixpr                  # defaults: timing at 128K and 1M, recall at 32K/128K, 3 seeds
+    python -m jobs.bench mixpr                  # defaults: timing at 128K and 1M, recall at 32K/128K, 3 seeds
                                                 # (RAG-Hybrid: 1 seed, MiniLM with 2 torch threads, batch 128)
-    python -m jobs.bench_mixpr --with-4m        # also time a 4M-token document
-    python -m jobs.bench_mixpr --skip-recall --timing-sizes 1000000
-    python -m jobs.bench_mixpr --skip-timing --skip-recall        # only the document-format table
+    python -m jobs.bench mixpr --with-4m        # also time a 4M-token document
+    python -m jobs.bench mixpr --skip-recall --timing-sizes 1000000
+    python -m jobs.bench mixpr --skip-timing --skip-recall        # only the document-format table
 
 Plain Python, no Ray. Token counts are estimates (characters / 4), see lab.synthetic.common.
 """
@@ -156,7 +156,7 @@ def format_rows(formats, sizes, hops_list, seeds, cfg) -> list[dict[str, Any]]:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m jobs.bench_mixpr", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m jobs.bench mixpr", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sizes = int_list(min_value=1)
     ap.add_argument("--timing-sizes", type=sizes, default=[128000, 1000000], help="comma-separated token counts")
@@ -272,7 +272,3 @@ def main(argv: list[str] | None = None) -> int:
     out["peak_rss_mb"] = round(peak_rss_mb(), 1)
     print(json.dumps(out, default=float))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""``python -m jobs.bench_shard_load``: how long a shard replica takes to load a large shard, and what it
+"""``python -m jobs.bench shard-load``: how long a shard replica takes to load a large shard, and what it
 holds in memory, read as bytes (every file read, hashed, then deserialized: what each replica start did)
 against the node-local shard cache (:mod:`longrag.index.shard_cache`: hashed once per content, the FAISS
 index memory-mapped). Issue 40, item 6.
@@ -14,8 +14,8 @@ first touch). Prints a table and one JSON line; the figures are one run's, with 
 ``--vectors`` synthetic staged chunks of ``--text-bytes`` each, in a fresh process: its peak RSS against
 what :func:`longrag.index.capacity.shard_build_bytes` declares for it (Ray's ``memory=``).
 
-    python -m jobs.bench_shard_load --vectors 1000000 --dim 384 --out artifacts/bench-shard-load
-    python -m jobs.bench_shard_load --build --vectors 200000 --dim 384 --out artifacts/bench-shard-build
+    python -m jobs.bench shard-load --vectors 1000000 --dim 384 --out artifacts/bench-shard-load
+    python -m jobs.bench shard-load --build --vectors 200000 --dim 384 --out artifacts/bench-shard-build
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def measure_build(uri: str, n: int, dim: int, text_total: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jobs.bench_shard_load", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m jobs.bench shard-load", description=__doc__.split("\n\n")[0])
     p.add_argument("--vectors", type=int, default=1_000_000)
     p.add_argument("--dim", type=int, default=384)
     p.add_argument("--chunks-per-unit", type=int, default=10)
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         text_total = stage_synthetic(out, args.vectors, args.dim, args.chunks_per_unit, args.text_bytes)
         print(f"{args.vectors:,} chunks staged in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         load = os.getloadavg()
-        res = subprocess.run([sys.executable, "-m", "jobs.bench_shard_load", "--vectors", str(args.vectors), "--dim",
+        res = subprocess.run([sys.executable, "-m", "jobs.bench", "shard-load", "--vectors", str(args.vectors), "--dim",
                               str(args.dim), "--build-child", str(out), str(text_total)],
                              capture_output=True, text=True, check=True)
         row = json.loads(res.stdout.strip().splitlines()[-1])
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     rows = []
     for setting in SETTINGS:
-        res = subprocess.run([sys.executable, "-m", "jobs.bench_shard_load", "--searches", str(args.searches),
+        res = subprocess.run([sys.executable, "-m", "jobs.bench", "shard-load", "--searches", str(args.searches),
                               "--child", uri, setting, str(cache_dir)], capture_output=True, text=True, check=True)
         rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
         print(f"{setting}: {rows[-1]}", file=sys.stderr)
@@ -199,7 +199,3 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"bench": "shard_load", "vectors": args.vectors, "dim": args.dim, "loadavg": load,
                       "loadavg_after": os.getloadavg(), "results": rows}))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

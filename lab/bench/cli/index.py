@@ -1,9 +1,9 @@
 """Index capacity benchmark: ANN/compression trade-off against exact MaxP search, a memory model
 for shard replicas checked on a simulated multi-node Ray cluster, and a plan for full Wikipedia.
 
-    python -m jobs.bench_index                         # 100K vectors x 384 dims, 3-node check, plan
-    python -m jobs.bench_index --vectors 1000000       # the trade-off at 1M vectors (a few GB of RAM)
-    python -m jobs.bench_index --skip-cluster --factories Flat,HNSW32
+    python -m jobs.bench index                         # 100K vectors x 384 dims, 3-node check, plan
+    python -m jobs.bench index --vectors 1000000       # the trade-off at 1M vectors (a few GB of RAM)
+    python -m jobs.bench index --skip-cluster --factories Flat,HNSW32
 
 1. Trade-off: seeded clustered vectors (``lab.synthetic.vectors.clustered_vectors``; real embeddings of
    this size cannot be made on a CPU box) indexed with each FAISS factory; per factory and search
@@ -192,7 +192,7 @@ def _check_factories(p: argparse.ArgumentParser, flag: str, spec: str, dim: int,
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m jobs.bench_index", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m jobs.bench index", description=__doc__.split("\n\n")[0])
     pos_int, nonneg_int = number(int, min_value=1), number(int, min_value=0)
     pos_float = number(float, min_value=0, min_exclusive=True)
     p.add_argument("--vectors", type=pos_int, default=100_000)
@@ -281,7 +281,3 @@ def main(argv: list[str] | None = None) -> int:
     (out / "bench_index.json").write_text(json.dumps(result, indent=2, default=str))
     print(json.dumps(result, default=str))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """Scale benchmark of the index plan (issue: cluster-scale indexing), ending with one JSON line.
 
-    python -m jobs.bench_scale                          # grouping at 100K and 1M documents, 6M projected
-    python -m jobs.bench_scale --grouping-sizes 100000,1000000,3000000 --mean-links 10
+    python -m jobs.bench scale                          # grouping at 100K and 1M documents, 6M projected
+    python -m jobs.bench scale --grouping-sizes 100000,1000000,3000000 --mean-links 10
 
 Grouping: LongRAG Algorithm 1 (Jiang et al., 2024, Section 3.1) on arrays, the way the driver of a
 Wikipedia build runs it: seeded Wikipedia-like metadata (``lab.synthetic.wikigraph``: lognormal
@@ -100,7 +100,7 @@ def driver_memory(sizes: list[int], cpus: int, seed: int, text_scale: int = 0) -
             log(f"driver memory: generating {n:,} documents (text x{scale}) ...")
             write_wikilike_corpus(tmp, n, n_files=max(2, min(16, n // 20_000)), seed=seed, chars_per_token=4.0 * scale)
             log(f"driver memory: planning {n:,} documents in a fresh driver ...")
-            proc = subprocess.run([sys.executable, "-m", "jobs.bench_scale", "--_driver-run", tmp, "--_driver-docs", str(n),
+            proc = subprocess.run([sys.executable, "-m", "jobs.bench", "scale", "--_driver-run", tmp, "--_driver-docs", str(n),
                                    "--cpus", str(cpus)], capture_output=True, text=True)
             if proc.returncode != 0:
                 raise RuntimeError(f"driver run for {n} documents failed:\n{proc.stderr[-3000:]}")
@@ -172,7 +172,7 @@ def embedding_throughput(n_chunks: int, cpus: int, seed: int, pools: list[str]) 
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m jobs.bench_scale", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m jobs.bench scale", description=__doc__.split("\n\n")[0])
     p.add_argument("--grouping-sizes", type=int_list(min_value=1000, min_len=2), default=[100_000, 1_000_000],
                    help="documents per grouping run, comma-separated, increasing (default 100000,1000000)")
     p.add_argument("--mean-links", type=number(float, min_value=0.0), default=10.0,
@@ -254,7 +254,3 @@ def main(argv: list[str] | None = None) -> int:
         summary["embedding_ray_over_raw_ratio_end_to_end"] = auto["ratio_end_to_end"]
     print(json.dumps(summary))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """The unit KV cache on a workload: questions whose top units follow a Zipf popularity.
 
-    python -m jobs.bench_unit_cache --build artifacts/sample --requests 60
-    python -m jobs.bench_unit_cache --build artifacts/sample --set llm.model=qwen2.5-coder-1.5b-instruct
+    python -m jobs.bench unit-cache --build artifacts/sample --requests 60
+    python -m jobs.bench unit-cache --build artifacts/sample --set llm.model=qwen2.5-coder-1.5b-instruct
 
 Query logs are skewed: a few pages answer most questions. Here request i reads the build's unit of
 popularity rank r_i (r drawn with P(r) ~ r^-s, ``--zipf`` s = 1.1, over the ``--units`` longest
@@ -128,7 +128,7 @@ def summarize(seconds: list[float]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jobs.bench_unit_cache", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m jobs.bench unit-cache", description=__doc__.split("\n\n")[0])
     p.add_argument("--build", default="artifacts/sample", help="a build written by jobs.index (make index)")
     p.add_argument("--requests", type=number(int, min_value=2), default=60)
     p.add_argument("--units", type=number(int, min_value=2), default=40, help="the longest units of the build")
@@ -156,10 +156,10 @@ def main(argv: list[str] | None = None) -> int:
                               "units": len(units), "zipf_s": args.zipf, "distinct_top_units": len({id(r[1][0]) for r in requests}),
                               "ram_budget_mb": args.ram_mb, "disk_budget_mb": args.disk_mb, "cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="kv-") as kv_dir:
-        log(f"bench_unit_cache: {args.requests} requests over {len(units)} units (s={args.zipf}), with the cache")
+        log(f"bench unit-cache: {args.requests} requests over {len(units)} units (s={args.zipf}), with the cache")
         cached = asyncio.run(run_reader(base.model_copy(update={"unit_cache_mb": args.ram_mb, "unit_cache_disk_mb": args.disk_mb,
                                                                 "unit_cache_dir": kv_dir}), reader_cfg, requests, log))
-    log("bench_unit_cache: without it")
+    log("bench unit-cache: without it")
     plain = asyncio.run(run_reader(base.model_copy(update={"unit_cache_mb": 0}), reader_cfg, requests, log))
     raw = run_raw(base, reader_cfg, requests[: args.raw], log) if args.raw else []
     c_s, n_s = [r["s"] for r in cached["rows"]], [r["s"] for r in plain["rows"]]
@@ -195,7 +195,3 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(line + "\n")
     print(line, flush=True)
     return 0 if result["within_budgets"] else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,8 @@
 """Reader LLM benchmark: llama.cpp in process vs vLLM-CPU behind ``ray.serve.llm``, at 1, 4 and 16
 concurrent requests, the same prompts for both.
 
-    .venv-vllm/bin/python -m jobs.bench_llm                       (make bench-llm)
-    .venv-vllm/bin/python -m jobs.bench_llm --backends vllm --concurrency 1,8 --requests 8
+    .venv-vllm/bin/python -m jobs.bench llm                       (make bench-llm)
+    .venv-vllm/bin/python -m jobs.bench llm --backends vllm --concurrency 1,8 --requests 8
 
 Each level runs max(``--requests``, its concurrency) requests, with prompts of its own (no level
 finds another's prompts in a prefix cache). The prompts are reader-shaped: a HotpotQA question of the bundled sample with its supporting
@@ -35,7 +35,7 @@ from longrag.data import HOTPOTQA_SAMPLE, data_path
 from longrag.eval.datasets import load_qa
 from longrag.llm import LLM, build_llm
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 VLLM_CONFIG = ROOT / "serve" / "configs" / "vllm-cpu.yaml"
 BACKENDS = ("llamacpp", "vllm")
 PROMPT = "Context:\n{context}\n\nAnswer the question in a few words, from the context.\nQuestion: {question}"
@@ -98,7 +98,7 @@ async def bench(llm: LLM, requests, levels: list[int], max_tokens: int, log, min
     for c, n in zip(levels, level_sizes(levels, min_requests)):
         row = await run_level(llm, requests[start : start + n], c, max_tokens)
         start += n
-        log(f"bench_llm: {llm.name} c={c}: {json.dumps(row)}")
+        log(f"bench llm: {llm.name} c={c}: {json.dumps(row)}")
         rows.append(row)
     return rows
 
@@ -147,7 +147,7 @@ def phase_rates(settings: list[str], requests, max_tokens: int, log) -> list[dic
                "generate_tok_per_s": round(d["generated_tokens"] / d["generate_ms"] * 1e3, 2),
                "prompt_tokens": d["prompt_tokens"], "generated_tokens": d["generated_tokens"],
                "load_avg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)]}
-        log(f"bench_llm: phases {json.dumps(row)}")
+        log(f"bench llm: phases {json.dumps(row)}")
         rows.append(row)
     return rows
 
@@ -192,7 +192,7 @@ def bench_vllm(requests, levels, max_tokens, min_requests: int, port: int, log) 
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m jobs.bench_llm", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m jobs.bench llm", description=__doc__.split("\n\n")[0])
     p.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, of {list(BACKENDS)}")
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated concurrency levels")
     p.add_argument("--requests", type=number(int, min_value=1), default=8,
@@ -251,7 +251,3 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(line + "\n")
     print(line, flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""``python -m jobs.bench_serve_status``: what one ``serve.status()`` costs on a local Ray with the shard
+"""``python -m jobs.bench serve-status``: what one ``serve.status()`` costs on a local Ray with the shard
 tier's shape (issue 40, item 7): an application of ``--shards`` deployments x ``--replicas`` replicas
 (0 CPUs each, a 1 ms search), the call timed ``--calls`` times idle and again while ``--clients``
 concurrent callers keep every shard busy; p50/p95/max in ms, and the searches per second meanwhile.
@@ -22,7 +22,7 @@ def _percentiles(xs: list[float]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jobs.bench_serve_status", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m jobs.bench serve-status", description=__doc__.split("\n\n")[0])
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--calls", type=int, default=100)
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                   blocking=False)
         reason = wait_running(["index-bench"], ready_timeout_s=args.timeout_s / 2, log=lambda *_: None)
         if reason:
-            print(f"bench_serve_status: FAILED: {reason}", file=sys.stderr)
+            print(f"bench serve-status: FAILED: {reason}", file=sys.stderr)
             return 1
         started_s = time.monotonic() - t_start
 
@@ -96,7 +96,3 @@ def main(argv: list[str] | None = None) -> int:
         serve.shutdown()
         ray.shutdown()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """Serving benchmark: the Serve app over HTTP beside the same work called in process.
 
-    python -m jobs.bench_serve --direct-ingress               # as make serve: retrieve at 1, 8, 32; chat at 1, 8
-    python -m jobs.bench_serve --skip-chat --requests 100     # retrieval only, through Serve's proxy
+    python -m jobs.bench serve --direct-ingress               # as make serve: retrieve at 1, 8, 32; chat at 1, 8
+    python -m jobs.bench serve --skip-chat --requests 100     # retrieval only, through Serve's proxy
 
 Deploys ``--config`` (default ``serve/configs/cpu.yaml``, what ``make serve`` runs) on a local Ray
 (2 logical CPUs) over ``--index`` (default: the bundled sample, indexed first into
@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -41,11 +40,11 @@ from longrag.config import LongRAGConfig
 from longrag.index.graph import split_mode
 from longrag.types import Retrieval
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 CPU_YAML = ROOT / "serve" / "configs" / "cpu.yaml"
 APP = "longrag"
 
-log = logging.getLogger("jobs.bench_serve")
+log = logging.getLogger("jobs.bench.serve")
 
 
 def serve_config(index: str, port: int, one_replica: bool = False, path: Path = CPU_YAML,
@@ -53,13 +52,14 @@ def serve_config(index: str, port: int, one_replica: bool = False, path: Path = 
     """The Serve config at ``path`` with the benchmark's build and port; ``one_replica``: every
     autoscaled deployment held at one replica (what an autoscaling target is chosen from); ``admit``:
     ``serve.max_reader_requests`` raised to it (the chat levels measure the cost of serving, not
-    admission, which jobs.bench_traffic measures)."""
+    admission, which ``jobs.bench traffic`` measures)."""
     config = yaml.safe_load(path.read_text())
     config["http_options"].update(host="127.0.0.1", port=port)
     (app,) = config["applications"]
     app["args"]["index"] = index
     if admit is not None:
-        app["args"].setdefault("overrides", []).append(f"serve.max_reader_requests={admit}")
+        app["args"].setdefault("overrides", []).extend([f"serve.max_reader_requests={admit}",
+                                                         "serve.max_reader_wait_s=null"])
     for dep in app["deployments"] if one_replica else []:
         if dep.pop("autoscaling_config", None) is not None:
             dep["num_replicas"] = 1
@@ -206,7 +206,7 @@ async def _bench(args: argparse.Namespace, index: str, config: dict[str, Any], s
 
 def run(args: argparse.Namespace, terminal: TextIO) -> dict[str, Any]:
     def say(line: str) -> None:
-        print(f"bench_serve: {line}", file=terminal, flush=True)
+        print(f"bench serve: {line}", file=terminal, flush=True)
 
     from ray import serve
 
@@ -245,7 +245,7 @@ def run(args: argparse.Namespace, terminal: TextIO) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     job_setup(logging.WARNING)
-    p = argparse.ArgumentParser(prog="python -m jobs.bench_serve", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m jobs.bench serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--index", help="build folder or URI (default: the bundled sample in artifacts/bench-serve)")
     p.add_argument("--config", default=str(CPU_YAML), help="Serve config YAML (default: serve/configs/cpu.yaml)")
     p.add_argument("--port", type=number(int, min_value=1, max_value=65535), default=8000)
@@ -273,14 +273,10 @@ def main(argv: list[str] | None = None) -> int:
             report = run(args, terminal)
         except Exception as exc:
             log.exception("bench failed")
-            print(f"bench_serve: failed: {type(exc).__name__}: {exc} (log: {args.log})", file=terminal, flush=True)
+            print(f"bench serve: failed: {type(exc).__name__}: {exc} (log: {args.log})", file=terminal, flush=True)
             return 1
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_serve.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report), flush=True)
     return 1 if report["summary"]["errors"] else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

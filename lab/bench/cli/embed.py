@@ -1,10 +1,10 @@
 """Embedding throughput: chunks per second of the product's encoder (``longrag.index.embedding.Embedder``,
 what every embedding actor of an index build runs) on a device, per batch size and dtype.
 
-    python -m jobs.bench_embed                                   (the bundled MiniLM on this machine)
-    python -m jobs.bench_embed --device cuda --dtypes float32,float16 --batch-sizes 32,128,512
-    python -m jobs.bench_embed --set embedding.model=/models/bge-large-en-v1.5 --device cuda
-    python -m jobs.bench_embed --random-shape bge-large --passages-per-chunk 4 --device cuda --dtypes float32,float16
+    python -m jobs.bench embed                                   (the bundled MiniLM on this machine)
+    python -m jobs.bench embed --device cuda --dtypes float32,float16 --batch-sizes 32,128,512
+    python -m jobs.bench embed --set embedding.model=/models/bge-large-en-v1.5 --device cuda
+    python -m jobs.bench embed --random-shape bge-large --passages-per-chunk 4 --device cuda --dtypes float32,float16
 
 The texts are the bundled DPR passages joined two by two (~270 tokens each; ``--passages-per-chunk``):
 every text fills the encoder's input the way the chunker's chunks do (``chunking`` cuts units to the model's
@@ -91,7 +91,7 @@ def _synchronizer(device: str):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m jobs.bench_embed", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m jobs.bench embed", description=__doc__.split("\n\n")[0])
     add_config_flags(p)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: embedding.device, auto)")
     p.add_argument("--dtypes", type=choice_list(DTYPES), default=["float32"], help=f"comma list of {DTYPES}")
@@ -158,7 +158,3 @@ def run(args: argparse.Namespace, config: Any, chunks: list[str]) -> int:
                       "tokens_per_chunk_mean": round(float(np.mean(n_tok)), 1), "levels": rows,
                       "machine": machine()}))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

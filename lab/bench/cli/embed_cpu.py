@@ -2,14 +2,14 @@
 chunks/s, query-encode latency at c=1, peak RSS and paragraph-level retrieval recall on a MuSiQue subset,
 plus recall and index bytes per Matryoshka dimension.
 
-    python -m jobs.bench_embed_cpu                         # every setting, 30 questions (~20 min on 2 cores)
-    python -m jobs.bench_embed_cpu --settings minilm,int8 --questions 10 --chunks 16
+    python -m jobs.bench embed-cpu                         # every setting, 30 questions (~20 min on 2 cores)
+    python -m jobs.bench embed-cpu --settings minilm,int8 --questions 10 --chunks 16
 
 Each setting runs in a process of its own (``--one NAME``, so its peak RSS is its own), through the product's
 ``Embedder`` (``embedding.dtype`` / ``quantize`` / ``backend``), with ``--threads`` torch threads:
 
 * build: ``--chunks`` chunk-sized texts (two DPR passages joined, ~280 tokens: :func:`lab.bench.texts.chunk_texts`,
-  as ``jobs.bench_embed`` makes them; MiniLM truncates them to its 256 tokens) encoded after one warm-up batch;
+  as ``jobs.bench embed`` makes them; MiniLM truncates them to its 256 tokens) encoded after one warm-up batch;
 * query: each of the subset's questions encoded alone (``encode_queries([q])``, what the serving
   ``QueryEncoder`` does for a lone request), p50/p95 after a warm-up;
 * recall: the distinct paragraphs of the first ``--questions`` MuSiQue questions pooled (each paragraph a unit,
@@ -158,7 +158,7 @@ def matryoshka(setting: str, out: Path, examples: list[Any], docs: list[Any]) ->
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m jobs.bench_embed_cpu", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m jobs.bench embed-cpu", description=__doc__.split("\n\n")[0])
     p.add_argument("--settings", type=choice_list(tuple(SETTINGS)), default=list(SETTINGS),
                    help=f"comma list of {', '.join(SETTINGS)} (fp32 is the vectors' reference)")
     p.add_argument("--questions", type=number(int, min_value=1), default=30, help="MuSiQue questions (their paragraphs pooled)")
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     failed: list[dict[str, Any]] = []
     for name in args.settings:
-        cmd = [sys.executable, "-m", "jobs.bench_embed_cpu", "--one", name, "--questions", str(args.questions),
+        cmd = [sys.executable, "-m", "jobs.bench", "embed-cpu", "--one", name, "--questions", str(args.questions),
                "--data", args.data, "--chunks", str(args.chunks), "--threads", str(args.threads), "--out", str(out)]
         print(f"{name} ...", file=sys.stderr, flush=True)
         done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
@@ -227,7 +227,3 @@ def _cpu() -> str:
         return ""
     isa = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16") if f in flags]
     return f"{len(names)} x {names[0] if names else '?'} ({', '.join(isa)})"
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

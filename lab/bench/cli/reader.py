@@ -1,10 +1,10 @@
 """Reader benchmark: the reader against a bare prompt, full vs MixPR-compressed units, EM/F1 and seconds.
 
-    python -m jobs.bench_reader --dataset hotpotqa --limit 100
-    python -m jobs.bench_reader --dataset musique --limit 50 --settings plain@1024,mixpr@1024,mixpr@1024/2t
-    python -m jobs.bench_reader --dataset hotpotqa --set llm.model=qwen2.5-coder-1.5b-instruct
+    python -m jobs.bench reader --dataset hotpotqa --limit 100
+    python -m jobs.bench reader --dataset musique --limit 50 --settings plain@1024,mixpr@1024,mixpr@1024/2t
+    python -m jobs.bench reader --dataset hotpotqa --set llm.model=qwen2.5-coder-1.5b-instruct
 
-    python -m jobs.bench_reader --dataset hotpotqa --limit 50 --document --settings plain,mixpr/auto,sparse/local/k400
+    python -m jobs.bench reader --dataset hotpotqa --limit 50 --document --settings plain,mixpr/auto,sparse/local/k400
 
 ``plain@B`` is the bare-prompt baseline; ``full@B``/``mixpr@B`` the LongReader with its direct short
 answer, ``/2t`` with the paper's two turns (``/2t/fsN``: N worked examples in turn 2). The direct
@@ -41,14 +41,14 @@ from lab import reader_bench as rb
 from lab import reader_report as report
 from longrag.eval.datasets import load_qa
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 DATASETS = {"hotpotqa": HOTPOTQA_SAMPLE, "musique": MUSIQUE_SAMPLE}
 DEFAULT_SETTINGS = "plain@1024,full@1024,full@1024/2t,mixpr@1024"
 DEFAULT_DOCUMENT_SETTINGS = "plain,mixpr/auto,sparse/local/k400"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m jobs.bench_reader", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m jobs.bench reader", description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", choices=sorted(DATASETS), required=True)
     p.add_argument("--data", help="QA file (default: the sample under data/)")
     p.add_argument("--limit", type=number(int, min_value=1), default=30, help="questions (the first N of the file)")
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                                        checkpoint=out / f"{args.dataset}.rows.jsonl"))
     meta = {"llm": config.llm.model_dump(), "data": data, "malformed": loaded.n_malformed,
             "settings_spec": rb.setting_dicts(args.settings), "wall_s": round(time.perf_counter() - t0, 1),
-            "command": ["python", "-m", "jobs.bench_reader", *(argv if argv is not None else sys.argv[1:])]}
+            "command": ["python", "-m", "jobs.bench", "reader", *(argv if argv is not None else sys.argv[1:])]}
     table, summary = report.write_reports(out, args.dataset, rows, {"dataset": args.dataset, "retrieval": cands.stats,
                                                                 **meta})
     summaries = {p.stem: json.loads(p.read_text())["settings"] for p in sorted(out.glob("*.json"))}
@@ -128,12 +128,8 @@ def _document(args: argparse.Namespace, config, argv: list[str] | None) -> int:
     table, summary = report.write_reports(out, name, rows, {
         "dataset": args.dataset, "document": {"distractors": args.distractors}, "llm": config.llm.model_dump(),
         "data": data, "malformed": loaded.n_malformed, "wall_s": wall_s,
-        "command": ["python", "-m", "jobs.bench_reader", *(argv if argv is not None else sys.argv[1:])]})
+        "command": ["python", "-m", "jobs.bench", "reader", *(argv if argv is not None else sys.argv[1:])]})
     print(table)
     print(json.dumps({"dataset": args.dataset, "document": True, "model": config.llm.model, "settings": summary,
                       "vs_plain": report.versus_plain(summary), "wall_s": wall_s}))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
