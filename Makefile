@@ -95,7 +95,7 @@ test-scenarios: setup
 # The inner loop: the Ray-free core with fakes and the small encoder, no LLM; plus the Serve layer
 # over fakes (one local Ray + Serve for that module, no dashboard).
 test-fast: setup
-	$(BIN)/python -m pytest tests/longrag tests/lab tests/serve/test_guard.py tests/serve/test_errors.py tests/serve/test_health.py tests/serve/test_stages.py tests/serve/test_app_fakes.py -m "not slow" -q --durations=5
+	$(BIN)/python -m pytest tests/longrag tests/lab tests/serve/test_guard.py tests/serve/test_errors.py tests/serve/test_health.py tests/serve/test_stages.py tests/serve/test_admitted.py tests/serve/test_app_fakes.py -m "not slow" -q --durations=5
 
 # The README's reproductions (repro/*.yaml) not marked slow; exit 1 with a table of drifts.
 regress: setup

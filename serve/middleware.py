@@ -27,6 +27,18 @@ from serve.guard import Guard
 from serve.metrics import AppMetrics
 
 
+class SentStatus:
+    """An ASGI ``send`` that remembers the status of the response sent through it (0 until it starts)."""
+
+    def __init__(self, send: Any) -> None:
+        self._send, self.status = send, 0
+
+    async def __call__(self, message: Any) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        await self._send(message)
+
+
 def route_path(scope: Any) -> str:
     """The path the app routes on: without the application's route prefix (``root_path``)."""
     path, root = scope["path"], scope.get("root_path", "")
@@ -52,18 +64,11 @@ class Guarded:
             await refused(scope, receive, send)
             self.metrics.request(route_path(scope), refused.status_code)
             return
-        status = 500
-
-        async def counted(message: Any) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        sent = SentStatus(send)
         try:
-            await self.app(scope, receive, counted)
+            await self.app(scope, receive, sent)
         finally:
-            self.metrics.request(route_path(scope), status)
+            self.metrics.request(route_path(scope), sent.status or 500)
 
     def _check(self, scope: Any) -> Any:
         guard, path = self.guard, route_path(scope)
@@ -165,23 +170,15 @@ class Admitted:
                 ticket = self.admission.enter()
             except Overloaded as exc:
                 self.metrics.shed(path)
+                detail = {"in_flight": exc.in_flight, "limit": exc.limit, "retry_after_s": exc.retry_after_s}
                 return await error_response(
-                    503, f"{exc} (serve.max_reader_requests, serve.max_reader_wait_s)",
-                    {"in_flight": exc.in_flight, "limit": exc.limit,
-                                                                "retry_after_s": exc.retry_after_s},
+                    503, f"{exc} (serve.max_reader_requests, serve.max_reader_wait_s)", detail,
                     code="overloaded", headers={"Retry-After": str(exc.retry_after_s)})(scope, receive, send)
-            status = 0
-
-            async def sent(message: Any) -> None:
-                nonlocal status
-                if message["type"] == "http.response.start":
-                    status = message["status"]
-                await send(message)
-
+            sent = SentStatus(send)
             completed = False
             try:
                 await self.app(scope, receive, sent)
-                completed = 200 <= status < 400  # an answer: the reader's pace (not a timeout's, not an error's)
+                completed = 200 <= sent.status < 400  # an answer: the reader's pace (not a timeout's, not an error's)
             except asyncio.CancelledError:
                 self.metrics.cancelled(path)
                 log.info("%s cancelled: its client went away or its deadline passed", path)
