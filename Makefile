@@ -11,7 +11,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup check-gpu-set chromium setup-reader-1.5b setup-embedder setup-vllm demo test test-scenarios test-fast test-vllm regress index serve bench-mixpr bench-reader bench-llm bench-serve clean
+.PHONY: setup lint check-gpu-set chromium setup-reader-1.5b setup-embedder setup-vllm demo test test-scenarios test-fast test-vllm regress index serve bench-mixpr bench-reader bench-llm bench-serve clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -83,8 +83,15 @@ setup-vllm: $(VBIN)/.installed
 demo: setup $(DEMO_DEPS)
 	$(BIN)/python -m jobs.demo $(DEMO_ARGS)
 
+# ruff (lint + import order) over the code and tests, mypy over the five packages; zero findings
+# (pyproject.toml: [tool.ruff], [tool.mypy]). `make test` and `make test-fast` run it first.
+lint: setup
+	$(BIN)/ruff check longrag serve actors cluster jobs lab tests
+	$(BIN)/mypy
+
 # Everything but the multi-minute scenarios (marker `scenario`) and the vLLM/GPU tests: under 30 min here.
 test: setup chromium setup-reader-1.5b setup-embedder
+	$(MAKE) lint
 	$(BIN)/python -m pytest -m "not vllm and not gpu and not scenario"
 
 # The jobs run end to end for minutes each on a local or fake cluster: chaos, `ray job submit`, the
@@ -94,7 +101,7 @@ test-scenarios: setup
 
 # The inner loop: the Ray-free core with fakes and the small encoder, no LLM; plus the Serve layer
 # over fakes (one local Ray + Serve for that module, no dashboard).
-test-fast: setup
+test-fast: setup lint
 	$(BIN)/python -m pytest tests/longrag tests/lab tests/serve/test_guard.py tests/serve/test_errors.py tests/serve/test_health.py tests/serve/test_stages.py tests/serve/test_admitted.py tests/serve/test_app_fakes.py -m "not slow" -q --durations=5
 
 # The README's reproductions (repro/*.yaml) not marked slow; exit 1 with a table of drifts.

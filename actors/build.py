@@ -23,17 +23,18 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import ray
 
 from actors.embedding import ChunkEmbedder, chunker_compute, pool_options
+from longrag import scoped
 from longrag.config import LongRAGConfig
-from longrag.index.manifest import ShardEntry
 from longrag.index.capacity import shard_build_bytes
 from longrag.index.embedding import CHUNKER_CPUS
-from longrag import scoped
+from longrag.index.manifest import ShardEntry
 from longrag.index.plan import AnyPlan, BuildPlan, check_out, finish_build, plan_build, start_build
 from longrag.types import Chunk, Document, Unit
 
@@ -116,8 +117,8 @@ def stage_chunks(batch: dict[str, np.ndarray], store_uri: str) -> dict[str, list
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from longrag.index.distplan import staged_chunks_key
     from longrag.index.artifacts import ArtifactStore
+    from longrag.index.distplan import staged_chunks_key
     from longrag.store import _table_bytes
 
     store = ArtifactStore.open(store_uri)
@@ -159,9 +160,9 @@ def build_from_staging(store_uri: str, shard: int, factory: str, metric: str) ->
 def _build_from_staging(store_uri: str, shard: int, factory: str, metric: str) -> str:
     import pyarrow as pa
 
+    from longrag.index.artifacts import ArtifactStore, write_shard
     from longrag.index.distplan import staged_chunks_prefix, staged_units_prefix
     from longrag.index.maxp import MaxPIndex
-    from longrag.index.artifacts import ArtifactStore, write_shard
 
     store = ArtifactStore.open(store_uri)
     storage = store.storage

@@ -20,8 +20,9 @@ import functools
 import json
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,9 +33,9 @@ from actors.distlinks import computed_edges
 from actors.parts import collect_edges, over_parts, part_positions, read_part, row_keys
 from longrag.config import LongRAGConfig
 from longrag.index.distplan import DOCUMENTS_PREFIX, DocMeta
-from longrag.index.units import UnitPlan
 from longrag.index.manifest import CorpusArtifact, CorpusPart
 from longrag.index.plan import StagedPlan, chunk_limits
+from longrag.index.units import UnitPlan
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +67,9 @@ def parse_tasks(batch: dict[str, np.ndarray], store_uri: str, text_mode: str, mo
     Redirects, bad records and the parts written go to a small JSON report per task."""
     from longrag.corpus.documents import documents_to_table
     from longrag.corpus.sources import ReadTask, read_task_records
+    from longrag.index.artifacts import ArtifactStore
     from longrag.index.grouping import document_text
     from longrag.index.units import document_passages
-    from longrag.index.artifacts import ArtifactStore
     from longrag.store import _table_bytes, sha256_bytes
 
     store = ArtifactStore.open(store_uri)
@@ -145,8 +146,8 @@ class LinkResolver:
     (a dropped duplicate's links left out)."""
 
     def __init__(self, store_uri: str, shared: list[Any]) -> None:
-        from longrag.index.grouping import title_keys
         from longrag.index.artifacts import ArtifactStore
+        from longrag.index.grouping import title_keys
 
         self.store = ArtifactStore.open(store_uri)
         titles, self.redirects, (self.lookup_keys, self.lookup_pos) = ray.get(shared[0])
@@ -213,10 +214,10 @@ def assemble_shard(group: dict[str, np.ndarray], store_uri: str, kind: str, mode
                    passage_words: int) -> dict[str, list[Any]]:
     """Ray Data ``map_groups``: one shard's document rows -> its units, staged in the store;
     returns the shard's unit count and plan digest."""
-    from longrag.index.distplan import stage_shard_units
-    from longrag.index.units import assemble_units
-    from longrag.index.manifest import shard_plan
     from longrag.index.artifacts import ArtifactStore
+    from longrag.index.distplan import stage_shard_units
+    from longrag.index.manifest import shard_plan
+    from longrag.index.units import assemble_units
 
     shard = int(group["shard"][0])
     cols = ("unit", "pos", "doc_id", "title", "text", "n_tokens")
@@ -247,11 +248,11 @@ def plan_corpus(sources: str | list[str], fmt: str, out: str, config: LongRAGCon
     """Stages 1-4 into the store at ``out``: parsed documents under ``documents/``, each shard's units
     staged. Returns the plan, the read report and the corpus artifact's manifest entry."""
     from longrag.corpus.sources import expand_sources
+    from longrag.index.artifacts import ArtifactStore
     from longrag.index.distplan import final_redirects, order_documents
     from longrag.index.graph import unit_graph_from_labels
-    from longrag.index.units import plan_units, unit_id
     from longrag.index.plan import BuildSettings
-    from longrag.index.artifacts import ArtifactStore
+    from longrag.index.units import plan_units, unit_id
 
     model_max, max_tokens = chunk_limits(config)
     if fmt != "wikixml" and config.units.text_mode != "full":

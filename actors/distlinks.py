@@ -39,8 +39,8 @@ class MentionFinder:
     """Ray Data callable: parts -> ``(src, dst)`` positions of the titles each document's text mentions."""
 
     def __init__(self, store_uri: str, shared: list[Any]) -> None:
-        from longrag.index.titles import TitleMatcher, title_positions
         from longrag.index.artifacts import ArtifactStore
+        from longrag.index.titles import TitleMatcher, title_positions
 
         self.store = ArtifactStore.open(store_uri)
         titles, (self.keys, self.pos) = ray.get(shared[0])

@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
 
 import numpy as np
 
@@ -24,8 +26,8 @@ from longrag.eval import pipeline as P
 from longrag.eval.links import link_stats
 from longrag.eval.plan import FINGERPRINT_FILE, EvalRun, EvalSetting, file_digest, index_fingerprint, index_uri
 from longrag.eval.run import add_links
-from longrag.index.fusion import Fusion
 from longrag.index.artifacts import ArtifactStore, require_unit_graph
+from longrag.index.fusion import Fusion
 from longrag.index.graph import GRAPH_FILE, GraphExpansion, expand, split_mode
 from longrag.index.lexical import lexical_missing
 from longrag.index.plan import BuildSettings, ResumeError
@@ -33,7 +35,7 @@ from longrag.progress import progress as progress_bar
 from longrag.types import Document
 
 #: ``open_index(build_uri, index_config)``: the build's shards for a job's searches.
-OpenIndex = Callable[[str, Any], ContextManager[Any]]
+OpenIndex = Callable[[str, Any], AbstractContextManager[Any]]
 
 log = logging.getLogger(__name__)
 

@@ -188,7 +188,7 @@ def _release_load_buffers() -> None:
             pass
 
 
-def _consume(done: "asyncio.Future[Any]") -> None:
+def _consume(done: asyncio.Future[Any]) -> None:
     """Retrieve the outcome of a worker call whose client may have gone (no "exception never retrieved")."""
     if not done.cancelled():
         done.exception()

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 class InProcessIndex:
     """Every shard of the build at ``index_uri`` in this process (``index_cls`` of the Retriever)."""
 
-    def __init__(self, index_uri: str, config: "IndexConfig", *, app_name: str | None = None,
+    def __init__(self, index_uri: str, config: IndexConfig, *, app_name: str | None = None,
                  holder: str | None = None) -> None:
         self.manifest = ArtifactStore.open(index_uri).read_manifest()
         self.shards = [IndexShardImpl(index_uri, s.shard_id, threads=config.shard_threads,

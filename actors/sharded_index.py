@@ -82,7 +82,7 @@ async def await_response(response: Any, timeout_s: float) -> Any:
     stopped waiting. ``response``: an awaitable with ``cancel()`` (Serve's ``DeploymentResponse``)."""
     try:
         return await asyncio.wait_for(response, timeout_s)
-    except (asyncio.TimeoutError, asyncio.CancelledError):
+    except (TimeoutError, asyncio.CancelledError):
         response.cancel()
         raise
 
@@ -181,7 +181,7 @@ class ShardedIndex:
             timeout = max(0.001, min(self.timeout_s, deadline - loop.time()))
             try:
                 return await await_response(getattr(self.handles[shard], method).remote(*args), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 errors.append(f"try {len(errors) + 1}: timed out after {round(timeout, 3)}s")
                 self._unexplained = True
                 failed, refused, backoff = failed + 1, 0, 0.0

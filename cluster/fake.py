@@ -162,7 +162,7 @@ class FakeCluster:
         self.head.shutdown()
         Path(self.config_path).unlink(missing_ok=True)
 
-    def __enter__(self) -> "FakeCluster":
+    def __enter__(self) -> FakeCluster:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -100,7 +100,7 @@ class ClusterHandle:
             self.simulated.shutdown()
             self.simulated = None
 
-    def __enter__(self) -> "ClusterHandle":
+    def __enter__(self) -> ClusterHandle:
         return self
 
     def __exit__(self, *exc: Any) -> None:

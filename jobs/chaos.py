@@ -115,9 +115,8 @@ def run(args: argparse.Namespace) -> int:
     from ray import serve
 
     from cluster.local import start_or_join
-    from serve.run import deploy, wait_healthy, wait_running
-
     from longrag.index.alias import publish
+    from serve.run import deploy, wait_healthy, wait_running
 
     plan = ChaosPlan(requests=args.requests, concurrency=args.concurrency, shard_requests=args.shard_requests,
                      shard=args.shard, recovery_timeout_s=args.recovery_timeout_s, retire_after_s=args.retire_after_s)

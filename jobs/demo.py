@@ -27,9 +27,9 @@ import httpx
 import psutil
 
 from lab.bench import latency_stats
-from longrag.memory import MemorySampler
 from longrag.cli import add_config_flags, job_setup, transcript
 from longrag.data import SAMPLE_WIKI, data_path
+from longrag.memory import MemorySampler
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = data_path(SAMPLE_WIKI)
@@ -142,8 +142,8 @@ def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], st
 
     from ray import serve
 
-    from cluster.local import start_or_join
     from actors.distbuild import build_corpus_index
+    from cluster.local import start_or_join
     from longrag.config import load_config
     from serve.app import AppArgs, app_builder
     from serve.run import wait_healthy

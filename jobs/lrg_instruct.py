@@ -29,7 +29,8 @@ import argparse
 import json
 import logging
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from longrag.cli import add_cluster_flags, choice_list, number
 from longrag.eval.datasets import load_qa

@@ -52,13 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     job_setup()
     args = parse_args(argv)
     from longrag.config import LongRAGConfig
-    from longrag.corpus.documents import guess_format, read_documents as read_source
+    from longrag.corpus.documents import guess_format
+    from longrag.corpus.documents import read_documents as read_source
     from longrag.index.alias import AliasError, build_location, publish, resolve_build
+    from longrag.index.artifacts import ArtifactStore, read_documents
     from longrag.index.embedding import Embedder, tokenizer_dir
     from longrag.index.manifest import new_build_id
     from longrag.index.plan import BuildExistsError, check_out, chunk_limits
     from longrag.index.update import Changes, UpdateError, corpus_order, plan_update, read_delete_ids, write_update
-    from longrag.index.artifacts import ArtifactStore, read_documents
     from longrag.store import open_source
     from longrag.text.tokens import counter_for_model_dir
 

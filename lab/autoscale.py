@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import httpx
 from pydantic import BaseModel, Field
@@ -213,7 +214,7 @@ def plot(timeline: Timeline, path: str | Path, title: str = "") -> Path:
     axes[2].set_ylabel("load")
     axes[2].set_xlabel("seconds")
     for i, ax in enumerate(axes):
-        for t, label in timeline.events:
+        for t, _label in timeline.events:
             ax.axvline(t, color="k", lw=0.6, ls=":")
         legend = ax.legend(loc="upper left", fontsize=7, ncol=4,
                            title=("at most 1 replica: " + ", ".join(flat)) if i == 1 and flat else None)

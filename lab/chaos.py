@@ -26,7 +26,8 @@ import collections
 import json
 import statistics
 import time
-from typing import Any, Awaitable, Callable, Literal
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
 
 import httpx
 from pydantic import BaseModel, Field
@@ -94,7 +95,7 @@ class Outcome(BaseModel):
     wrong: bool = Field(False, description="The units differ from the fault-free top-k (see top_k_problem).")
 
     @classmethod
-    def of(cls, r: httpx.Response, ms: float) -> "Outcome":
+    def of(cls, r: httpx.Response, ms: float) -> Outcome:
         try:
             body = r.json()
         except ValueError:
@@ -134,7 +135,7 @@ class LoadResult(BaseModel):
                                    "each build first answered.")
 
     @classmethod
-    def of(cls, outcomes: list[Outcome]) -> "LoadResult":
+    def of(cls, outcomes: list[Outcome]) -> LoadResult:
         ms = sorted(o.ms for o in outcomes)
         return cls(
             requests=len(outcomes), ok=sum(o.status == 200 for o in outcomes),

@@ -17,14 +17,28 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import httpx
 
-from lab.chaos import (ChaosPlan, LoadResult, Outcome, References, ScenarioResult, judge_llm, judge_node,
-                       judge_replica, judge_rollout, judge_shard, reference_top_k, references_problem, retrieve_load,
-                       wait_recovered)
+from lab.chaos import (
+    ChaosPlan,
+    LoadResult,
+    Outcome,
+    References,
+    ScenarioResult,
+    judge_llm,
+    judge_node,
+    judge_replica,
+    judge_rollout,
+    judge_shard,
+    reference_top_k,
+    references_problem,
+    retrieve_load,
+    wait_recovered,
+)
 from lab.chaos_rollout import rollout
 
 log = logging.getLogger("jobs.chaos")
@@ -126,7 +140,7 @@ async def llm_scenario(client: httpx.AsyncClient, plan: ChaosPlan, faults: Fault
         try:
             await asyncio.wait_for(first_token.wait(), plan.request_timeout_s)
             killed.append(await asyncio.to_thread(faults.kill_llm))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         await asyncio.wait_for(reader, plan.request_timeout_s * 5)
     error = next((d["error"] for n, d in events if n == "error"), None)

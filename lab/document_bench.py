@@ -25,9 +25,10 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from longrag.eval.datasets import QAExample
 from longrag.eval.metrics import exact_match, f1

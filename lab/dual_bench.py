@@ -21,13 +21,12 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from longrag.config import DUAL_STRATEGIES, DualConfig, EmbeddingConfig, LLMConfig
-from longrag.data import data_path
 from lab.dual_report import (
     DATASETS,
     RERANKED,
@@ -38,6 +37,8 @@ from lab.dual_report import (
     table3_markdown,
     tokens_markdown,
 )
+from longrag.config import DUAL_STRATEGIES, DualConfig, EmbeddingConfig, LLMConfig
+from longrag.data import data_path
 from longrag.dual.chunking import SourceParagraph
 from longrag.dual.paragraphs import index_paragraphs
 from longrag.dual.pipeline import DualPipeline

@@ -28,21 +28,22 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 
 from longrag.config import EmbeddingConfig, ReaderConfig, UnitConfig
-from longrag.mixpr.config import MixPRConfig
 from longrag.eval.corpus import pool_examples
 from longrag.eval.datasets import QAExample
 from longrag.eval.links import build_links
 from longrag.eval.metrics import exact_match, f1
-from longrag.llm.base import LLM
-from longrag.types import Unit
 from longrag.journal import JsonlJournal
+from longrag.llm.base import LLM
+from longrag.mixpr.config import MixPRConfig
+from longrag.types import Unit
 
 log = logging.getLogger(__name__)
 
@@ -180,8 +181,8 @@ def retrieve_candidates(
     has more candidates than it can take whole."""
     from longrag.index.chunking import chunk_units
     from longrag.index.embedding import Embedder
-    from longrag.index.units import make_units_from_config
     from longrag.index.maxp import MaxPIndex
+    from longrag.index.units import make_units_from_config
     from longrag.text.tokens import counter_for_model_dir
 
     if k < 1:

@@ -8,8 +8,9 @@ Rows are :func:`lab.reader_bench.run_settings`' (and the long-document benchmark
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -6,13 +6,15 @@ serialized bytes per vector, build time, search latency and MaxP unit recall@k a
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import faiss
 import numpy as np
 
 from longrag.index.maxp import MaxPIndex
+
 
 def index_bytes_per_vector(index: MaxPIndex) -> float:
     """Serialized FAISS index size per vector (codes, graph links, inverted lists, centroids)."""

@@ -24,8 +24,8 @@ import contextlib
 import math
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 __all__ = ["Admission", "Deadline", "DeadlineExceeded", "Overloaded"]
 
@@ -126,7 +126,7 @@ class Admission:
         finally:
             self.leave(ticket, completed=completed)
 
-    def to_dict(self) -> dict[str, float | int]:
+    def to_dict(self) -> dict[str, float | int | None]:
         with self._lock:
             return {"limit": self.limit, "max_wait_s": self.max_wait_s, "in_flight": len(self._started),
                     "admitted": self.admitted, "refused": self.refused, "finished": self.finished,
@@ -149,7 +149,7 @@ class Deadline:
     timeout_s: float
 
     @classmethod
-    def after(cls, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> "Deadline":
+    def after(cls, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> Deadline:
         return cls(at=clock() + timeout_s, timeout_s=timeout_s)
 
     def left(self, clock: Callable[[], float] = time.monotonic) -> float:

@@ -127,7 +127,7 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
                    help="logical CPUs for a new local Ray")
 
 
-def config_from_args(args: argparse.Namespace, flags: Mapping[str, str] | None = None) -> "LongRAGConfig":
+def config_from_args(args: argparse.Namespace, flags: Mapping[str, str] | None = None) -> LongRAGConfig:
     """The config of ``--config``/``--set``, plus the job's own shortcut flags (``{attribute:
     "section.field"}``) where given; raises ValueError naming a bad override."""
     from longrag.config import load_config

@@ -455,11 +455,11 @@ class LongRAGConfig(_Section):
     dual: DualConfig = Field(default_factory=DualConfig)
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> "LongRAGConfig":
+    def from_yaml(cls, path: str | Path) -> LongRAGConfig:
         data = yaml.safe_load(Path(path).read_text()) or {}
         return cls.model_validate(data)
 
-    def with_overrides(self, overrides: list[str] | None) -> "LongRAGConfig":
+    def with_overrides(self, overrides: list[str] | None) -> LongRAGConfig:
         """Apply ``section.field=value`` strings (values parsed as YAML scalars).
 
         The values are YAML's (``yaml.safe_load``) and the checking pydantic's (the result is

@@ -102,9 +102,9 @@ def open_text(path: str | Path, errors: str = "strict") -> io.TextIOBase:
     p = Path(path)
     suffix = p.suffix.lower()
     if suffix == ".gz":
-        return gzip.open(p, "rt", encoding="utf-8", errors=errors)  # type: ignore[return-value]
+        return gzip.open(p, "rt", encoding="utf-8", errors=errors)
     if suffix == ".bz2":
-        return bz2.open(p, "rt", encoding="utf-8", errors=errors)  # type: ignore[return-value]
+        return bz2.open(p, "rt", encoding="utf-8", errors=errors)
     return open(p, encoding="utf-8", errors=errors)
 
 

@@ -38,7 +38,7 @@ class MemorySampler:
         while not self._stop.wait(self.interval_s):
             self.peak_bytes = max(self.peak_bytes, self.sample())
 
-    def __enter__(self) -> "MemorySampler":
+    def __enter__(self) -> MemorySampler:
         self.base_bytes = self.peak_bytes = self.sample()
         self._thread.start()
         return self

@@ -16,9 +16,10 @@ import io
 import os
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Callable, Generic, Iterator, TypeVar
+from typing import IO, Any, Generic, TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs

@@ -10,8 +10,9 @@ pass through Ray as they are.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from pydantic import BaseModel, Field, computed_field
 from pydantic.json_schema import SkipJsonSchema
@@ -38,7 +39,7 @@ class Document:
         return asdict(self)
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> "Document":
+    def from_row(cls, row: dict[str, Any]) -> Document:
         return cls(
             doc_id=str(row["doc_id"]),
             title=str(row["title"]),
@@ -61,7 +62,7 @@ class Unit:
         return asdict(self)
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> "Unit":
+    def from_row(cls, row: dict[str, Any]) -> Unit:
         return cls(
             unit_id=str(row["unit_id"]),
             doc_ids=list(row["doc_ids"]),
@@ -85,7 +86,7 @@ class Chunk:
         return asdict(self)
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> "Chunk":
+    def from_row(cls, row: dict[str, Any]) -> Chunk:
         return cls(
             chunk_id=str(row["chunk_id"]),
             unit_id=str(row["unit_id"]),
@@ -168,13 +169,13 @@ class Coverage(BaseModel):
     def redundancy_degraded(self) -> bool:
         return any(r.live < r.replicas for r in self.replicas)
 
-    @computed_field(description='Live replicas per shard in words, e.g. "shard 0: 2 of 2 replicas; '
-                    'shard 1: 1 of 2 replicas" (empty: not tracked).')  # type: ignore[prop-decorator]
+    @computed_field(description='Live replicas per shard in words, e.g. "shard 0: 2 of 2 replicas; '  # type: ignore[prop-decorator]
+                    'shard 1: 1 of 2 replicas" (empty: not tracked).')
     @property
     def redundancy(self) -> str:
         return describe_redundancy(self.replicas)
 
-    def with_fetch_errors(self, fetch_errors: dict[int, str], unfetched: list[str]) -> "Coverage":
+    def with_fetch_errors(self, fetch_errors: dict[int, str], unfetched: list[str]) -> Coverage:
         """This coverage with the shards whose units could not be fetched, and those units, added."""
         if not fetch_errors and not unfetched:
             return self
@@ -210,7 +211,7 @@ class RetrievedUnit(BaseModel):
     text: SkipJsonSchema[str | None] = Field(None, exclude=True, repr=False)
 
     @classmethod
-    def from_hit(cls, hit: UnitHit, row: Mapping[str, Any] | None) -> "RetrievedUnit":
+    def from_hit(cls, hit: UnitHit, row: Mapping[str, Any] | None) -> RetrievedUnit:
         """A hit joined with its unit row (``Unit.to_row()`` plus ``best_chunk_text``); ``row``
         None: the unit could not be fetched (no titles, no text)."""
         if row is None:

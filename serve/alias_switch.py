@@ -14,7 +14,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING
 
 from serve.backend import IndexBackend
 
@@ -68,7 +69,7 @@ class AliasSwitch:
         self._switching = asyncio.Lock()
 
     @property
-    def manifest(self) -> "Manifest":
+    def manifest(self) -> Manifest:
         """The served build's."""
         return self.index.manifest
 

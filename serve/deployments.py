@@ -24,7 +24,8 @@ import contextlib
 import logging
 import os
 import time
-from typing import Any, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import ray
@@ -36,10 +37,9 @@ from longrag.index.fusion import Fusion
 from longrag.index.graph import GraphExpansion, UnitGraph, expand
 from longrag.index.manifest import DimensionMismatch, Manifest
 from longrag.llm.base import LLM, ChatResult
-from longrag.types import InvalidRequest
 from longrag.mixpr.config import MixPRConfig
 from longrag.reading.reader import ReaderResult, ShortAnswer
-from longrag.types import Retrieval, Unit
+from longrag.types import InvalidRequest, Retrieval, Unit
 from serve.backend import IndexBackend, IndexBackendFactory
 from serve.schemas import IndexDescription, LLMDescription, ShardRedundancy
 
@@ -392,21 +392,21 @@ class RemoteLLM(LLM):
         # both backends constrain JSON (llama.cpp grammars, OpenAI response_format)
         self.supports_json_schema = config.backend in ("llamacpp", "openai", "serve")
 
-    async def chat(self, messages, *, max_tokens, temperature=None, stop=None,  # type: ignore[override]
+    async def chat(self, messages, *, max_tokens, temperature=None, stop=None,
                    cache_prefix=None) -> ChatResult:
         return await self.handle.chat.remote(messages, max_tokens, temperature, stop, cache_prefix)
 
-    async def complete(self, prompt, *, max_tokens, temperature=None, stop=None) -> ChatResult:  # type: ignore[override]
+    async def complete(self, prompt, *, max_tokens, temperature=None, stop=None) -> ChatResult:
         return await self.handle.complete.remote(prompt, max_tokens, temperature, stop)
 
-    async def stream_chat(self, messages, *, max_tokens, temperature=None, stop=None,  # type: ignore[override]
+    async def stream_chat(self, messages, *, max_tokens, temperature=None, stop=None,
                           cache_prefix=None):
         stream = self.handle.options(stream=True).stream_chat.remote(messages, max_tokens, temperature, stop,
                                                                      cache_prefix)
         async for item in stream:
             yield item
 
-    async def chat_json(self, messages, *, schema, max_tokens, temperature=None) -> ChatResult:  # type: ignore[override]
+    async def chat_json(self, messages, *, schema, max_tokens, temperature=None) -> ChatResult:
         return await self.handle.chat_json.remote(messages, schema, max_tokens, temperature)
 
     def count_tokens(self, text: str) -> int:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ray import serve
 from ray.serve.handle import DeploymentHandle

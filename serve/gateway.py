@@ -233,7 +233,7 @@ class InProcess:
     def __init__(self, target: Any) -> None:
         self.target = target
 
-    def options(self, **_: Any) -> "InProcess":
+    def options(self, **_: Any) -> InProcess:
         return self
 
     def __getattr__(self, name: str) -> Any:

@@ -37,7 +37,8 @@ import contextlib
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from ray import serve
 
@@ -46,7 +47,6 @@ from actors.sharded_index import IndexNotReady, ShardedIndex
 from cluster import ray_private
 from longrag.index.artifacts import ArtifactStore
 from longrag.index.placement import ShardPlacement, describe_ask, shard_actor_resources
-from longrag.types import ShardRedundancy
 
 if TYPE_CHECKING:
     from longrag.config import IndexConfig
@@ -80,7 +80,7 @@ class IndexBuild:
         return {"build_id": self.build_id, "shards": self.n_shards}
 
 
-def index_app(build_uri: str, manifest: "Manifest", config: "IndexConfig", *, verify: bool = True,
+def index_app(build_uri: str, manifest: Manifest, config: IndexConfig, *, verify: bool = True,
               shard_cls: type = IndexShardReplica) -> Any:
     """The Serve application of one build: a deployment of ``shard_cls`` per shard, bound to
     :class:`IndexBuild`. A replica that fails to load its shard (a checksum mismatch, a GPU missing)
@@ -108,7 +108,7 @@ def index_app(build_uri: str, manifest: "Manifest", config: "IndexConfig", *, ve
     return IndexBuild.bind(manifest.build_id, len(shards), *shards)
 
 
-def ensure_index_app(build_uri: str, manifest: "Manifest", config: "IndexConfig", *,
+def ensure_index_app(build_uri: str, manifest: Manifest, config: IndexConfig, *,
                      ready_timeout_s: float = 300.0) -> str:
     """Deploy the build's application unless it runs already, and wait until it serves (RUNNING, or
     UNHEALTHY while Serve replaces a lost replica and every shard still has a running one); returns
@@ -263,7 +263,7 @@ class ServeShards(ShardedIndex):
     replica), one refused by a full replica again after a short backoff within the call's deadline,
     and the replica counts are Serve's (``RUNNING`` of those not stopping)."""
 
-    def __init__(self, app: str, manifest: "Manifest", config: "IndexConfig") -> None:
+    def __init__(self, app: str, manifest: Manifest, config: IndexConfig) -> None:
         self.app = app
         handles = [serve.get_deployment_handle(shard_deployment_name(s.shard_id), app_name=app)
                    for s in manifest.shards]
@@ -285,7 +285,7 @@ class ServeShards(ShardedIndex):
 
 
 @contextlib.contextmanager
-def open_index(build_uri: str, config: "IndexConfig", *, ready_timeout_s: float = 600.0) -> Iterator[ServeShards]:
+def open_index(build_uri: str, config: IndexConfig, *, ready_timeout_s: float = 600.0) -> Iterator[ServeShards]:
     """The build's shards for a job that searches without the HTTP app (evaluation, benchmarks): its
     Serve application (the same one the Retriever uses; started with Serve's proxies off when Serve
     is not running yet), held by this job while it runs (:class:`IndexHolders`): on exit it is
@@ -318,7 +318,7 @@ class ServeIndex(ServeShards):
     or job that is. Each instance is its own holder, so a build adopted again (the alias rolled back
     within ``retire_after_s``) is held by the new instance while the old one's retirement ends."""
 
-    def __init__(self, index_uri: str, config: "IndexConfig", *, app_name: str = "", holder: str = "",
+    def __init__(self, index_uri: str, config: IndexConfig, *, app_name: str = "", holder: str = "",
                  ready_timeout_s: float = 300.0) -> None:
         manifest = ArtifactStore.open(index_uri).read_manifest()
         self.config, self.user_app = config, app_name

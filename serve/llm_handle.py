@@ -93,7 +93,7 @@ class ServeAppLLM(OpenAIHTTPLLM):
             return self._chunks(stream, ChatCompletionChunk)
         try:
             first = await asyncio.wait_for(anext(stream), self.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             stream.cancel()
             raise LLMError(f"{self.name} at {self.base_url}: timed out after {self.timeout_s:g}s") from None
         except StopAsyncIteration:

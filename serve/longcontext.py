@@ -72,7 +72,7 @@ class LongContextRequest(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _dual(self) -> "LongContextRequest":
+    def _dual(self) -> LongContextRequest:
         if self.strategy is not None:
             if self.question is None:
                 raise ValueError(f"strategy {self.strategy!r} needs a question")

@@ -45,9 +45,9 @@ from serve.status import (  # noqa: F401 - the CLI's, and re-exported for jobs a
     serve_status,
     short_of,
     shortage_grace_s,
+    wait_running,
     waiting_ask,
     waiting_replicas,
-    wait_running,
 )
 
 

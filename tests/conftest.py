@@ -81,8 +81,8 @@ def sample_index(tmp_path_factory) -> dict:
     with the real bundled embedding model, on a local Ray of 2 logical CPUs as ``make demo`` builds
     (a stage asking for a whole CPU beside the chunker and the embedding pool waits forever there).
     Starts and stops its own local Ray, so test modules can each start theirs afterwards."""
-    from cluster.local import start_or_join
     from actors.distbuild import build_corpus_index
+    from cluster.local import start_or_join
     from longrag.config import load_config
 
     out = tmp_path_factory.mktemp("sample-index") / "build"

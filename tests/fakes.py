@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from longrag.llm.base import LLM, ChatResult, ContextOverflowError, check_max_tokens, check_messages
 
@@ -121,9 +121,9 @@ def write_tiny_build(root, docs: list[tuple[str, str]], shards: int = 2,
     ``(title, text)``, one chunk per sentence, embedded with :class:`HashEncoder`; no Ray. With
     ``links`` (pairs of positions in ``docs``), the unit link graph too."""
     from longrag.config import LongRAGConfig
+    from longrag.index.artifacts import ArtifactStore, write_shard
     from longrag.index.manifest import Manifest
     from longrag.index.maxp import MaxPIndex
-    from longrag.index.artifacts import ArtifactStore, write_shard
     from longrag.types import Chunk, Unit
 
     store = ArtifactStore.open(str(root))
@@ -160,7 +160,7 @@ def write_tiny_build(root, docs: list[tuple[str, str]], shards: int = 2,
 class _Response:
     """What ``handle.method.remote()`` returns, as Serve's ``DeploymentResponse``: awaitable, with ``cancel()``."""
 
-    def __init__(self, router: "_FakeDeployment", method: str, args) -> None:
+    def __init__(self, router: _FakeDeployment, method: str, args) -> None:
         self.router, self.method, self.args = router, method, args
 
     def __await__(self):
@@ -177,7 +177,7 @@ class _FakeDeployment:
     fails searches with ``k == FLAKY_K`` and stays in (its health checks pass)."""
 
     class _Method:
-        def __init__(self, router: "_FakeDeployment", name: str) -> None:
+        def __init__(self, router: _FakeDeployment, name: str) -> None:
             self.router, self.name = router, name
 
         def remote(self, *args):

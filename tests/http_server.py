@@ -64,7 +64,7 @@ class FileServer:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}{path}"
 
 
-    def __enter__(self) -> "FileServer":
+    def __enter__(self) -> FileServer:
         self.thread.start()
         return self
 

@@ -52,7 +52,7 @@ class FakeTeacher:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
 
-    def __enter__(self) -> "FakeTeacher":
+    def __enter__(self) -> FakeTeacher:
         self.thread.start()
         return self
 

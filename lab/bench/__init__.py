@@ -14,4 +14,5 @@ from lab.bench.load import (
     run_level_threads,
 )
 
-__all__ = ["LatencyStats", "LevelResult", "Overhead", "grows_with_concurrency", "latency_stats", "machine", "median_by_key", "overhead", "run_level", "run_level_threads"]
+__all__ = ["LatencyStats", "LevelResult", "Overhead", "grows_with_concurrency", "latency_stats", "machine",
+           "median_by_key", "overhead", "run_level", "run_level_threads"]

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from longrag.memory import MemorySampler
-from longrag.index.grouping import csr_from_edges, group_csr
 from lab.synthetic.wikigraph import wikilike_graph
+from longrag.index.grouping import csr_from_edges, group_csr
+from longrag.memory import MemorySampler
 
 
 def grouping_run(n_docs: int, mean_links: float, budget: int, seed: int) -> dict[str, Any]:
@@ -58,9 +58,9 @@ def embed_texts(n_chunks: int, seed: int) -> list[str]:
     """``n_chunks`` chunk texts of real Wikipedia sentences, each close to the model's input limit."""
     import random
 
+    from lab.synthetic.common import wikipedia_sentences
     from longrag.index.chunking import chunk_text
     from longrag.index.embedding import tokenizer_dir
-    from lab.synthetic.common import wikipedia_sentences
     from longrag.text.tokens import counter_for_model_dir
 
     counter = counter_for_model_dir(tokenizer_dir("all-MiniLM-L6-v2"))

@@ -24,8 +24,9 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import httpx
 import numpy as np
@@ -52,7 +53,7 @@ async def ask(client: httpx.AsyncClient, question: str, patience_s: float, k: in
     t0 = time.perf_counter()
     try:
         r = await asyncio.wait_for(client.post("/v1/answer", json={"question": question, "k": k}), patience_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return "gave_up", time.perf_counter() - t0, False
     except httpx.HTTPError as exc:
         return f"error:{type(exc).__name__}", time.perf_counter() - t0, False
@@ -199,7 +200,7 @@ class ProcessMemory:
         peak, self.peak = max(self.peak, self.sample()), self.sample()
         return round(peak / 2**30, 3)
 
-    def __enter__(self) -> "ProcessMemory":
+    def __enter__(self) -> ProcessMemory:
         self.peak = self.sample()
         self._thread.start()
         return self

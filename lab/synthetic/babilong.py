@@ -17,7 +17,6 @@ import random
 from dataclasses import dataclass
 from functools import lru_cache
 
-from longrag.data import BABI_DIR, read_text
 from lab.synthetic.common import (
     CHARS_PER_TOKEN,
     FillerStream,
@@ -27,6 +26,7 @@ from lab.synthetic.common import (
     place_items,
     wikipedia_sentences,
 )
+from longrag.data import BABI_DIR, read_text
 
 __all__ = ["BabiQuestion", "TASK_FILES", "load_babi", "generate_babilong"]
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from longrag.data import DPR_PASSAGES, HOTPOTQA_CORPUS, MUSIQUE_CORPUS, data_dir, data_path, open_text, read_text
 from longrag.text.sentences import split_sentences

@@ -112,7 +112,7 @@ def generate_hashhop(
     # order the needles of each asked chain by hop level
     needle_of = {}
     k = 0
-    for t, c, lvl in lines:
+    for _t, c, lvl in lines:
         if c in asked_set:
             needle_of[(c, lvl)] = spans[k]
             k += 1

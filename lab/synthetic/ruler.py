@@ -21,7 +21,6 @@ from functools import lru_cache
 
 import yaml
 
-from longrag.data import RULER_TASKS_YAML, WORDLISTS_DIR, data_path
 from lab.synthetic.common import (
     CHARS_PER_TOKEN,
     FillerStream,
@@ -31,6 +30,7 @@ from lab.synthetic.common import (
     place_items,
     wikipedia_sentences,
 )
+from longrag.data import RULER_TASKS_YAML, WORDLISTS_DIR, data_path
 
 __all__ = ["RULER_TASKS", "generate_ruler", "load_wordlists", "NOISE_SENTENCES"]
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from longrag.index.maxp import MaxPIndex
 
+
 def clustered_vectors(
     n_chunks: int,
     dim: int,
@@ -87,8 +88,8 @@ def write_synthetic_build(root: str, sizes: list[int], dim: int, chunk_chars: in
                           seed: int) -> None:
     """A complete build of ``len(sizes)`` Flat shards of synthetic chunks (text of ``chunk_chars``)."""
     from longrag.config import LongRAGConfig
-    from longrag.index.manifest import Manifest
     from longrag.index.artifacts import ArtifactStore, write_shard
+    from longrag.index.manifest import Manifest
 
     store = ArtifactStore.open(root)
     manifest = Manifest.create(LongRAGConfig(), dim=dim, documents=0, argv=["jobs.bench", "index"])

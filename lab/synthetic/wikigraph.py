@@ -101,8 +101,8 @@ def write_wikilike_corpus(
     the titles of linked articles), streamed: memory holds the metadata arrays, never the corpus.
     Texts are real Wikipedia sentences from the bundled samples drawn at random up to each article's
     length, so tokenizers, sentence splitters and chunkers see realistic text."""
-    from longrag.data import WORDLISTS_DIR, data_path
     from lab.synthetic.common import wikipedia_sentences
+    from longrag.data import WORDLISTS_DIR, data_path
 
     if n_files <= 0:
         raise ValueError(f"n_files must be > 0, got {n_files}")

@@ -26,9 +26,12 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from longrag.types import Document
+
+if TYPE_CHECKING:
+    from longrag.corpus.wikixml import RawPage
 
 TaskKind = Literal["file", "stream", "row_group"]
 
@@ -221,7 +224,7 @@ def _wiki_records(task: ReadTask, text_mode: str) -> Iterator[TaskRecord]:
             yield TaskRecord("doc", doc=doc)
 
 
-def _task_pages(task: ReadTask) -> Iterator["wikixml.RawPage"]:  # noqa: F821
+def _task_pages(task: ReadTask) -> Iterator[RawPage]:
     from longrag.corpus import wikixml
     from longrag.store import open_source
 

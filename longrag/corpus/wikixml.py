@@ -33,7 +33,7 @@ class RawPage:
         return asdict(self)
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> "RawPage":
+    def from_row(cls, row: dict[str, Any]) -> RawPage:
         redirect = row.get("redirect")
         return cls(
             title=str(row["title"]),

@@ -11,8 +11,9 @@ it back to the source paragraph.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from longrag.text.sentences import sentence_spans
 

@@ -5,8 +5,8 @@ retrieved chunks back to their source paragraphs (Section 4.2).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from longrag.config import DualConfig
 from longrag.dual.chunking import DualChunk, SourceParagraph, chunk_paragraphs, split_document

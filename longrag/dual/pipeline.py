@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Mapping, Protocol, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from longrag.config import DUAL_STRATEGIES, DualConfig
 from longrag.dual.chunking import SourceParagraph
@@ -104,7 +105,7 @@ class DualPipeline:
     ):
         if llm is None and None in (extractor, filter, generator):
             raise ValueError("DualPipeline needs an llm unless extractor, filter and generator are all given")
-        self.llm = llm  # type: ignore[assignment]
+        self.llm = llm
         self.config = config or DualConfig()
         self.stages: tuple[ExtractorStage, FilterStage, GeneratorStage] = (
             extractor or self, filter or self, generator or self
@@ -287,9 +288,9 @@ class DualPipeline:
             stages: list[StageTrace] = []
             uses_e, uses_f = strategy in USES_EXTRACTOR, strategy in USES_FILTER
             if uses_e:
-                stages.append(st_e)  # type: ignore[arg-type]
+                stages.append(st_e)
             if uses_f:
-                stages.append(st_f)  # type: ignore[arg-type]
+                stages.append(st_f)
             kept = kept_f if uses_f else chunks
             if strategy == "R&L":
                 mapped = map_to_paragraphs(chunks, paragraphs)

@@ -11,9 +11,10 @@ dense order and the trace says ``"dense only"``: never silently.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, Sequence
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -112,7 +113,7 @@ class BiEncoderScorer:
         return [float(x) for x in p @ q]
 
 
-def load_reranker(folder: str | Path, device: str = "cpu") -> "CrossEncoderScorer | BiEncoderScorer":
+def load_reranker(folder: str | Path, device: str = "cpu") -> CrossEncoderScorer | BiEncoderScorer:
     """The scorer a folder holds: a sentence-transformers CrossEncoder (``model_type`` CrossEncoder
     in ``config_sentence_transformers.json``, or a plain sequence-classification model) or a
     sentence encoder (a ``modules.json`` with a pooling module)."""

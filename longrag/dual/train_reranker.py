@@ -35,10 +35,11 @@ import math
 import random
 import re
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 
@@ -292,7 +293,8 @@ def _train_cross_encoder(torch: Any, base: str, cfg: TrainerConfig, train_ex: An
 
     counts = {"train_pairs_available": len(all_pairs), "train_pairs": len(pairs), "train_positive_pairs": n_pos,
               "train_negative_pairs": n_neg, "examples_seen": cfg.max_steps * cfg.batch_size, "frozen_parameters": frozen,
-              "loss": "binary cross-entropy on logits" + (", positives weighted by negatives/positives" if pos_weight is not None else "")}  # fmt: skip
+              "loss": "binary cross-entropy on logits"
+              + (", positives weighted by negatives/positives" if pos_weight is not None else "")}  # fmt: skip
     return ce, losses, counts, score
 
 
@@ -401,7 +403,7 @@ def train_reranker(
             "eval_after": round(t_after, 1),
             "total": round(time.perf_counter() - t_start, 1),
         },
-        created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        created_utc=datetime.now(UTC).isoformat(timespec="seconds"),
         notes=notes,
         kind=cfg.kind,
     )

@@ -28,7 +28,6 @@ from longrag.eval.datasets import (
     load_qa,
 )
 from longrag.eval.links import build_links, link_stats, tfidf_neighbour_links
-from longrag.index.titles import TitleMatcher, title_mention_links
 from longrag.eval.metrics import (
     aggregate,
     answer_recall_at_k,
@@ -40,6 +39,7 @@ from longrag.eval.metrics import (
     normalize_answer,
     refined_exact_match,
 )
+from longrag.index.titles import TitleMatcher, title_mention_links
 
 __all__ = [
     "LoadResult",

@@ -17,9 +17,10 @@ across input orders, and between the pooled and the corpus-file form of one set.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 from longrag.eval.datasets import QAExample, iter_paragraphs, join_sentences, read_records
 from longrag.types import Document

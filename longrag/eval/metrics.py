@@ -22,7 +22,8 @@ import re
 import string
 import unicodedata
 from collections import Counter
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 _PUNCT = set(string.punctuation)
 _ARTICLES_RE = re.compile(r"\b(a|an|the)\b")

@@ -10,8 +10,9 @@ Enhancing Retrieval-Augmented Generation with Long-context LLMs", Section 4.2, T
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from longrag.eval import metrics as M
 from longrag.eval.datasets import QAExample

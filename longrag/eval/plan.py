@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -93,7 +94,7 @@ class EvalConfig(BaseModel):
         """Units to retrieve per question: the deepest k scored, or the reader's k when deeper."""
         return max(max(self.ks), self.reader_k if self.reads else 1)
 
-    def settings(self) -> list["EvalSetting"]:
+    def settings(self) -> list[EvalSetting]:
         return settings_of(self.units, self.links)
 
     def report_dict(self) -> dict[str, Any]:
@@ -101,7 +102,8 @@ class EvalConfig(BaseModel):
         return {
             "dataset": self.dataset, "data": self.data, "corpus": self.corpus, "pool": self.pool,
             "units": list(self.units), "links": list(self.links), "k": list(self.ks), "pipeline": self.pipeline,
-            "token_budgets": list(self.token_budgets), "reader_k": self.reader_k, "limit": self.limit, "endpoint": self.endpoint, "encode": self.encode,
+            "token_budgets": list(self.token_budgets), "reader_k": self.reader_k, "limit": self.limit,
+            "endpoint": self.endpoint, "encode": self.encode,
             "answer_recall_all_types": self.answer_recall_all_types,
         }
 

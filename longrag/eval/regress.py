@@ -71,7 +71,7 @@ class Experiment(BaseModel):
     notes: str = ""
 
     @model_validator(mode="after")
-    def _unique_figures(self) -> "Experiment":
+    def _unique_figures(self) -> Experiment:
         names = [f.name for f in self.figures]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:

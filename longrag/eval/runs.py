@@ -8,8 +8,9 @@ and PNG plots. Ray-free: ``jobs.evaluate`` and offline tooling (``--combine``) s
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from longrag.eval import pipeline as P
 from longrag.eval.report import write_report

@@ -65,7 +65,7 @@ class ArtifactStore:
         self.storage = storage
 
     @classmethod
-    def open(cls, uri: str | Path, *, endpoint_url: str | None = None) -> "ArtifactStore":
+    def open(cls, uri: str | Path, *, endpoint_url: str | None = None) -> ArtifactStore:
         return cls(open_storage(uri, endpoint_url=endpoint_url))
 
     @property
@@ -180,7 +180,7 @@ def _shard_entry(store: ArtifactStore, shard_id: int, require_complete: bool) ->
 
 
 def _cached_paths(store: ArtifactStore, entry: ShardEntry, names: list[str], verify: bool,
-                  cache: "ShardFileCache") -> dict[str, Path]:
+                  cache: ShardFileCache) -> dict[str, Path]:
     """Local paths of the shard's files through the node-local cache (:mod:`longrag.index.shard_cache`):
     fetched and hashed once per node and content; ``verify=False`` trusts a local store's files as they are."""
     out: dict[str, Path] = {}
@@ -196,7 +196,7 @@ def _cached_paths(store: ArtifactStore, entry: ShardEntry, names: list[str], ver
 
 
 def _read_files(store: ArtifactStore, entry: ShardEntry, names: list[str], verify: bool,
-                cache: "ShardFileCache | None" = None) -> dict[str, bytes]:
+                cache: ShardFileCache | None = None) -> dict[str, bytes]:
     if cache is not None:
         return {name: path.read_bytes() for name, path in _cached_paths(store, entry, names, verify, cache).items()}
     out: dict[str, bytes] = {}
@@ -225,7 +225,7 @@ def verify_shard(store: ArtifactStore, shard_id: int, *, require_complete: bool 
 
 def load_shard(
     store: ArtifactStore, shard_id: int, *, verify: bool = True, require_complete: bool = True,
-    cache: "ShardFileCache | None" = None,
+    cache: ShardFileCache | None = None,
 ) -> tuple[MaxPIndex, RecordLookup[Unit]]:
     """Load one shard's index and its units (by unit_id), checking sha256s when ``verify``.
 
@@ -256,7 +256,7 @@ def load_shard(
 
 def load_shard_lexical(
     store: ArtifactStore, shard_id: int, *, verify: bool = True, require_complete: bool = True,
-    cache: "ShardFileCache | None" = None,
+    cache: ShardFileCache | None = None,
 ) -> LexicalIndex | None:
     """One shard's BM25 index, or None when the shard was written without one (a build made before
     hybrid retrieval: rebuild it, or ``jobs.update`` rewrites the shards it touches)."""
@@ -272,7 +272,7 @@ def load_shard_lexical(
 
 def load_shard_chunks(
     store: ArtifactStore, shard_id: int, *, verify: bool = True, require_complete: bool = True,
-    cache: "ShardFileCache | None" = None,
+    cache: ShardFileCache | None = None,
 ) -> RecordLookup[Chunk]:
     """One shard's chunk records by chunk_id (chunk text for readers that work on chunks)."""
     entry, _ = _shard_entry(store, shard_id, require_complete)

@@ -16,13 +16,15 @@ The measurements behind the model are in :mod:`lab.tradeoff` and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import faiss
 import numpy as np
 
 from longrag.index.factories import exhaustive
+
 
 def projected_bytes_per_vector(factory: str, dim: int) -> float:
     """Bytes per vector of a FAISS factory at ``dim`` dims and scale, without training it: the code
@@ -91,7 +93,7 @@ class CapacityModel:
         return self.base_bytes + n_chunks * (vector_bytes + self.chunk_bytes)
 
     @classmethod
-    def fit(cls, n_chunks: Sequence[int], rss: Sequence[float], vector_bytes: float) -> "CapacityModel":
+    def fit(cls, n_chunks: Sequence[int], rss: Sequence[float], vector_bytes: float) -> CapacityModel:
         """Least-squares fit of base and per-chunk bytes from (chunks, RSS) measurements of shards
         with the same factory (at least two distinct chunk counts)."""
         n = np.asarray(n_chunks, dtype=np.float64)

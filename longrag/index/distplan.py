@@ -105,7 +105,7 @@ class DocMeta:
     passage_tokens: list[np.ndarray] = field(default_factory=list)
 
     @classmethod
-    def concat(cls, tables: Sequence[pa.Table]) -> "DocMeta":
+    def concat(cls, tables: Sequence[pa.Table]) -> DocMeta:
         """From the parse tasks' output batches (Arrow tables with the columns above)."""
 
         def cat(name: str, dtype: Any) -> np.ndarray:

@@ -34,10 +34,11 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterator, Mapping, Sequence
+from typing import IO
 
 from longrag.llm.bundled import CACHE_ENV, file_sha256, model_cache_dir
 from longrag.progress import progress

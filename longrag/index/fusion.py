@@ -30,7 +30,7 @@ class Fusion:
     c: int = 60
 
     @classmethod
-    def of(cls, retrieval: "RetrievalConfig") -> "Fusion":
+    def of(cls, retrieval: RetrievalConfig) -> Fusion:
         """The settings of a ``retrieval`` config section."""
         return cls(lexical_weight=retrieval.hybrid_weight, depth=retrieval.hybrid_depth, c=retrieval.rrf_c)
 
@@ -90,4 +90,4 @@ def merge_answers(per_shard: Sequence[object], n_queries: int, k: int, fusion: F
 
     if fusion is not None:
         return merge_shards(per_shard, n_queries, k, fusion)  # type: ignore[arg-type]
-    return [merge_topk([rows[q] for rows in per_shard], k) for q in range(n_queries)]  # type: ignore[index]
+    return [merge_topk([rows[q] for rows in per_shard], k) for q in range(n_queries)]

@@ -123,7 +123,7 @@ class UnitGraph:
         return sink.getvalue()
 
     @classmethod
-    def from_parquet(cls, data: bytes) -> "UnitGraph":
+    def from_parquet(cls, data: bytes) -> UnitGraph:
         table = pq.read_table(io.BytesIO(data)).combine_chunks()
         if table.schema.names != GRAPH_SCHEMA.names:
             raise ValueError(f"a unit graph has columns {GRAPH_SCHEMA.names}, got {table.schema.names}")
@@ -189,7 +189,7 @@ class GraphExpansion:
     temperature: float = 5.0
 
     @classmethod
-    def of(cls, retrieval: "RetrievalConfig") -> "GraphExpansion":
+    def of(cls, retrieval: RetrievalConfig) -> GraphExpansion:
         return cls(seeds=retrieval.graph_seeds, alpha=retrieval.graph_alpha, blend=retrieval.graph_blend,
                    depth=retrieval.graph_depth, radius=retrieval.graph_radius, max_nodes=retrieval.graph_max_nodes)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
+
 import numpy as np
 
 from longrag.types import Document

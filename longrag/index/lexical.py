@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -40,12 +41,12 @@ class LexicalIndexMissing(InvalidRequest):
     """``retrieval.mode=hybrid`` on a build (or shard) written without its BM25 index."""
 
 
-def lexical_missing(manifest: "Manifest") -> list[int]:
+def lexical_missing(manifest: Manifest) -> list[int]:
     """The shards of the build written without their BM25 files (a build made before hybrid retrieval)."""
     return [s.shard_id for s in manifest.shards if not lexical_file_names(list(s.files))]
 
 
-def require_lexical(manifest: "Manifest") -> None:
+def require_lexical(manifest: Manifest) -> None:
     """Raise :class:`LexicalIndexMissing` unless every shard of the build has its BM25 files."""
     missing = lexical_missing(manifest)
     if missing:
@@ -70,7 +71,7 @@ class LexicalIndex:
         self.n_chunks = n_chunks
 
     @classmethod
-    def build(cls, texts: Sequence[str]) -> "LexicalIndex":
+    def build(cls, texts: Sequence[str]) -> LexicalIndex:
         import bm25s
 
         if not texts:
@@ -103,7 +104,7 @@ class LexicalIndex:
         return files
 
     @classmethod
-    def from_files(cls, files: dict[str, bytes]) -> "LexicalIndex":
+    def from_files(cls, files: dict[str, bytes]) -> LexicalIndex:
         """Inverse of :meth:`to_files` (``files`` may hold other shard files too)."""
         import bm25s
 

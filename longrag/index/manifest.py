@@ -133,7 +133,7 @@ class Manifest(_Model):
         build_id: str | None = None,
         documents: int = 0,
         argv: list[str] | None = None,
-    ) -> "Manifest":
+    ) -> Manifest:
         """A ``building`` manifest for a :class:`longrag.config.LongRAGConfig` (or its dump)."""
         cfg = config.model_dump(mode="json") if hasattr(config, "model_dump") else dict(config)
         emb, idx, units = cfg["embedding"], cfg["index"], cfg["units"]
@@ -196,7 +196,7 @@ class Manifest(_Model):
         return self.model_dump_json(indent=2)
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "Manifest":
+    def from_json(cls, text: str | bytes) -> Manifest:
         return cls.model_validate_json(text)
 
 
@@ -218,11 +218,11 @@ def shard_plan(units_by_shard: dict[int, list[Any]]) -> dict[str, str]:
 
 def new_build_id() -> str:
     """Sortable unique id: UTC timestamp plus random hex, e.g. ``20250101T120000Z-1a2b3c``."""
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+    return _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
 def utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def _version(dist: str) -> str | None:

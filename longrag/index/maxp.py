@@ -22,8 +22,9 @@ from __future__ import annotations
 import io
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import faiss
 import numpy as np
@@ -165,7 +166,7 @@ class MaxPIndex:
         unit_ids: Sequence[str],
         factory: str = "Flat",
         metric: Metric = "ip",
-    ) -> "MaxPIndex":
+    ) -> MaxPIndex:
         """Index ``vectors`` (float32 (n, d)); ``unit_ids[i]`` owns chunk ``chunk_ids[i]``.
 
         Non-exact factories (IVF, PQ, ...) are trained on ``vectors`` first.
@@ -397,7 +398,7 @@ class MaxPIndex:
         }
 
     @classmethod
-    def from_files(cls, files: dict[str, bytes], *, index_path: str | Path | None = None) -> "MaxPIndex":
+    def from_files(cls, files: dict[str, bytes], *, index_path: str | Path | None = None) -> MaxPIndex:
         """Inverse of :meth:`to_files`. With ``index_path`` the FAISS index is read from that file
         instead of ``files``, its codes memory-mapped where the index type allows it (FAISS
         ``IO_FLAG_MMAP_IFC``: the flat-code indexes, Flat, SQ, PQ, HNSW's storage; an IVF index is read
@@ -429,7 +430,7 @@ class MaxPIndex:
         return sorted(files)
 
     @classmethod
-    def load(cls, directory: str | Path) -> "MaxPIndex":
+    def load(cls, directory: str | Path) -> MaxPIndex:
         directory = Path(directory)
         missing = [name for name in INDEX_FILES if not (directory / name).is_file()]
         if missing:

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from longrag.index.maxp import INDEX_FILES
 from longrag.index.lexical import LEXICAL_PREFIX
+from longrag.index.maxp import INDEX_FILES
 
 if TYPE_CHECKING:
     from longrag.config import IndexConfig
@@ -42,7 +42,7 @@ class ShardPlacement:
     num_gpus: float = 1.0
 
     @classmethod
-    def of(cls, config: "IndexConfig") -> "ShardPlacement":
+    def of(cls, config: IndexConfig) -> ShardPlacement:
         return cls(num_cpus=config.shard_num_cpus, node_resource=config.node_resource,
                    memory_factor=config.shard_memory_factor, device=config.device, num_gpus=config.shard_num_gpus)
 
@@ -50,7 +50,7 @@ class ShardPlacement:
         return asdict(self)
 
 
-def shard_memory_bytes(entry: "ShardEntry") -> int:
+def shard_memory_bytes(entry: ShardEntry) -> int:
     """Estimated resident bytes of one loaded shard: the FAISS index, its maps and the BM25 arrays
     as stored (their in-memory size), the unit and chunk records at :data:`TEXT_EXPANSION` times
     their parquet size, plus the process base :data:`BASE_BYTES`."""
@@ -60,7 +60,7 @@ def shard_memory_bytes(entry: "ShardEntry") -> int:
     return int(BASE_BYTES + index + TEXT_EXPANSION * records)
 
 
-def shard_actor_resources(placement: ShardPlacement, entry: "ShardEntry") -> dict[str, Any]:
+def shard_actor_resources(placement: ShardPlacement, entry: ShardEntry) -> dict[str, Any]:
     """Ray ``.options()`` keywords for the actor of ``entry``: ``num_cpus``, ``num_gpus`` (cuda),
     ``resources`` ({node_resource: 1}) and ``memory`` (bytes, when ``memory_factor`` > 0)."""
     if placement.device not in ("cpu", "cuda"):

@@ -21,8 +21,9 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -97,7 +98,7 @@ class BuildSettings(_Frozen):
     index: IndexBuild
 
     @classmethod
-    def of(cls, config: LongRAGConfig | Mapping[str, Any]) -> "BuildSettings":
+    def of(cls, config: LongRAGConfig | Mapping[str, Any]) -> BuildSettings:
         """The settings of a config, or of its ``model_dump`` (a manifest's ``config``); fields an
         older dump lacks take the current defaults."""
         data = config.model_dump(mode="json") if isinstance(config, BaseModel) else dict(config)
@@ -135,7 +136,7 @@ class BuildSettings(_Frozen):
                             if v is not None or k not in ("document_instruction", "dim")}
         return out
 
-    def diff(self, other: "BuildSettings") -> list[str]:
+    def diff(self, other: BuildSettings) -> list[str]:
         """``section.field`` names whose values differ, sorted."""
         a, b = self.model_dump(mode="json"), other.model_dump(mode="json")
         return sorted(f"{sec}.{key}" for sec in a for key in a[sec] if a[sec][key] != b[sec][key])

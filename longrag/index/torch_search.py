@@ -71,7 +71,7 @@ class TorchFlatIndex:
         self.norms = (self.xb.float() ** 2).sum(1) if metric_type == METRIC_L2 else None
 
     @classmethod
-    def from_faiss(cls, index: Any, device: str = "cuda", dtype: str = "float32") -> "TorchFlatIndex":
+    def from_faiss(cls, index: Any, device: str = "cuda", dtype: str = "float32") -> TorchFlatIndex:
         """The vectors of a FAISS ``IndexFlat`` copied to ``device``."""
         import faiss
 

@@ -26,8 +26,9 @@ import json
 import logging
 import re
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -310,9 +311,6 @@ def write_update(
     rebuilt from the parent's chunks and vectors of their kept units plus the chunks of the new
     units, embedded with ``embed``. The manifest names the parent (``Manifest.parent``) and is
     written complete last. Returns it."""
-    from longrag.index.chunking import chunk_units
-    from longrag.index.manifest import ParentBuild, collect_provenance, new_build_id, shard_plan, utc_now
-    from longrag.index.maxp import MaxPIndex
     from longrag.index.artifacts import (
         DOCUMENTS_FILE,
         copy_shard,
@@ -322,7 +320,10 @@ def write_update(
         write_shard,
         write_unit_graph,
     )
+    from longrag.index.chunking import chunk_units
     from longrag.index.graph import GRAPH_FILE, links_units, unit_graph_from_documents
+    from longrag.index.manifest import ParentBuild, collect_provenance, new_build_id, shard_plan, utc_now
+    from longrag.index.maxp import MaxPIndex
     from longrag.types import Chunk
 
     t0 = time.perf_counter()

@@ -24,8 +24,9 @@ import hashlib
 import json
 import logging
 import sqlite3
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -94,7 +95,7 @@ class VectorCache:
         self.lock_timeout_s = 60.0  # how long to wait for another process' write before a miss
 
     @classmethod
-    def for_embedder(cls, embedder: Any) -> "VectorCache":
+    def for_embedder(cls, embedder: Any) -> VectorCache:
         folder = embedder.config.vector_cache_dir or default_cache_dir()
         return cls(folder, cache_settings(embedder))
 

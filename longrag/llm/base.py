@@ -11,8 +11,9 @@ API are interchangeable.
 from __future__ import annotations
 
 import abc
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 from longrag.text.tokens import trim_to_tokens
 

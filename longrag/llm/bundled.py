@@ -21,9 +21,9 @@ import importlib.util
 import json
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from longrag.llm.base import LLMError
 

@@ -25,7 +25,8 @@ import contextlib
 import ctypes
 import ctypes.util
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from longrag.llm.base import LLMError
 

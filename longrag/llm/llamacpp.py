@@ -36,9 +36,10 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import numpy as np
 
@@ -574,7 +575,7 @@ class LlamaCppLLM(LLM):
         self.close()
 
 
-def _retrieved(future: "asyncio.Future[Any]") -> None:
+def _retrieved(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()
 

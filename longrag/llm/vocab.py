@@ -33,7 +33,7 @@ class LlamaVocab:
         self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
 
     @classmethod
-    def load(cls, model: str) -> "LlamaVocab":
+    def load(cls, model: str) -> LlamaVocab:
         """The GGUF's vocabulary only (no weights): a reader's fitter beside a remote LLM."""
         from llama_cpp import Llama
 

@@ -28,9 +28,9 @@ import logging
 import os
 import time
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from longrag.dual.prompts import parse_judgement
 from longrag.eval.datasets import LoadResult

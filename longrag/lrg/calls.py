@@ -11,8 +11,8 @@ request the executor never answered becomes an error reply (counted, never lost)
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from longrag.journal import JsonlJournal
 from longrag.llm.base import LLM, ChatResult, LLMError

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import Counter
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from longrag.eval.datasets import QAExample
 from longrag.lrg.records import LRGConfig, Sample, SourceParagraph
@@ -27,7 +27,7 @@ TokenCounter = Callable[[str], int]
 
 def question_rng(seed: int, key: str) -> random.Random:
     """A random generator seeded by ``seed`` and a question key (stable across runs and machines)."""
-    digest = hashlib.sha256(f"{seed}:{key}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"{seed}:{key}".encode()).digest()
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 

@@ -56,7 +56,7 @@ class LRGConfig(_Model):
     seed: int = 0
 
     @model_validator(mode="after")
-    def _check(self) -> "LRGConfig":
+    def _check(self) -> LRGConfig:
         bad = [k for k in self.kinds if k not in KINDS]
         if bad or not self.kinds:
             raise ValueError(f"kinds {list(self.kinds)!r}: choose one or more of {', '.join(KINDS)}")

@@ -14,7 +14,8 @@ the document's last chunk(s) (see :mod:`longrag.mixpr.retriever`).
 from __future__ import annotations
 
 import time
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -107,7 +108,7 @@ class HybridRetriever:
             raise ValueError(f"query embedding has shape {q.shape}, expected (1, {X.shape[1]})")
         index = faiss.IndexFlatIP(X.shape[1])
         index.add(X)
-        D, I = index.search(q, n_distinct)
+        D, I = index.search(q, n_distinct)  # noqa: E741 - FAISS's own names (distances, ids)
         dense = np.zeros(n_distinct)
         valid = I[0] >= 0
         dense[I[0][valid]] = D[0][valid]

@@ -47,7 +47,7 @@ class Chunks:
     def __len__(self) -> int:
         return len(self.texts)
 
-    def concat(self, other: "Chunks", offset: int) -> "Chunks":
+    def concat(self, other: Chunks, offset: int) -> Chunks:
         """These chunks followed by ``other`` whose spans are shifted by ``offset`` characters."""
         return Chunks(
             texts=self.texts + other.texts,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Literal, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Literal, Protocol
 
 __all__ = ["Route", "ROUTER_PROMPT", "router_prompt", "parse_route", "route_query", "router_text"]
 

@@ -22,7 +22,7 @@ back to one ``findall`` per text.
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import scipy.sparse as sp

@@ -11,7 +11,7 @@ answer rules, measured against the bare prompt (docs/evaluation.md), not a libra
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from longrag.reading.prompts import FewShotExample
 

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 
@@ -165,10 +166,10 @@ class LongContextPipeline:
 
     def _rank(self, prep: PreparedDocument, retriever: str, route: str | None, cfg: MixPRConfig) -> MixPRResult:
         if retriever == "mixpr":
-            return MixPRRetriever(cfg).rank(prep, route)  # type: ignore[arg-type]
+            return MixPRRetriever(cfg).rank(prep, route)
         if retriever == "sparse":
             return SparseRetriever(cfg).rank(prep)
-        return HybridRetriever(self.encoder, cfg).rank(prep)  # type: ignore[arg-type]
+        return HybridRetriever(self.encoder, cfg).rank(prep)
 
     def _check(self, document: Any, question: Any, retriever: str, k: int | None, route: str, read: bool) -> None:
         if not isinstance(document, str):

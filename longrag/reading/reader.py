@@ -31,22 +31,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 from longrag.config import ReaderConfig
 from longrag.llm.base import LLM, ChatResult, ContextOverflowError
-from longrag.reading.prompts import (
-    FEW_SHOT_EXAMPLES,
-    direct_messages,
-    documents_head,
-    UNIT_SEPARATOR,
-    completion_prompt,
-    format_context,
-    format_unit,
-    turn1_messages,
-    turn2_message,
-)
+
 # The short-answer rules live in longrag.reading.answers; the others stay importable from here.
 from longrag.reading.answers import (  # noqa: F401
     clean_short_answer,
@@ -56,6 +47,17 @@ from longrag.reading.answers import (  # noqa: F401
     reduce_to_span,
     short_answer_problem,
     yes_no_answer,
+)
+from longrag.reading.prompts import (
+    FEW_SHOT_EXAMPLES,
+    UNIT_SEPARATOR,
+    completion_prompt,
+    direct_messages,
+    documents_head,
+    format_context,
+    format_unit,
+    turn1_messages,
+    turn2_message,
 )
 from longrag.text.tokens import trim_to_tokens
 from longrag.types import Unit

@@ -33,8 +33,8 @@ from fastapi.responses import JSONResponse
 from longrag.types import describe_redundancy
 from serve.errors import error_response
 from serve.gateway import Gateway, gateway
-from serve.status import Placement, missing_resources, placement, serve_status, waiting_replicas
 from serve.schemas import DeploymentHealth, ErrorResponse, Health, IndexDescription, Liveness
+from serve.status import Placement, missing_resources, placement, serve_status, waiting_replicas
 
 router = APIRouter()
 log = logging.getLogger("ray.serve")  # Serve's replica logger: lines carry the request id
@@ -161,7 +161,7 @@ async def report(gw: Gateway, last_described: tuple[float, IndexDescription] | N
             return None
         try:
             return await asyncio.wait_for(handle.describe.remote(), DESCRIBE_TIMEOUT_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             line = f"{name}.describe timed out after {DESCRIBE_TIMEOUT_S:g} s"
             if last is not None:
                 stale_s.append(round(time.monotonic() - last[0], 3))

@@ -14,13 +14,13 @@ import pytest
 
 from actors.distbuild import plan_corpus
 from cluster.local import start_or_join
+from lab.synthetic.wikigraph import write_wikilike_corpus
 from longrag.config import load_config
 from longrag.corpus.documents import documents_to_table, read_documents
 from longrag.corpus.sources import plan_read_tasks, write_multistream
+from longrag.index.artifacts import ArtifactStore
 from longrag.index.distplan import staged_units_prefix
 from longrag.index.plan import plan_build
-from longrag.index.artifacts import ArtifactStore
-from lab.synthetic.wikigraph import write_wikilike_corpus
 from longrag.types import Unit
 from tests.conftest import SAMPLE_WIKI
 

@@ -14,10 +14,10 @@ import ray
 from actors.index_shard import IndexShardImpl
 from actors.sharded_index import IndexNotReady
 from cluster.local import WORKER_ENV
-from longrag.config import LongRAGConfig
+from longrag.config import IndexConfig, LongRAGConfig
+from longrag.index.artifacts import ArtifactStore
 from longrag.index.maxp import IndexDeviceError, MaxPIndex, check_gpu
 from longrag.index.placement import BASE_BYTES, ShardPlacement, shard_actor_resources, shard_memory_bytes
-from longrag.index.artifacts import ArtifactStore
 from serve.index_app import CONSTRUCTOR_RETRIES, index_app, open_index
 from tests.actors.test_sharded_index import _assert_same, _brute_force, _make_build, _queries
 
@@ -107,7 +107,7 @@ def cluster():
     c.shutdown()
 
 
-def _config(**index) -> "IndexConfig":
+def _config(**index) -> IndexConfig:
     return LongRAGConfig.model_validate({"index": {"shard_num_cpus": 0.1, **index}}).index
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 import pytest
 
 from actors.index_shard import IndexShardImpl

@@ -15,9 +15,9 @@ from ray import serve
 from actors.sharded_index import IndexNotReady
 from cluster.local import start_or_join
 from longrag.config import IndexConfig, LongRAGConfig
+from longrag.index.artifacts import ArtifactStore, write_shard
 from longrag.index.manifest import Manifest
 from longrag.index.maxp import MaxPIndex
-from longrag.index.artifacts import ArtifactStore, write_shard
 from longrag.types import Chunk, Unit
 from serve.index_app import ServeShards, index_app, index_app_name, open_index
 
@@ -204,7 +204,7 @@ def test_fetched_units_put_their_best_documents_first(cluster, tmp_path):
         text = "\n\n".join(f"{t}\n{x}" for t, x in docs)
         units.append(Unit(unit_id=uid, doc_ids=[t for t, _ in docs], titles=[t for t, _ in docs], text=text, n_tokens=9))
         pos = 0
-        for d, (t, x) in enumerate(docs):
+        for _d, (t, x) in enumerate(docs):
             for part in (f"{t}\n{x}",):  # one chunk per document, plus a second for some
                 pieces = [part] if rng.random() < 0.5 else [part[: len(part) // 2], part[len(part) // 2:]]
                 for piece in pieces:

@@ -59,7 +59,7 @@ def test_max_resources_is_every_type_at_max_workers_plus_the_head():
     assert max_resources(config) == {"CPU": 6.0, "index": 4.0, "GPU": 2.0, "memory": (2 * 2 + 8 + 2 * 2) * 2**30}
     # on AWS the bootstrap config carries the detected resources; the head's CPU: 0 adds nothing
     aws = load(AWS_YAML)
-    for name, t in worker_types(aws).items():
+    for _name, t in worker_types(aws).items():
         t["resources"] = {**(t.get("resources") or {}), "CPU": INSTANCE_SHAPES[t["node_config"]["InstanceType"]][0]}
     assert max_resources(aws)["CPU"] == 8 * 8 + 8 * 16 + 16 * 8
     assert max_resources(aws)["index"] == 8 * 4

@@ -9,8 +9,8 @@ import numpy as np
 
 from actors.index_shard import IndexShardImpl
 from lab.bench.cli import index as bench_index
-from longrag.index.factories import split_factories, sweep_for
 from lab.synthetic.vectors import write_synthetic_build
+from longrag.index.factories import split_factories, sweep_for
 
 
 def test_split_factories_keeps_ivf_encodings():

@@ -15,7 +15,6 @@ from longrag.eval import pipeline as P
 from longrag.eval.datasets import QAExample
 from longrag.eval.report import score_results, summarize
 
-
 HOTPOT = data_path(HOTPOTQA_SAMPLE)  # the bundled 100 HotpotQA questions, gzipped (data/README.md)
 
 
@@ -258,8 +257,8 @@ def test_local_reader_compresses_overflowing_units_with_mixpr(monkeypatch):
     units are squeezed by MixPR: the answer sentence from the third unit (which truncation drops)
     reaches the model, and the prompt fits the window."""
     import longrag.llm.factory as factory
-    from longrag.eval.run import run_reader_local
     from longrag.config import load_config
+    from longrag.eval.run import run_reader_local
     from tests.fakes import ScriptedLLM
 
     topics = ["rivers", "mountains", "harbours"]

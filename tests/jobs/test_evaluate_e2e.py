@@ -12,7 +12,6 @@ import pytest
 from longrag.eval.plan import file_digest
 from tests.jobs.test_evaluate import HOTPOT, _read
 
-
 # --------------------------------------------------------------------------------------------- end to end
 
 
@@ -160,9 +159,9 @@ def test_reader_answers_checkpointed_by_a_dead_run_are_reused(cluster, workdir, 
     """A run that died after reading one of two questions left that answer in its checkpoint; the
     rerun reads only the other question, writes both, and removes the checkpoint."""
     from jobs.evaluate import main
-    from longrag.eval.plan import checkpoint_file, reader_setup
     from longrag.config import load_config
     from longrag.eval.checkpoint import ReaderCheckpoint
+    from longrag.eval.plan import checkpoint_file, reader_setup
 
     overrides = ["reader.few_shot_examples=2", "llm.context_window=2048"]
     _, first = _read(workdir / "longrag")  # the reader run above (k=1, the same settings)

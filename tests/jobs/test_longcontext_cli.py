@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from longrag.mixpr import MixPRConfig, MixPRRetriever, SparseRetriever
 from lab.synthetic import generate_hashhop
-
+from longrag.mixpr import MixPRConfig, MixPRRetriever, SparseRetriever
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,8 +5,20 @@ from __future__ import annotations
 
 import httpx
 
-from lab.chaos import (ChaosPlan, LoadResult, Outcome, Recovery, Rollout, ScenarioResult, judge_replica, judge_rollout,
-                       judge_shard, references_problem, summarize, top_k_problem)
+from lab.chaos import (
+    ChaosPlan,
+    LoadResult,
+    Outcome,
+    Recovery,
+    Rollout,
+    ScenarioResult,
+    judge_replica,
+    judge_rollout,
+    judge_shard,
+    references_problem,
+    summarize,
+    top_k_problem,
+)
 
 
 def _cov(degraded=False, lost=False, failed=(), failovers=0):

@@ -7,7 +7,6 @@ import asyncio
 
 import pytest
 
-from longrag.eval.datasets import Paragraph, QAExample
 from lab.document_bench import (
     DocumentSetting,
     parse_document_settings,
@@ -16,6 +15,7 @@ from lab.document_bench import (
 )
 from lab.reader_bench import PLAIN_USER
 from lab.reader_report import summarize, versus_plain
+from longrag.eval.datasets import Paragraph, QAExample
 from longrag.mixpr.config import MixPRConfig
 from tests.fakes import ScriptedLLM
 

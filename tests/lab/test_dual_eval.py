@@ -9,11 +9,11 @@ import asyncio
 
 import pytest
 
+from lab import dual_bench as db
+from lab import dual_report as dr
 from longrag.config import DualConfig
 from longrag.dual.paragraphs import index_paragraphs
 from longrag.dual.pipeline import DualPipeline
-from lab import dual_bench as db
-from lab import dual_report as dr
 from longrag.eval.datasets import Paragraph, QAExample
 from tests.fakes import ScriptedLLM
 from tests.longrag.test_dual_pipeline import _kinds, _stage_reply

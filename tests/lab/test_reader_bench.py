@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from longrag.config import ReaderConfig
-from longrag.eval.datasets import QAExample
 from lab.reader_bench import Candidates, ReaderSetting, parse_settings, run_settings
 from lab.reader_report import attribution, markdown_table, summarize, versus_plain
+from longrag.config import ReaderConfig
+from longrag.eval.datasets import QAExample
 from longrag.types import Unit
 from tests.fakes import ScriptedLLM
 

@@ -7,7 +7,6 @@ import re
 import numpy as np
 import pytest
 
-from longrag.mixpr import chunk_text
 from lab.synthetic import (
     RULER_TASKS,
     generate_babilong,
@@ -19,6 +18,7 @@ from lab.synthetic import (
 )
 from lab.synthetic.babilong import parse_babi
 from lab.synthetic.scoring import needles_found
+from longrag.mixpr import chunk_text
 
 
 @pytest.mark.parametrize("hops", [1, 3, 6])
@@ -159,9 +159,9 @@ def test_top_word_overlap():
 
 
 def test_wikilike_corpus_files_read_back_and_link(tmp_path):
+    from lab.synthetic.wikigraph import wikilike_graph, write_wikilike_corpus
     from longrag.corpus.documents import read_jsonl
     from longrag.index.grouping import build_adjacency
-    from lab.synthetic.wikigraph import wikilike_graph, write_wikilike_corpus
 
     paths = write_wikilike_corpus(tmp_path, 300, n_files=3, mean_links=5, seed=4)
     assert [p.name for p in paths] == ["part-00000.jsonl", "part-00001.jsonl", "part-00002.jsonl"]

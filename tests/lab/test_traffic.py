@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from lab.bench.traffic import Arrivals, abandoned_burst, crowd, open_loop, summarize, Outcome
+from lab.bench.traffic import Arrivals, Outcome, abandoned_burst, crowd, open_loop, summarize
 
 
 def _app(answer_s: float, limit: int):

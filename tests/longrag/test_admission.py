@@ -77,7 +77,7 @@ def test_admitted_only_while_those_admitted_would_be_answered_within_max_wait():
 def test_the_context_manager_frees_its_place_on_errors():
     adm = Admission(1)
     with pytest.raises(ZeroDivisionError), adm.admitted_request():
-        1 / 0
+        1 / 0  # noqa: B018 - the error the context manager must see
     with adm.admitted_request():
         assert adm.in_flight == 1
     assert adm.in_flight == 0 and adm.finished == 1

@@ -7,9 +7,9 @@ import pytest
 
 from longrag.config import LongRAGConfig
 from longrag.eval.plan import index_fingerprint
+from longrag.index.artifacts import ArtifactStore
 from longrag.index.manifest import Manifest
 from longrag.index.plan import BuildSettings, ResumeError, assign_shards, plan_build, resume_decision
-from longrag.index.artifacts import ArtifactStore
 from longrag.types import Document, Unit
 
 CORPUS = [{"path": "/x", "sha256": "a" * 64, "bytes": 10}]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from longrag.index.capacity import CapacityModel, plan_corpus, projected_bytes_per_vector
 from lab.synthetic.vectors import clustered_vectors
 from lab.tradeoff import index_bytes_per_vector, measure_factory, unit_recall
+from longrag.index.capacity import CapacityModel, plan_corpus, projected_bytes_per_vector
 from longrag.index.maxp import MaxPIndex
 from longrag.types import UnitHit
 

@@ -10,8 +10,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from longrag.corpus.report import ReadReport
-from longrag.data import DPR_PASSAGES, data_path
 from longrag.corpus.documents import (
     DOCUMENT_SCHEMA,
     documents_to_table,
@@ -22,6 +20,8 @@ from longrag.corpus.documents import (
     record_to_document,
     split_dpr_contents,
 )
+from longrag.corpus.report import ReadReport
+from longrag.data import DPR_PASSAGES, data_path
 from longrag.types import Document
 
 DPR = data_path(DPR_PASSAGES)  # the bundled 1,000 DPR passages, gzipped (data/README.md)

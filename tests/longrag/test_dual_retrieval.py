@@ -28,7 +28,7 @@ def test_windows_respect_budget_and_overlap_one_sentence():
     # 10 sentences of 10 words, budget 30: windows of 3 sentences, each starting at the previous last
     w = sentence_windows([10] * 10, max_words=30, overlap_sentences=1, min_tail_words=1)
     assert w == [(0, 3), (2, 5), (4, 7), (6, 9), (8, 10)]
-    for (a0, b0), (a1, _) in zip(w, w[1:]):
+    for (_a0, b0), (a1, _) in zip(w, w[1:]):
         assert a1 == b0 - 1  # exactly one sentence repeated
 
 

@@ -10,6 +10,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
+
 torch.set_num_threads(1)
 
 from longrag.config import EmbeddingConfig  # noqa: E402

@@ -11,12 +11,13 @@ import networkx as nx
 import numpy as np
 import pytest
 
+from lab.synthetic.wikigraph import wikilike_graph
 from longrag.config import UnitConfig
 from longrag.data import DPR_PASSAGES, data_path, open_text
 from longrag.index.grouping import (
     UNIT_SEPARATOR,
-    build_adjacency,
     _unique_sorted_inplace,
+    build_adjacency,
     csr_from_edges,
     document_text,
     earlier_neighbours,
@@ -26,7 +27,6 @@ from longrag.index.grouping import (
     normalize_title,
 )
 from longrag.index.units import grouping_stats, make_units, make_units_from_config
-from lab.synthetic.wikigraph import wikilike_graph
 from longrag.text.tokens import WhitespaceCounter, counter_for_model_dir
 from longrag.types import Document
 
@@ -312,7 +312,7 @@ def _dpr_docs(n=300, seed=0):
     for i, r in enumerate(rows):
         title, _, text = r["contents"].partition("\n")
         docs.append(Document(doc_id=f"dpr{r['id']}", title=f"{title.strip(chr(34))} #{i}", text=text))
-    for i, d in enumerate(docs):
+    for _i, d in enumerate(docs):
         if rng.random() < 0.15:
             continue  # no links
         d.links = [docs[rng.randrange(n)].title for _ in range(rng.randint(1, 4))] + ["Not in corpus"]

@@ -13,8 +13,8 @@ longrag.eval import QAExample`` -> ``longrag.eval``, whose ``__init__`` imports 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import pytest
 

@@ -129,7 +129,7 @@ def test_a_stream_closed_by_its_reader_stops_generating(llm):
         before = llm.cancel_stats()
         stream = llm.stream_chat(question, max_tokens=400)
         deltas = 0
-        async for item in stream:
+        async for _item in stream:
             deltas += 1
             if deltas == 5:
                 break

@@ -11,8 +11,8 @@ import pytest
 from longrag.config import LLMConfig
 from longrag.llm.base import LLMError
 from longrag.llm.convert import lora_to_gguf
-from longrag.llm.hf_export import STAMP, export_hf_model
 from longrag.llm.factory import build_llm
+from longrag.llm.hf_export import STAMP, export_hf_model
 
 BASE = "smollm2-135m-instruct"
 

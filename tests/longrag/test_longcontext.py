@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 from sklearn.feature_extraction.text import CountVectorizer, TfidfVectorizer
 
+from lab.synthetic import generate_babilong, generate_hashhop
+from longrag.mixpr import MixPRConfig, MixPRRetriever, SparseRetriever, chunk_text, embed_tfidf
+from longrag.mixpr.chunking import chunk_text_reference, whitespace_mask
+from longrag.mixpr.tfidf import count_terms
 from longrag.reading.longcontext import (
     LongContextPipeline,
     compress_units_with_mixpr,
     reader_messages,
     select_within_budget,
 )
-from longrag.mixpr import MixPRConfig, MixPRRetriever, SparseRetriever, chunk_text, embed_tfidf
-from longrag.mixpr.chunking import chunk_text_reference, whitespace_mask
-from longrag.mixpr.tfidf import count_terms
-from lab.synthetic import generate_babilong, generate_hashhop
 from tests.fakes import ScriptedLLM
 
 DOC = (

@@ -21,7 +21,6 @@ from longrag.mixpr import (
 from longrag.mixpr.baselines import HybridRetriever, sparse_scores
 from longrag.mixpr.retriever import top_k_in_order
 
-
 # ---------------------------------------------------------------- retriever
 
 
@@ -222,8 +221,8 @@ def test_facts_one_per_line_with_periods_are_one_chunk_each():
     """Issue 9: facts written one per line ending in a period (``x = y.``) were merged into
     multi-fact chunks wherever the next line started with a lower-case letter. A period before a
     newline ends a sentence, so every line is its own chunk (fast chunker and reference alike)."""
-    from longrag.mixpr.chunking import chunk_text_reference
     from lab.synthetic import generate_hashhop
+    from longrag.mixpr.chunking import chunk_text_reference
 
     s = generate_hashhop(4000, 4, seed=0, fmt="periods")
     lines = s.document.split("\n")

@@ -3,7 +3,6 @@ sparse solve and networkx, dedup equivalence."""
 
 from __future__ import annotations
 
-
 import networkx as nx
 import numpy as np
 import pytest
@@ -19,7 +18,6 @@ from longrag.mixpr import (
     similarity_graph,
 )
 from longrag.mixpr.chunking import split_words_evenly
-
 
 # ---------------------------------------------------------------- chunking
 
@@ -126,7 +124,8 @@ def test_graph_methods_equal_brute_force(seed, self_loops):
     D[D < t] = 0
     if not self_loops:
         np.fill_diagonal(D, 0)
-    for method, kw in (("blocked", {"block_rows": 37}), ("pruned", {}), ("pruned", {"n_frequent": 3}), ("pruned", {"n_frequent": 40, "block_rows": 50})):
+    for method, kw in (("blocked", {"block_rows": 37}), ("pruned", {}), ("pruned", {"n_frequent": 3}),
+                       ("pruned", {"n_frequent": 40, "block_rows": 50})):
         S, stats = similarity_graph(E, t, self_loops=self_loops, method=method, **kw)
         assert S.dtype == np.float32 and S.shape == (300, 300)
         np.testing.assert_allclose(S.toarray(), D, atol=1e-6, err_msg=f"{method} {kw}")

@@ -3,7 +3,6 @@ yes/no answers, the context budget cap (scripted LLM)."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from longrag.config import ReaderConfig
@@ -19,7 +18,6 @@ from longrag.reading.reader import (
 from longrag.types import Unit
 from tests.fakes import ScriptedLLM
 from tests.longrag.test_reader import TWO_TURN, make_unit, run
-
 
 # -- post-processing ------------------------------------------------------------------------
 

@@ -15,7 +15,6 @@ from longrag.types import Unit
 from tests.fakes import ScriptedLLM
 from tests.longrag.test_reader import make_unit, run, words
 
-
 # -- context fitting ------------------------------------------------------------------------
 
 

@@ -12,9 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from longrag.index.artifacts import load_shard, load_shard_chunks
+from longrag.index.artifacts import ArtifactStore, load_shard, load_shard_chunks
 from longrag.index.shard_cache import ShardFileCache
-from longrag.index.artifacts import ArtifactStore
 from longrag.store import ChecksumError, open_storage
 from tests.fakes import HashEncoder, write_tiny_build
 

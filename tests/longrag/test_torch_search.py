@@ -9,9 +9,9 @@ import faiss
 import numpy as np
 import pytest
 
+from lab.synthetic.vectors import clustered_vectors
 from longrag.index import torch_search
 from longrag.index.maxp import GPU_MAX_K, IndexDeviceError, MaxPIndex, check_gpu
-from lab.synthetic.vectors import clustered_vectors
 from longrag.index.torch_search import METRIC_INNER_PRODUCT, METRIC_L2, TorchFlatIndex
 
 

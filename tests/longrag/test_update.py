@@ -12,11 +12,12 @@ import pytest
 
 from longrag.config import LongRAGConfig
 from longrag.index.alias import AliasError, BuildPointer, publish, read_pointer, resolve_build
+from longrag.index.artifacts import ArtifactStore, load_shard_units, read_documents, write_documents, write_shard
 from longrag.index.chunking import chunk_units
-from longrag.index.units import make_units
 from longrag.index.manifest import Manifest
 from longrag.index.maxp import MaxPIndex
 from longrag.index.plan import assign_shards
+from longrag.index.units import make_units
 from longrag.index.update import (
     Changes,
     UpdateError,
@@ -27,7 +28,6 @@ from longrag.index.update import (
     unit_key,
     write_update,
 )
-from longrag.index.artifacts import ArtifactStore, load_shard_units, read_documents, write_documents, write_shard
 from longrag.text.tokens import WhitespaceCounter
 from longrag.types import Document
 from tests.fakes import HashEncoder
@@ -171,8 +171,8 @@ def full_build(root, docs: list[Document], real: bool = False) -> ArtifactStore:
 
 
 def _search(store: ArtifactStore, queries: np.ndarray, k: int) -> list[list[tuple]]:
-    from longrag.index.maxp import merge_topk
     from longrag.index.artifacts import load_shard
+    from longrag.index.maxp import merge_topk
 
     m = store.read_manifest()
     loaded = [load_shard(store, s) for s in m.shard_ids]

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from longrag.data import SAMPLE_WIKI, data_path
 from longrag.corpus.documents import read_documents
-from longrag.types import Document
 from longrag.corpus.wikimarkup import wikitext_to_text
 from longrag.corpus.wikitext import parse_page, read_wikixml
 from longrag.corpus.wikititles import link_target, normalize_title, resolve_redirects, resolve_title
 from longrag.corpus.wikixml import RawPage, iter_pages
+from longrag.data import SAMPLE_WIKI, data_path
+from longrag.types import Document
 
 SAMPLE = data_path(SAMPLE_WIKI)  # the bundled enwiki excerpt (data/sample/ATTRIBUTION.md)
 

@@ -6,9 +6,10 @@ redeploys, deletion). Each module deploys its own (one Ray per module)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from unittest import mock
 
 import httpx

@@ -19,7 +19,7 @@ from ray import serve
 from cluster.local import WORKER_ENV
 from longrag.config import LongRAGConfig
 from serve.app import build_app
-from tests.fakes import HashEncoder, FakeShardsIndex, TitleReader, write_tiny_build
+from tests.fakes import FakeShardsIndex, HashEncoder, TitleReader, write_tiny_build
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 8210

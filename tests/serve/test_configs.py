@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from ray.serve.schema import ServeDeploySchema
 
 from longrag.config import LongRAGConfig

@@ -15,8 +15,8 @@ from longrag.dual.service import DualService
 from longrag.llm.base import ChatResult
 from longrag.types import Coverage, Retrieval, RetrievedUnit, Unit
 from serve.dual import DualExtractor, DualFilter, DualGenerator, DualReader, units_to_paragraphs
-from serve.longcontext import LongContextRequest
 from serve.gateway import InProcess
+from serve.longcontext import LongContextRequest
 from serve.schemas import AnswerRequest
 from tests.longrag.test_dual_pipeline import _stage_reply
 from tests.longrag.test_dual_retrieval import _BagEncoder

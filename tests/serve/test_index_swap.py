@@ -20,7 +20,7 @@ from longrag.config import LongRAGConfig
 from longrag.index.alias import publish
 from longrag.index.artifacts import ArtifactStore
 from serve.app import build_app
-from tests.fakes import HashEncoder, FakeShardsIndex, TitleReader, write_tiny_build
+from tests.fakes import FakeShardsIndex, HashEncoder, TitleReader, write_tiny_build
 from tests.serve.test_app_fakes import DOCS, serve_status_wait
 
 ROOT = Path(__file__).resolve().parents[2]

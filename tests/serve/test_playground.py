@@ -9,8 +9,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.browser import ask, browser_page
 from serve.run import wait_healthy
+from tests.browser import ask, browser_page
 from tests.fakes import serve_fake_app, write_tiny_build
 
 PORT = 8414

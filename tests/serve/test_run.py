@@ -12,8 +12,8 @@ from serve.run import (
     TRANSIENT_GRACE_S,
     Placement,
     missing_resources,
-    shortage_grace_s,
     short_of,
+    shortage_grace_s,
     waiting_ask,
 )
 

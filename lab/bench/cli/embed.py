@@ -148,7 +148,8 @@ def run(args: argparse.Namespace, config: Any, chunks: list[str]) -> int:
             row, vectors = level(embedder, chunks, batch)
             if reference is None:
                 reference = vectors
-            row.update(dtype=embedder.dtype, tokenize_only_chunks_per_s=tokenize_per_s, min_cosine_vs_first=round(float(np.min(np.sum(vectors * reference, axis=1))), 5))
+            row.update(dtype=embedder.dtype, tokenize_only_chunks_per_s=tokenize_per_s,
+                       min_cosine_vs_first=round(float(np.min(np.sum(vectors * reference, axis=1))), 5))
             rows.append(row)
             print(f"{dtype:>9} batch {batch:>4}: {row['chunks_per_s']:>9.1f} chunks/s "
                   f"(cosine to the first level >= {row['min_cosine_vs_first']})", flush=True)

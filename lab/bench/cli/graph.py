@@ -23,11 +23,11 @@ from dataclasses import asdict
 import numpy as np
 
 from lab.bench import latency_stats, machine
-from longrag.memory import MemorySampler
 from lab.bench.tables import markdown_table, publish
 from longrag.cli import job_setup, number
 from longrag.config import RetrievalConfig
 from longrag.index.graph import GraphExpansion, UnitGraph, expand, unit_graph_from_labels
+from longrag.memory import MemorySampler
 from longrag.types import UnitHit
 
 

@@ -40,11 +40,11 @@ import faiss
 import numpy as np
 
 from lab.bench.tables import markdown_table
+from lab.synthetic.vectors import clustered_vectors, synthetic_shard, write_synthetic_build
+from lab.tradeoff import interleaved_ms, measure_factory, plot_tradeoff
 from longrag.cli import int_list, number
 from longrag.index.capacity import CapacityModel, plan_factories, projected_bytes_per_vector, scan_cost
 from longrag.index.factories import default_nlist, factory_problem, split_factories, sweep_for
-from lab.synthetic.vectors import clustered_vectors, synthetic_shard, write_synthetic_build
-from lab.tradeoff import interleaved_ms, measure_factory, plot_tradeoff
 from longrag.index.maxp import MaxPIndex
 
 DEFAULT_FACTORIES = "Flat,SQfp16,SQ8,IVF{nlist},Flat,IVF{nlist},SQ8,IVF{nlist},PQ48,IVF{nlist},PQ48,RFlat,HNSW32"

@@ -25,14 +25,14 @@ from typing import Any
 
 import numpy as np
 
+from lab.synthetic import generate_babilong, generate_hashhop, needle_recall
+from lab.synthetic.babilong import TASK_FILES
+from lab.synthetic.hashhop import HASHHOP_FORMATS
 from longrag.cli import choice_list, int_list, number
 from longrag.mixpr import MixPRConfig, MixPRRetriever, SparseRetriever, prepare_document
 from longrag.mixpr.baselines import HybridRetriever
 from longrag.mixpr.graph import similarity_graph
 from longrag.mixpr.pagerank import personalized_pagerank
-from lab.synthetic import generate_babilong, generate_hashhop, needle_recall
-from lab.synthetic.babilong import TASK_FILES
-from lab.synthetic.hashhop import HASHHOP_FORMATS
 
 MAX_HOPS = 16
 TIMING_DOCS = ("babilong", "hashhop")
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                 out["timing"].append(time_one(kind, tokens, cfg, args.nx_max_edges))
         cols = ["doc", "tokens", "chunks", "distinct", "edges", "iters", "chunk", "embed", "graph", "pagerank",
                 "topk", "total", "ppr_converged_s", "nx_pagerank_s", "nx_ratio", "peak_rss_mb"]  # fmt: skip
-        print("\n## MixPR speed (seconds; local route, k=%d)" % cfg.top_k)
+        print(f"\n## MixPR speed (seconds; local route, k={cfg.top_k:d})")
         print("| " + " | ".join(cols) + " |")
         print("|" + "---|" * len(cols))
         for r in out["timing"]:

@@ -34,11 +34,11 @@ import sys
 import time
 from pathlib import Path
 
+from lab import reader_bench as rb
+from lab import reader_report as report
 from longrag.cli import job_setup, number
 from longrag.config import load_config
 from longrag.data import HOTPOTQA_SAMPLE, MUSIQUE_SAMPLE, data_path
-from lab import reader_bench as rb
-from lab import reader_report as report
 from longrag.eval.datasets import load_qa
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -38,10 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from longrag.memory import MemorySampler
 from lab.bench.scale import embed_texts, grouping_run, project
 from lab.bench.tables import markdown_table
 from longrag.cli import int_list, number
+from longrag.memory import MemorySampler
 
 WIKIPEDIA_ARTICLES = 6_000_000
 

@@ -33,8 +33,17 @@ import httpx
 import yaml
 
 from lab.bench import machine, median_by_key, overhead, run_level, run_level_threads
-from lab.bench.serving import (QUESTIONS, InProcessRetrieval, brief, chat_check, first_token_summary,
-                               http_first_token, reader_first_token, retrieve_check, summary)
+from lab.bench.serving import (
+    QUESTIONS,
+    InProcessRetrieval,
+    brief,
+    chat_check,
+    first_token_summary,
+    http_first_token,
+    reader_first_token,
+    retrieve_check,
+    summary,
+)
 from longrag.cli import int_list, job_setup, number, transcript
 from longrag.config import LongRAGConfig
 from longrag.index.graph import split_mode
@@ -210,8 +219,8 @@ def run(args: argparse.Namespace, terminal: TextIO) -> dict[str, Any]:
 
     from ray import serve
 
-    from cluster.local import start_or_join
     from actors.distbuild import ensure_sample_build
+    from cluster.local import start_or_join
     from serve.run import deploy, direct_ingress, wait_healthy, wait_running
 
     t0 = time.perf_counter()

@@ -100,8 +100,8 @@ def measure(uri: str, setting: str, cache_dir: str, searches: int) -> dict:
 def stage_synthetic(out: Path, n: int, dim: int, per_unit: int, text_bytes: int) -> int:
     """Staged units and embedded chunks of one shard, as the build's Ray Data stages leave them."""
     from actors.build import stage_chunks
-    from longrag.index.distplan import stage_shard_units
     from longrag.index.artifacts import ArtifactStore
+    from longrag.index.distplan import stage_shard_units
     from longrag.types import Unit
 
     store = ArtifactStore.open(str(out))

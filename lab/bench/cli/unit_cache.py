@@ -97,9 +97,9 @@ def run_raw(llm_cfg: LLMConfig, reader_cfg: ReaderConfig, requests, log) -> list
     """llama-cpp-python alone on the reader's own messages (fitted as the reader fits them)."""
     from llama_cpp import Llama
 
+    from longrag.llm import build_llm
     from longrag.llm.llamacpp import resolve_model_path, resolve_threads
     from longrag.reading.reader import LongReader
-    from longrag.llm import build_llm
 
     fitter = LongReader(build_llm(llm_cfg.model_copy(update={"unit_cache_mb": 0})), reader_cfg)
     messages = []
