@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -174,7 +173,7 @@ def _budget(stage: str, timeout_s: float) -> tuple[float, Deadline | None]:
     deadline = request_deadline.get()
     if deadline is None:
         return timeout_s, None
-    left = deadline.at - time.monotonic()
+    left = deadline.left()
     if left <= 0:
         raise DeadlinePassed(stage, deadline.timeout_s)
     return (left, deadline) if left < timeout_s else (timeout_s, None)

@@ -211,9 +211,6 @@ class LlamaCppLLM(LLM):
         perf = llama_cpp.llama_perf_context(self._llama.ctx)
         return int(perf.n_p_eval), int(perf.n_eval)
 
-    def _evaluated_prompt_tokens(self) -> int:
-        return self._evaluated_tokens()[0]
-
     def cancel_stats(self) -> dict[str, int]:
         """Calls cancelled since the model was made: ``requests`` in all, ``refused_waiting`` (while
         waiting for the model, or before they started), ``aborted_running`` (stopped mid-evaluation
