@@ -30,7 +30,7 @@ import numpy as np
 import ray
 
 from longrag.index.artifacts import ArtifactStore, load_shard, load_shard_chunks, load_shard_lexical
-from longrag.index.evidence import order_by_evidence
+from longrag.index.evidence import scored_evidence
 from longrag.index.lexical import LexicalIndexMissing
 from longrag.types import Unit, UnitHit
 
@@ -117,7 +117,8 @@ class IndexShardImpl:
         text of its best chunk (``best_chunk_text``) when ``best_chunk_ids`` is given; unknown ids
         raise KeyError. With ``queries`` (one vector per unit id) and ``evidence``, each unit's
         documents come best first by their own best chunk, with their scores (``doc_scores``,
-        :func:`longrag.index.evidence.order_by_evidence`); an empty best chunk id (a unit the graph
+        :func:`longrag.index.evidence.order_by_evidence`) and each chunk's ``(start, end, score)`` in
+        the reordered text (``chunk_scores``: what the reader packs by); an empty best chunk id (a unit the graph
         walk found, :func:`longrag.index.graph.expand`) is the unit's best chunk for its query
         (``best_chunk_id`` in the row), or none without ``queries``.
         :meth:`actors.sharded_index.ShardedIndex.retrieve_units` joins them with their hits into
@@ -127,11 +128,12 @@ class IndexShardImpl:
             raise ValueError(f"{len(queries)} query vectors for {len(unit_ids)} units")
         if queries is not None and evidence:
             scored = [self._by_evidence(u, q) for u, q in zip(units, queries)]
-            units = [u for u, _ in scored]
+            units = [u for u, _, _ in scored]
         rows = [u.to_row() for u in units]
         if queries is not None and evidence:
-            for row, (_, doc_scores) in zip(rows, scored):
+            for row, (_, doc_scores, chunk_scores) in zip(rows, scored):
                 row["doc_scores"] = doc_scores
+                row["chunk_scores"] = chunk_scores
         if best_chunk_ids is not None:
             for i, (row, chunk_id) in enumerate(zip(rows, best_chunk_ids)):
                 if not chunk_id and queries is not None:
@@ -140,10 +142,11 @@ class IndexShardImpl:
                 row["best_chunk_text"] = self.chunks[chunk_id].text if chunk_id else None
         return rows
 
-    def _by_evidence(self, unit: Unit, query: np.ndarray) -> tuple[Unit, list[float | None]]:
+    def _by_evidence(self, unit: Unit, query: np.ndarray
+                     ) -> tuple[Unit, list[float | None], list[tuple[int, int, float]]]:
         chunk_ids, scores = self.index.unit_chunk_scores(query, unit.unit_id)
         texts = [c.text for c in self.chunks.get_many(chunk_ids)]
-        return order_by_evidence(unit, texts, scores)
+        return scored_evidence(unit, texts, scores)
 
     def info(self) -> dict[str, Any]:
         return {

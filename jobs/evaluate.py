@@ -94,9 +94,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_cluster_flags(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--combine", nargs="+", metavar="RUN_DIR", help="combine earlier run directories into --out")
+    p.add_argument("--compare", nargs="+", metavar="RUN_DIR",
+                   help="earlier runs over the same questions, side by side: means and each run's paired "
+                        "difference from the first with its 95%% bootstrap interval (longrag.eval.compare); "
+                        "written to --out/comparison.md and .json")
     args = p.parse_args(argv)
-    if not args.combine and (not args.dataset or not args.data):
-        p.error("--dataset and --data are required (unless --combine)")
+    if not (args.combine or args.compare) and (not args.dataset or not args.data):
+        p.error("--dataset and --data are required (unless --combine or --compare)")
     return args
 
 
@@ -137,6 +141,24 @@ def _dual(args: argparse.Namespace, command: list[str]) -> int:
     return 0
 
 
+def _compare(run_dirs: list[str], out: str) -> int:
+    from pathlib import Path
+
+    from longrag.eval.compare import compare_runs, comparison_md
+
+    try:
+        cmp = compare_runs(run_dirs)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    md = comparison_md(cmp)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / "comparison.md").write_text(md + "\n")
+    (Path(out) / "comparison.json").write_text(json.dumps(cmp, indent=2) + "\n")
+    print(md)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     job_setup()
     raw = list(sys.argv[1:] if argv is None else argv)
@@ -147,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(json.dumps(combine(args.combine, args.out, command), indent=2))
         return 0
+    if args.compare:
+        return _compare(args.compare, args.out)
     if args.pipeline == "dual":
         return _dual(args, command)
     try:  # a bad --config/--set value is refused before anything starts

@@ -179,13 +179,15 @@ RetrievalMode = Literal["dense", "hybrid", "graph", "hybrid+graph", "iterative"]
 class RetrievalConfig(_Section):
     """What a request's retrieval does beyond the MaxP search (docs/evaluation.md: multi-hop evidence)."""
 
-    document_order: Literal["stored", "evidence"] = Field(
-        "stored", description="The documents inside each retrieved unit: stored = in the order grouping put them; "
-        "evidence = best first by their own best chunk (the MaxP rule per document; the reader reads from the top "
-        "and stops at its budget). On the MuSiQue sample (100) evidence puts 62% of the gold paragraphs into the "
-        "first 1K tokens of the ranked units against 40%, but the 1.5B reader answered the same with it (50 "
-        "questions: F1 22.0 against 22.8, given 60% of the gold paragraphs against 44%; docs/evaluation.md, "
-        "multi-hop evidence), so the default stays stored.",
+    document_order: Literal["stored", "evidence", "packed"] = Field(
+        "stored", description="What of each retrieved unit the reader reads, and in what order. stored: the units "
+        "whole, documents in the order grouping put them, read from the top until the reader's budget "
+        "(reader.max_context_tokens) ends. evidence: the same with each unit's documents best first by their own "
+        "best chunk (the MaxP rule per document). packed: the paragraphs of all the units given to the reader, "
+        "ranked by the best MaxP chunk score over each paragraph (the unit's rank breaks ties) and taken best "
+        "first while they fit the budget, written back in reading order under their titles "
+        "(longrag.reading.packing; the trace names the paragraphs read and cut). docs/evaluation.md, 'What "
+        "reaches the reader', has the table that chose the default.",
     )
     mode: RetrievalMode = Field(
         "dense", description="dense: one MaxP search. hybrid: the MaxP search and BM25 over the same chunks (MaxP "

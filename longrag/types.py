@@ -57,9 +57,15 @@ class Unit:
     titles: list[str]
     text: str
     n_tokens: int
+    #: For one question: ``(start, end, score)`` of each of the unit's chunks inside ``text`` (its
+    #: MaxP chunk scores, scored on the shard; ``retrieval.document_order=packed``). The reader then
+    #: packs its budget with the best paragraphs (:mod:`longrag.reading.packing`). Never stored.
+    chunk_scores: list[tuple[int, int, float]] | None = field(default=None, compare=False, repr=False)
 
     def to_row(self) -> dict[str, Any]:
-        return asdict(self)
+        row = asdict(self)
+        del row["chunk_scores"]
+        return row
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Unit:
@@ -209,6 +215,9 @@ class RetrievedUnit(BaseModel):
         "'graph' (only the walk over the unit link graph reached it: retrieval.mode=graph or hybrid+graph); "
         "'hop 1' (the question), 'hop 2: <bridge>' ... (retrieval.mode=iterative); None: the one dense search.")
     text: SkipJsonSchema[str | None] = Field(None, exclude=True, repr=False)
+    chunk_scores: SkipJsonSchema[list[tuple[int, int, float]] | None] = Field(
+        None, exclude=True, repr=False, description="(start, end, score) of the unit's chunks in ``text`` for "
+        "this question (retrieval.document_order=packed): what the reader packs its budget by.")
 
     @classmethod
     def from_hit(cls, hit: UnitHit, row: Mapping[str, Any] | None) -> RetrievedUnit:
@@ -222,13 +231,15 @@ class RetrievedUnit(BaseModel):
             best_chunk_id=row.get("best_chunk_id") or hit.best_chunk_id,
             titles=list(row["titles"]), doc_ids=list(row["doc_ids"]), n_tokens=int(row["n_tokens"]),
             best_chunk=row.get("best_chunk_text"), text=str(row["text"]), doc_scores=row.get("doc_scores"),
+            chunk_scores=[(int(a), int(b), float(c)) for a, b, c in row["chunk_scores"]]
+            if row.get("chunk_scores") is not None else None,
         )
 
     def to_unit(self) -> Unit:
         if self.text is None:
             raise ValueError(f"unit {self.unit_id!r} was not fetched (no text)")
         return Unit(unit_id=self.unit_id, doc_ids=self.doc_ids, titles=self.titles, text=self.text,
-                    n_tokens=self.n_tokens)
+                    n_tokens=self.n_tokens, chunk_scores=self.chunk_scores)
 
 
 class Retrieval(BaseModel):

@@ -39,6 +39,9 @@ _READ_TRACE = {
     "time_to_answer_ms": "time_to_answer_ms",
     "long_answer_cached_tokens": "long_answer_cached_tokens",
     "unit_cache": "unit_cache",
+    "context_packed": "packed",
+    "paragraphs_read": "paragraphs_read",
+    "paragraphs_cut": "paragraphs_cut",
 }
 
 

@@ -80,6 +80,7 @@ def retrieved_from_hits(hits: Sequence[Any], units: Mapping[str, Mapping[str, An
                 "doc_ids": [str(d) for d in row.get("doc_ids", [])],
                 "n_tokens": int(row["n_tokens"]),
                 "text": str(row["text"]),
+                **({"chunk_scores": [list(c) for c in row["chunk_scores"]]} if row.get("chunk_scores") else {}),
             }
         )
     return out
@@ -92,7 +93,8 @@ def retrieved_from_units(units: Sequence[Any]) -> list[dict[str, Any]]:
     for u in units:
         if u.text is None:
             raise ValueError(f"retrieved unit {u.unit_id!r} was not fetched (its shard did not answer)")
-        rows[u.unit_id] = {"titles": u.titles, "doc_ids": u.doc_ids, "n_tokens": u.n_tokens, "text": u.text}
+        rows[u.unit_id] = {"titles": u.titles, "doc_ids": u.doc_ids, "n_tokens": u.n_tokens, "text": u.text,
+                           "chunk_scores": u.chunk_scores}
     return retrieved_from_hits(units, rows)
 
 

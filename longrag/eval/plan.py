@@ -197,8 +197,10 @@ def index_uri(index_root: str, dataset: str, setting: EvalSetting, fingerprint: 
 
 # ------------------------------------------------------------------------------------------ reader checkpoints
 def reader_setup(config: LongRAGConfig, reader_k: int) -> dict[str, Any]:
-    """What decides a local reader's answers (the key of its checkpoint entries)."""
-    return {"llm": config.llm.model_dump(), "reader": config.reader.model_dump(), "reader_k": reader_k}
+    """What decides a local reader's answers (the key of its checkpoint entries): the model, the
+    reader, how many units and what of them it reads (the units' document order, or packed)."""
+    return {"llm": config.llm.model_dump(), "reader": config.reader.model_dump(), "reader_k": reader_k,
+            "document_order": config.retrieval.document_order}
 
 
 def checkpoint_file(out: str | Path, label: str) -> Path:

@@ -357,7 +357,7 @@ def plot_results(summary: Mapping[str, Any], out_dir: str | Path) -> list[str]:
 def _prediction_row(r: Mapping[str, Any]) -> dict[str, Any]:
     row = {k: v for k, v in r.items() if k != "retrieved"}
     if r.get("retrieved") is not None:
-        row["retrieved"] = [{k: v for k, v in u.items() if k != "text"} for u in r["retrieved"]]
+        row["retrieved"] = [{k: v for k, v in u.items() if k not in ("text", "chunk_scores")} for u in r["retrieved"]]
     return row
 
 

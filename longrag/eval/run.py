@@ -182,6 +182,7 @@ def run_reader_local(
     # reader.compression=mixpr squeezes units that overflow the window with MixPR (as the Serve Reader)
     compressor = partial(compress_units_with_mixpr, cfg=config.mixpr)
     reader = LongReader(llm, config.reader, compressor=compressor) if llm is not None else None
+    packed = config.retrieval.document_order == "packed"  # the units' chunk scores pack the reader's budget
 
     async def run_all() -> None:
         sem = asyncio.Semaphore(max(1, concurrency))
@@ -190,7 +191,8 @@ def run_reader_local(
         async def one(r: dict[str, Any]) -> None:
             units = [
                 Unit(unit_id=u["unit_id"], doc_ids=u.get("doc_ids", []), titles=u["titles"], text=u["text"],
-                     n_tokens=u["n_tokens"])
+                     n_tokens=u["n_tokens"], chunk_scores=[tuple(c) for c in u["chunk_scores"]] if packed
+                     and u.get("chunk_scores") else None)
                 for u in r["retrieved"][:reader_k]
             ]
             async with sem:

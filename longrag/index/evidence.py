@@ -24,27 +24,34 @@ from longrag.index.chunking import document_spans
 from longrag.index.grouping import UNIT_SEPARATOR
 from longrag.types import Unit
 
-__all__ = ["chunk_documents", "document_scores", "order_by_evidence", "reorder_documents"]
+__all__ = ["chunk_documents", "chunk_offsets", "document_scores", "order_by_evidence", "reorder_documents",
+           "scored_evidence"]
 
 
-def chunk_documents(unit: Unit, chunk_texts: Sequence[str]) -> list[int]:
-    """The ordinal (into ``unit.doc_ids``) of the document holding each chunk, chunks in position
-    order. Every chunk is a verbatim slice of one document (``longrag.index.chunking``), so each is
-    found after the previous one; a chunk not found (a unit rebuilt without its chunks) raises."""
-    spans = document_spans(unit)
-    if len(spans) != len(unit.doc_ids):
-        # The layout was not found (document_spans fell back to one span): one document's worth.
-        return [0] * len(chunk_texts)
-    starts = [s for s, _ in spans]
-    out: list[int] = []
+def chunk_offsets(unit: Unit, chunk_texts: Sequence[str]) -> list[tuple[int, int]]:
+    """The ``(start, end)`` of each chunk inside ``unit.text``, chunks in position order. Every
+    chunk is a verbatim slice of one document (``longrag.index.chunking``), so each is found after
+    the previous one; a chunk not found (a unit rebuilt without its chunks) raises."""
+    out: list[tuple[int, int]] = []
     pos = 0
     for i, text in enumerate(chunk_texts):
         j = unit.text.find(text, pos)
         if j < 0:
             raise ValueError(f"chunk {i} of unit {unit.unit_id!r} is not in the unit's text after offset {pos}")
-        out.append(bisect_right(starts, j) - 1)
+        out.append((j, j + len(text)))
         pos = j + len(text)
     return out
+
+
+def chunk_documents(unit: Unit, chunk_texts: Sequence[str]) -> list[int]:
+    """The ordinal (into ``unit.doc_ids``) of the document holding each chunk, chunks in position order."""
+    offsets = chunk_offsets(unit, chunk_texts)
+    spans = document_spans(unit)
+    if len(spans) != len(unit.doc_ids):
+        # The layout was not found (document_spans fell back to one span): one document's worth.
+        return [0] * len(chunk_texts)
+    starts = [s for s, _ in spans]
+    return [bisect_right(starts, j) - 1 for j, _ in offsets]
 
 
 def document_scores(n_docs: int, chunk_docs: Sequence[int], chunk_scores: Sequence[float]) -> list[float | None]:
@@ -77,6 +84,31 @@ def reorder_documents(unit: Unit, order: Sequence[int]) -> Unit:
 def order_by_evidence(unit: Unit, chunk_texts: Sequence[str], chunk_scores: Sequence[float]) -> tuple[Unit, list[float | None]]:
     """The unit with its documents best-first by their best chunk's score (ties and documents
     without chunks keep their place after the scored ones), and the scores in the new order."""
-    scores = document_scores(len(unit.doc_ids), chunk_documents(unit, chunk_texts), chunk_scores)
+    ordered, scores, _ = scored_evidence(unit, chunk_texts, chunk_scores)
+    return ordered, scores
+
+
+def scored_evidence(unit: Unit, chunk_texts: Sequence[str], chunk_scores: Sequence[float]
+                    ) -> tuple[Unit, list[float | None], list[tuple[int, int, float]]]:
+    """:func:`order_by_evidence`, and each chunk's ``(start, end, score)`` inside the reordered
+    text (a chunk moves with its document): what the reader's packer ranks paragraphs by
+    (:mod:`longrag.reading.packing`)."""
+    offsets = chunk_offsets(unit, chunk_texts)
+    spans = document_spans(unit)
+    starts = [s for s, _ in spans]
+    chunk_docs = ([bisect_right(starts, j) - 1 for j, _ in offsets] if len(spans) == len(unit.doc_ids)
+                  else [0] * len(offsets))
+    scores = document_scores(len(unit.doc_ids), chunk_docs, chunk_scores)
     order = sorted(range(len(scores)), key=lambda i: (scores[i] is None, -(scores[i] or 0.0), i))
-    return reorder_documents(unit, order), [scores[i] for i in order]
+    ordered = reorder_documents(unit, order)
+    if ordered is unit:  # not moved (one document, the stored order, or the layout not found)
+        moved = offsets
+    else:
+        new_start, pos = {}, 0
+        for d in order:
+            new_start[d] = pos
+            pos += spans[d][1] - spans[d][0] + len(UNIT_SEPARATOR)
+        moved = [(a - spans[d][0] + new_start[d], b - spans[d][0] + new_start[d])
+                 for (a, b), d in zip(offsets, chunk_docs)]
+    triples = sorted((a, b, float(s)) for (a, b), s in zip(moved, chunk_scores))
+    return ordered, [scores[i] for i in order], triples

@@ -23,7 +23,9 @@ Context fitting (:func:`fit_units`) keeps whole units in rank order while they f
 ``reader.context_reserve_tokens``); a unit that does not fit whole is skipped so lower-ranked
 smaller units may still get in. Leftover room of at least ``reader.min_partial_unit_tokens`` is
 filled with the best skipped unit, trimmed; the top unit always gets in, trimmed to the whole budget
-if it alone is too large. ``truncated`` is true when any given unit is missing or trimmed. Base models (``llm.is_chat_model`` False) get the same turns as plain completion prompts.
+if it alone is too large. ``truncated`` is true when any given unit is missing or trimmed. Units
+that carry their chunks' scores (``retrieval.document_order=packed``) are packed instead: their best
+paragraphs within the same budget (:mod:`longrag.reading.packing`). Base models (``llm.is_chat_model`` False) get the same turns as plain completion prompts.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from longrag.reading.answers import (  # noqa: F401
     short_answer_problem,
     yes_no_answer,
 )
+from longrag.reading.packing import pack_units, paragraph_rank
 from longrag.reading.prompts import (
     FEW_SHOT_EXAMPLES,
     UNIT_SEPARATOR,
@@ -77,6 +80,11 @@ class FittedContext:
     trimmed_unit_ids: list[str] = field(default_factory=list)
     skipped_unit_ids: list[str] = field(default_factory=list)
     compressed: bool = False
+    #: Packed (the units carried their chunks' scores): the paragraphs read and those cut, best first
+    #: (:meth:`longrag.reading.packing.PackedParagraph.to_trace`).
+    packed: bool = False
+    paragraphs_read: list[dict[str, Any]] = field(default_factory=list)
+    paragraphs_cut: list[dict[str, Any]] = field(default_factory=list)
 
 
 # (question, formatted unit blocks in rank order, token budget, token counter) -> context text
@@ -118,6 +126,11 @@ class ReaderResult:
     #: Where the first call found the KV state of the system message and the top unit (llama.cpp's
     #: unit cache): "ram", "disk", "miss", "context" or "" (no cache).
     unit_cache: str = ""
+    #: The context was packed from the units' best paragraphs (``retrieval.document_order=packed``):
+    #: the paragraphs read and those cut for the budget, best first.
+    packed: bool = False
+    paragraphs_read: list[dict[str, Any]] = field(default_factory=list)
+    paragraphs_cut: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -234,6 +247,8 @@ class LongReader:
         if not units:
             return FittedContext(blocks=[], unit_ids=[], tokens=0, truncated=False)
         budget = self.context_budget(question)
+        if any(u.chunk_scores is not None for u in units):  # retrieval.document_order=packed
+            return self._pack(units, budget)
         fitted = fit_units(
             units, budget, self.llm.count_tokens, min_partial_tokens=self.config.min_partial_unit_tokens,
             truncate=self.llm.truncate_tokens,
@@ -250,6 +265,19 @@ class LongReader:
             tokens = self.llm.count_tokens(text)
         return FittedContext(blocks=[text], unit_ids=[u.unit_id for u in units], tokens=tokens,
                              truncated=False, compressed=True)
+
+    def _pack(self, units: list[Unit], budget: int) -> FittedContext:
+        packed = pack_units(units, budget, self.llm.count_tokens, truncate=self.llm.truncate_tokens,
+                            min_partial_tokens=self.config.min_partial_unit_tokens)
+        ranked = sorted(packed.paragraphs, key=paragraph_rank)
+        read_ids = [u.unit_id for u in packed.units]
+        read_set, cut_units = set(read_ids), {p.unit_id for p in packed.cut}
+        return FittedContext(
+            blocks=packed.blocks, unit_ids=read_ids, tokens=packed.tokens, truncated=bool(cut_units),
+            trimmed_unit_ids=[u for u in read_ids if u in cut_units],
+            skipped_unit_ids=[u.unit_id for u in units if u.unit_id not in read_set],
+            packed=True, paragraphs_read=[p.to_trace() for p in ranked if p.read],
+            paragraphs_cut=[p.to_trace() for p in ranked if not p.read])
 
     # -- generation ---------------------------------------------------------------------------
 
@@ -399,4 +427,7 @@ class LongReader:
             time_to_answer_ms=(t_short - t_start) * 1000.0,
             long_answer_cached_tokens=first.cached_prompt_tokens if first is not None else 0,
             unit_cache=(first if self.config.answer == "two_turn" else second).prefix_cache,
+            packed=fitted.packed,
+            paragraphs_read=fitted.paragraphs_read,
+            paragraphs_cut=fitted.paragraphs_cut,
         )

@@ -242,13 +242,20 @@ def _check_evidence_order(client, chunks, vectors, doc_of_chunk):
         assert rows[h.unit_id]["doc_ids"] == want
         np.testing.assert_allclose(rows[h.unit_id]["doc_scores"], [best[t] for t in want], rtol=1e-5)
         assert sorted(rows[h.unit_id]["text"].split("\n\n")) == sorted(plain[h.unit_id]["text"].split("\n\n"))
-        assert "doc_scores" not in plain[h.unit_id]
+        assert "doc_scores" not in plain[h.unit_id] and "chunk_scores" not in plain[h.unit_id]
+        # each chunk's span in the reordered text holds that chunk, with its score (what the reader packs by)
+        text, spans = rows[h.unit_id]["text"], rows[h.unit_id]["chunk_scores"]
+        mine = {c.text: float(scores[j]) for j, c in enumerate(chunks) if c.unit_id == h.unit_id}
+        assert len(spans) == sum(c.unit_id == h.unit_id for c in chunks)
+        for a, b, s in spans:
+            assert s == pytest.approx(mine[text[a:b]], rel=1e-5)
     with pytest.raises(ValueError, match="one question's hits"):  # rows are keyed by unit: one order per unit
         client.fetch_units_sync(hits[:1] * 2, np.repeat(q, 2, 0))
     # the Retriever's one-call path (search and rows together) puts the documents in the same order
     res, units = asyncio.run(client.search_units(q[0], 12, True))
     assert res.hits[0] == hits and units == asyncio.run(client.retrieve_units(hits, q[0]))
-    assert all(u.doc_scores is not None for u in units)
+    assert all(u.doc_scores is not None and u.chunk_scores for u in units)
+    assert all(u.to_unit().chunk_scores == u.chunk_scores for u in units)
 
 
 def _hybrid_reference(queries, texts, chunks, vectors, k, fusion):

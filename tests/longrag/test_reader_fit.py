@@ -142,3 +142,27 @@ def test_compression_mixpr_without_compressor_uses_question_seeded_mixpr():
     fitted = reader.fit("Which?", units)
     assert fitted.compressed and fitted.unit_ids == [u.unit_id for u in units]
     assert 0 < fitted.tokens <= reader.context_budget("Which?")
+
+
+# --- packing: units that carry their chunks' scores (retrieval.document_order=packed) -------------
+def test_reader_packs_units_that_carry_chunk_scores():
+    """The reader's context is the best paragraphs of both units within its budget, and the result
+    names the paragraphs read and cut; the same units without scores are fitted whole in rank order."""
+    filler = " ".join(["filler"] * 300)
+    gold1, gold2 = "Alice was born in Paris in 1901 .", "Paris is the capital of France ."
+    t1 = f"One\n{filler}\n\n{gold1}"
+    t2 = f"Two\n{gold2}\n\n{filler}"
+    s1 = [(4, 4 + len(filler), 0.1), (t1.index(gold1), len(t1), 0.9)]
+    s2 = [(4, 4 + len(gold2), 0.8), (t2.index(filler), len(t2), 0.2)]
+    units = [Unit("u1", ["d1"], ["One"], t1, 310, chunk_scores=s1), Unit("u2", ["d2"], ["Two"], t2, 310, chunk_scores=s2)]
+    cfg = ReaderConfig(max_context_tokens=120, long_answer=False)
+    llm = ScriptedLLM(["Paris"])
+    res = run(LongReader(llm, cfg).read("Where was Alice born?", units))
+    assert res.packed and res.context_tokens <= 120
+    assert gold1 in res.context and gold2 in res.context and "filler" not in res.context
+    assert res.context.index(gold1) < res.context.index(gold2)  # units in rank order
+    assert [p["unit_id"] for p in res.paragraphs_read] == ["u1", "u2"]  # best first
+    assert {p["unit_id"] for p in res.paragraphs_cut} == {"u1", "u2"} and res.truncated
+    plain = [Unit(u.unit_id, u.doc_ids, u.titles, u.text, u.n_tokens) for u in units]
+    res2 = run(LongReader(ScriptedLLM(["Paris"]), cfg).read("Where was Alice born?", plain))
+    assert not res2.packed and gold1 not in res2.context and res2.paragraphs_read == []

@@ -67,7 +67,8 @@ def client(build):
         _deploy(build, "longrag", "/", index_cls=FakeShardsIndex.with_dead((1, 0)))
         # The single-machine profile beside it: encoder and index in the Ingress (the real
         # InProcessIndex over the same build), no QueryEncoder/Retriever deployments.
-        _deploy(build, "longrag-local", "/local", index_cls=None, overrides=("serve.colocate=true",))
+        _deploy(build, "longrag-local", "/local", index_cls=None,
+                overrides=("serve.colocate=true", "retrieval.document_order=packed"))
         # Both replicas of shard 1 gone (issue 40, item 3): the pod stays ready, the answers degraded.
         _deploy(build, "longrag-down", "/down", index_cls=FakeShardsIndex.with_dead((1, 0), (1, 1)),
                 overrides=("llm.num_cpus=0.1",))
@@ -515,6 +516,12 @@ def test_colocated_app_answers_as_the_split_app_does_with_two_deployments(client
         assert local["trace"]["encode_ms"] >= 0 and "retrieve.search_ms" in local["trace"]
     answer = client.post("/local/v1/answer", json={"question": "Who wrote the novel Animal Farm?", "k": 2})
     assert answer.status_code == 200 and answer.json()["answer"] == "Animal Farm", answer.text
+    # this app packs the reader's context (retrieval.document_order=packed): the trace names the paragraphs
+    trace = answer.json()["trace"]
+    assert trace["context_packed"] is True and trace["paragraphs_read"], trace
+    assert {p["unit_id"] for p in trace["paragraphs_read"]} <= {e["unit_id"] for e in answer.json()["evidence"]}
+    split_trace = client.post("/v1/answer", json={"question": "Who wrote the novel Animal Farm?", "k": 2}).json()["trace"]
+    assert split_trace["context_packed"] is False and split_trace["paragraphs_read"] == []
     with client.stream("POST", "/local/v1/answer", json={"question": "Who wrote the novel Animal Farm?",
                                                           "k": 2, "stream": True}) as r:
         events = [line for line in r.iter_lines() if line.startswith("event: ")]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -38,17 +39,21 @@ from longrag.eval.links import build_links
 from longrag.eval.plan import DATASET_FORMATS, LINK_METHODS
 from longrag.index.chunking import chunk_units
 from longrag.index.embedding import Embedder, tokenizer_dir
-from longrag.index.evidence import order_by_evidence
+from longrag.index.evidence import order_by_evidence, scored_evidence
 from longrag.index.fusion import Fusion, rrf_scores
 from longrag.index.graph import GraphExpansion, expand, unit_graph_from_documents
 from longrag.index.lexical import LexicalIndex
 from longrag.index.units import make_units
+from longrag.reading.packing import pack_units
+from longrag.reading.prompts import format_context
+from longrag.reading.reader import fit_units
 from longrag.text.sentences import split_sentences
 from longrag.text.tokens import counter_for_model_dir
 from longrag.types import UnitHit
 
-SIGNALS = ("dense", "evidence", "bm25", "rrf", "ppr", "oracle", "sentence", "rocchio")
+SIGNALS = ("dense", "evidence", "bm25", "rrf", "ppr", "oracle", "sentence", "rocchio", "context")
 BUDGETS = (260, 650, 1024)
+CONTEXTS = ("stored", "evidence", "packed")
 
 
 def log(msg: str) -> None:
@@ -86,6 +91,38 @@ def score(name: str, lists: list[list[int]], units: list[Any], texts: list[list[
     return {"signal": name, **{key: round(100 * float(np.mean(v)), 1) for key, v in rows.items()}}
 
 
+def reader_contexts(order: np.ndarray, units: list[Any], chunks: list[Any], chunk_unit: np.ndarray,
+                    chunk_scores: np.ndarray, examples: list[Any], reader_k: int, budgets: list[int],
+                    counter: Any) -> list[dict[str, Any]]:
+    """Gold paragraphs inside the reader's context of the top ``reader_k`` units, for each budget:
+    the units whole in rank order (stored; evidence: documents best first), as the reader fits them
+    (:func:`longrag.reading.reader.fit_units`), or packed paragraph by paragraph
+    (:func:`longrag.reading.packing.pack_units`); tokens by ``counter`` (formatted blocks, titles in)."""
+    sums = {c: {b: 0.0 for b in budgets} for c in CONTEXTS}
+    ceiling = 0.0
+    for q, ex in enumerate(examples):
+        gold = [p.text for p in ex.paragraphs if p.is_supporting]
+        stored, scored = [], []
+        for u in order[q][:reader_k]:
+            idx = np.flatnonzero(chunk_unit == u)
+            ordered, _, spans = scored_evidence(units[u], [chunks[i].text for i in idx], chunk_scores[q, idx])
+            stored.append(units[u])
+            scored.append(replace(ordered, chunk_scores=spans))
+        ceiling += M.paragraph_recall_at_k([u.text for u in stored], gold, [reader_k])[reader_k]
+        plain = [replace(u, chunk_scores=None) for u in scored]
+        for b in budgets:
+            contexts = {
+                "stored": fit_units(stored, b, counter.count, truncate=counter.truncate).blocks,
+                "evidence": fit_units(plain, b, counter.count, truncate=counter.truncate).blocks,
+                "packed": pack_units(scored, b, counter.count, truncate=counter.truncate).blocks,
+            }
+            for c, blocks in contexts.items():
+                sums[c][b] += sum(M.paragraphs_found(format_context(blocks), gold)) / len(gold)
+    n = len(examples)
+    return [{"signal": f"reader context, top {reader_k} units: {c}", f"PR@{reader_k}": round(100 * ceiling / n, 1),
+             **{f"RC<{b}": round(100 * sums[c][b] / n, 1) for b in budgets}} for c in CONTEXTS]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jobs.bench multihop", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -96,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int_list(), default=[1, 2, 4, 8])
     p.add_argument("--limit", type=number(int, min_value=1), default=None, metavar="N",
                    help="the first N questions (their paragraphs pooled); default all")
+    p.add_argument("--reader-k", type=number(int, min_value=1), default=2,
+                   help="context: units given to the reader (jobs.evaluate --reader-k)")
+    p.add_argument("--context-budgets", type=int_list(min_value=1), default=[512, 1024, 2048],
+                   help="context: the reader's budgets (reader.max_context_tokens) to measure")
     p.add_argument("--out", default="reports/bench-multihop")
     p.add_argument("--vector-cache", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the chunk vectors of an earlier run with the same model and settings "
@@ -205,7 +246,11 @@ def main(argv: list[str] | None = None) -> int:
         merged = second_hop(moved / np.linalg.norm(moved, axis=1, keepdims=True))
         results.append(score("second hop with the query + the top unit's best chunk vector (Rocchio)", merged, units,
                              None, examples, args.k, counter.truncate))
+    if "context" in args.signals:
+        results.extend(reader_contexts(order, units, chunks, chunk_unit, chunk_scores, examples, args.reader_k,
+                                       args.context_budgets, counter))
     keys = [f"{m}@{k}" for k in args.k for m in ("R", "AR", "PR")] + [f"PR<{b}" for b in BUDGETS]
+    keys += [f"RC<{b}" for b in args.context_budgets] if "context" in args.signals else []
     lines = ["| signal | " + " | ".join(keys) + " |", "| --- " * (len(keys) + 1) + "|"]
     lines += ["| " + r["signal"] + " | " + " | ".join(str(r.get(k, "-")) for k in keys) + " |" for r in results]
     summary = {"dataset": args.dataset, "questions": len(examples), "documents": len(docs), "units": len(units),
