@@ -246,7 +246,7 @@ def iterate_local(
 
 
 class LocalRetrieval:
-    """:class:`longrag.eval.run.Retrieval` over a local (or ``s3://``) index built on the connected Ray
+    """:class:`longrag.eval.run.UnitSource` over a local (or ``s3://``) index built on the connected Ray
     cluster, searched through ``open_index(build_uri, index_config)`` (a context manager yielding a
     :class:`actors.sharded_index.ShardedIndex`: :func:`serve.index_app.open_index`)."""
 

@@ -27,6 +27,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "shard-load": ("lab.bench.cli.shard_load", "a large shard's load time and memory: bytes vs the node-local cache"),
     "traffic": ("lab.bench.cli.traffic", "answers under load with clients that give up: goodput, p99, 503s"),
     "unit-cache": ("lab.bench.cli.unit_cache", "the reader's KV cache of hot top units on a Zipf workload"),
+    "unit-routing": ("lab.bench.cli.unit_routing", "the unit KV cache across LLM replicas: default router vs affinity"),
 }
 
 

@@ -43,7 +43,7 @@ from longrag.dual.chunking import SourceParagraph
 from longrag.dual.paragraphs import index_paragraphs
 from longrag.dual.pipeline import DualPipeline
 from longrag.dual.records import DualResult
-from longrag.dual.rerank import DENSE_ONLY, DenseEncoder, PairScorer, Retrieval
+from longrag.dual.rerank import DENSE_ONLY, ChunkRetrieval, DenseEncoder, PairScorer
 from longrag.eval.checkpoint import ReaderCheckpoint
 from longrag.eval.datasets import QAExample, load_qa
 from longrag.eval.metrics import exact_match, f1
@@ -134,7 +134,7 @@ def question_paragraphs(ex: QAExample) -> tuple[list[SourceParagraph], set[str]]
     return paras, support
 
 
-def support_recall(retrieval: Retrieval, support: set[str]) -> float:
+def support_recall(retrieval: ChunkRetrieval, support: set[str]) -> float:
     """Share of the supporting paragraphs that at least one retrieved chunk comes from."""
     if not support:
         return float("nan")

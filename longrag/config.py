@@ -395,6 +395,15 @@ class ServeConfig(_Section):
         "state is cached), so an admitted request waits about this long at most and the number admitted "
         "follows the mix. None: max_reader_requests alone.",
     )
+    llm_routing: Literal["unit_affinity", "pow2"] = Field(
+        "unit_affinity", description="How the LLMServer's replicas are chosen for a call. unit_affinity: a reader "
+        "call goes to the replica whose unit KV cache holds its top unit (rendezvous hashing of the cached "
+        "prefix), unless that replica's queue is longer than the shortest by more than llm_routing_max_imbalance "
+        "(serve.routing.UnitAffinityRouter); other calls by power of two choices. pow2: Serve's default router.",
+    )
+    llm_routing_max_imbalance: int = Field(
+        2, ge=0, description="unit_affinity: the queue-length gap past which a call leaves its preferred replica.",
+    )
     request_timeout_s: float = Field(
         600.0, gt=0, description="A request's deadline: each stage starts only while time is left and gets at "
         "most what is left (504 past it). A client may ask for less with the header X-Request-Timeout (seconds).",

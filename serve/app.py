@@ -88,11 +88,23 @@ def app_builder(args: AppArgs | dict[str, Any]) -> serve.Application:
     return build_app(cfg, args.index)
 
 
+def llm_router_options(cfg: LongRAGConfig) -> dict[str, Any]:
+    """The LLMServer's request router (``serve.llm_routing``): unit-cache affinity, or Serve's default."""
+    if cfg.serve.llm_routing == "pow2":
+        return {}
+    from ray.serve.config import RequestRouterConfig
+
+    return {"request_router_config": RequestRouterConfig(
+        request_router_class="serve.routing:UnitAffinityRouter",
+        request_router_kwargs={"max_imbalance": cfg.serve.llm_routing_max_imbalance})}
+
+
 def build_app(cfg: LongRAGConfig, index: str, *, encoder_cls: Any = None, index_cls: Any = None,
               engine_cls: Any = None) -> serve.Application:
     """The application graph over the build at ``index``. The backends default to the real ones
     (see :mod:`serve.deployments`); tests inject fakes (``tests/fakes.py``)."""
-    llm = LLMServer.options(ray_actor_options={"num_cpus": cfg.llm.num_cpus}).bind(cfg.llm, engine_cls)
+    llm = LLMServer.options(ray_actor_options={"num_cpus": cfg.llm.num_cpus},
+                            **llm_router_options(cfg)).bind(cfg.llm, engine_cls)
     if cfg.serve.colocate:
         return Ingress.bind(cfg, llm, {}, index=index, encoder_cls=encoder_cls, index_cls=index_cls)
     return Ingress.bind(cfg, llm, {

@@ -397,7 +397,8 @@ class RemoteLLM(LLM):
 
     async def chat(self, messages, *, max_tokens, temperature=None, stop=None,
                    cache_prefix=None) -> ChatResult:
-        return await self.handle.chat.remote(messages, max_tokens, temperature, stop, cache_prefix)
+        # cache_prefix by keyword: the LLMServer's router reads it (serve.routing.UnitAffinityRouter)
+        return await self.handle.chat.remote(messages, max_tokens, temperature, stop, cache_prefix=cache_prefix)
 
     async def complete(self, prompt, *, max_tokens, temperature=None, stop=None) -> ChatResult:
         return await self.handle.complete.remote(prompt, max_tokens, temperature, stop)
@@ -405,7 +406,7 @@ class RemoteLLM(LLM):
     async def stream_chat(self, messages, *, max_tokens, temperature=None, stop=None,
                           cache_prefix=None):
         stream = self.handle.options(stream=True).stream_chat.remote(messages, max_tokens, temperature, stop,
-                                                                     cache_prefix)
+                                                                     cache_prefix=cache_prefix)
         async for item in stream:
             yield item
 

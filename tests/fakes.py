@@ -422,3 +422,16 @@ def serve_fake_app(build: str, port: int, overrides: list[str] | None = None, *,
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+class ReplicaNamer(ScriptedLLM):
+    """An LLM engine that answers with the id of the Serve replica it runs in (``ChatResult.text``):
+    which replica a call was routed to (tests/serve/test_app_fakes.py, serve.routing)."""
+
+    def __init__(self, config=None) -> None:
+        def reply(messages: list[dict]) -> str:
+            from ray import serve
+
+            return serve.get_replica_context().replica_id.unique_id
+
+        super().__init__(default=reply, name="replica-namer", context_window=8192)

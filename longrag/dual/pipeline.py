@@ -41,7 +41,7 @@ from longrag.dual.prompts import (
     parse_judgement,
 )
 from longrag.dual.records import DualResult, Judgement, StageTrace
-from longrag.dual.rerank import Retrieval, RetrievedChunk
+from longrag.dual.rerank import ChunkRetrieval, RetrievedChunk
 from longrag.llm.base import LLM, ChatResult
 from longrag.reading.answers import finish_short_answer
 from longrag.types import InvalidRequest
@@ -232,7 +232,7 @@ class DualPipeline:
     async def run(
         self,
         question: str,
-        retrieval: Retrieval,
+        retrieval: ChunkRetrieval,
         paragraphs: Mapping[str, SourceParagraph],
         strategy: str | None = None,
     ) -> DualResult:
@@ -243,7 +243,7 @@ class DualPipeline:
     async def run_many(
         self,
         question: str,
-        retrieval: Retrieval,
+        retrieval: ChunkRetrieval,
         paragraphs: Mapping[str, SourceParagraph],
         strategies: Sequence[str],
     ) -> dict[str, DualResult]:

@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from longrag.dual.chunking import DualChunk
+from longrag.index.embedding import DenseEncoder
 
 __all__ = [
     "DENSE_ONLY",
@@ -30,7 +31,7 @@ __all__ = [
     "load_reranker",
     "RetrievedChunk",
     "RetrievalTrace",
-    "Retrieval",
+    "ChunkRetrieval",
     "rerank",
     "dense_top",
     "DualRetriever",
@@ -48,14 +49,6 @@ class PairScorer(Protocol):
     name: str
 
     def score(self, query: str, texts: Sequence[str]) -> list[float]: ...
-
-
-class DenseEncoder(Protocol):
-    """L2-normalised float32 rows (``longrag.index.embedding.Embedder`` is one)."""
-
-    def encode_passages(self, texts: Sequence[str]) -> np.ndarray: ...
-
-    def encode_queries(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
 class CrossEncoderScorer:
@@ -165,7 +158,7 @@ class RetrievalTrace:
 
 
 @dataclass
-class Retrieval:
+class ChunkRetrieval:
     chunks: list[RetrievedChunk]
     trace: RetrievalTrace
 
@@ -231,7 +224,7 @@ class DualRetriever:
         if self.vectors.shape[0] != len(self.chunks):
             raise RuntimeError(f"encoder returned {self.vectors.shape[0]} vectors for {len(self.chunks)} chunks")
 
-    def retrieve(self, question: str, k: int | None = None, *, scorer: Any = "configured") -> Retrieval:
+    def retrieve(self, question: str, k: int | None = None, *, scorer: Any = "configured") -> ChunkRetrieval:
         """Top ``k`` chunks (default ``self.k``) for ``question``. ``scorer`` overrides the configured
         reranker for this call (``None``: dense only), so one index can compare both orders."""
         if not isinstance(question, str) or not question.strip():
@@ -259,4 +252,4 @@ class DualRetriever:
             rerank_ms=(t2 - t1) * 1000.0,
             notes=notes,
         )
-        return Retrieval(kept, trace)
+        return ChunkRetrieval(kept, trace)

@@ -20,7 +20,7 @@ from longrag.dual.chunking import SourceParagraph
 from longrag.dual.paragraphs import ChunkIndex, index_document, index_paragraphs
 from longrag.dual.pipeline import DualPipeline, check_strategy
 from longrag.dual.records import DualResult
-from longrag.dual.rerank import DenseEncoder, PairScorer, Retrieval
+from longrag.dual.rerank import ChunkRetrieval, DenseEncoder, PairScorer
 
 __all__ = ["DualAnswer", "DualService"]
 
@@ -33,7 +33,7 @@ class DualAnswer:
     """What one request gets: the strategy, the retrieved chunks, and (unless retrieve-only) the result."""
 
     strategy: str
-    retrieval: Retrieval
+    retrieval: ChunkRetrieval
     n_paragraphs: int
     index_ms: float
     result: DualResult | None = None

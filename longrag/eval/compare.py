@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Difference", "compare_runs", "comparison_md", "paired_bootstrap"]
+__all__ = ["Difference", "compare_runs", "comparison_md", "paired_bootstrap", "run_labels"]
 
 METRICS = ("em", "f1", "reader_paragraph_recall", "reader_s")
 
@@ -52,12 +52,20 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], *, samples: int = 1
                       len(d))
 
 
-def _rows(run_dir: str | Path) -> tuple[str, dict[str, dict[str, Any]]]:
+def _rows(run_dir: str | Path) -> dict[str, dict[str, Any]]:
     from longrag.eval.runs import read_run
 
-    results, flats, _ = read_run(run_dir)
-    label = Path(run_dir).name
-    return label, {str(r["qid"]): r for r in results}
+    results, _, _ = read_run(run_dir)
+    return {str(r["qid"]): r for r in results}
+
+
+def run_labels(run_dirs: Sequence[str | Path]) -> list[str]:
+    """Each run's folder name, or its last two path parts where the names repeat (``x/run``, ``y/run``)."""
+    paths = [Path(d) for d in run_dirs]
+    names = [p.name for p in paths]
+    if len(set(names)) == len(names):
+        return names
+    return [str(Path(*p.parts[-2:])) for p in paths]
 
 
 def compare_runs(run_dirs: Sequence[str | Path], metrics: Sequence[str] = METRICS, *, samples: int = 10_000
@@ -65,20 +73,20 @@ def compare_runs(run_dirs: Sequence[str | Path], metrics: Sequence[str] = METRIC
     """Each run's means over the questions every run answered, and its paired difference from the first."""
     if len(run_dirs) < 2:
         raise ValueError("compare needs at least two run directories")
-    runs = [_rows(d) for d in run_dirs]
+    runs = list(zip(run_labels(run_dirs), (_rows(d) for d in run_dirs)))
     shared = sorted(set.intersection(*(set(rows) for _, rows in runs)))
     if not shared:
         raise ValueError("the runs share no question (qid): they are not over the same questions")
     base_label, base = runs[0]
     out: dict[str, Any] = {"questions": len(shared), "base": base_label, "runs": []}
-    for label, rows in runs:
+    for i, (label, rows) in enumerate(runs):
         entry: dict[str, Any] = {"run": label, "mean": {}, "vs_base": {}}
         for m in metrics:
             if any(rows[q].get(m) is None for q in shared):
                 continue
             vals = [float(rows[q][m]) for q in shared]
             entry["mean"][m] = float(np.mean(vals))
-            if label != base_label:
+            if i > 0:
                 d = paired_bootstrap([float(base[q][m]) for q in shared], vals, samples=samples)
                 entry["vs_base"][m] = {"mean": d.mean, "low": d.low, "high": d.high, "significant": d.significant}
         out["runs"].append(entry)

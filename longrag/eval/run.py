@@ -1,5 +1,5 @@
 """One evaluation run (pure core, no Ray): load the questions, pool the corpus, retrieve through a
-:class:`Retrieval` backend, read, score and write the reports.
+:class:`UnitSource` backend, read, score and write the reports.
 
 The backend is what differs between a local run and one against a running Serve app: the local one
 (``actors/evaluate.py``) builds or reuses an index and searches it with ``ShardedIndex`` actors;
@@ -99,7 +99,7 @@ def add_links(docs: list[Document], links: str) -> list[Document]:
 
 
 # ---------------------------------------------------------------------------------------- retrieval
-class Retrieval(Protocol):
+class UnitSource(Protocol):
     """Where a run's units come from. ``retrieve`` returns the ranked ``retrieved`` lists (one per
     question, :func:`longrag.eval.pipeline.retrieved_from_hits` rows) and run info: ``retrieval``
     (timings, ``search_fetch_s`` at least) and, for a local index, ``index``."""
@@ -250,7 +250,7 @@ def run_reader_endpoint(
 
 # ---------------------------------------------------------------------------------------- one setting
 def run_setting(
-    run: EvalRun, retrieval: Retrieval, setting: EvalSetting, *, chosen: list[QAExample], docs: list[Document],
+    run: EvalRun, retrieval: UnitSource, setting: EvalSetting, *, chosen: list[QAExample], docs: list[Document],
     corpus_files: list[str],
 ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
     """Retrieve (and read) for one setting; returns (scored results, flat metrics, info)."""
@@ -325,7 +325,7 @@ def provenance(run: EvalRun, data_info: dict[str, Any]) -> dict[str, Any]:
     return prov
 
 
-def run_evaluation(run: EvalRun, retrieval: Retrieval) -> dict[str, Any]:
+def run_evaluation(run: EvalRun, retrieval: UnitSource) -> dict[str, Any]:
     """Every setting of ``run`` through ``retrieval``; writes the reports and returns the summary."""
     ev = run.eval
     t_all = time.perf_counter()

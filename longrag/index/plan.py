@@ -192,16 +192,16 @@ def chunk_limits(config: LongRAGConfig) -> tuple[int, int]:
     return model_max, max_tokens
 
 
-@dataclass
-class BuildPlan:
-    """Units, their shards and the chunk size of one build; ``digests`` is the manifest's ``plan``."""
+@dataclass(kw_only=True)
+class PlanBase:
+    """What every build plan states, whoever grouped the units: the config and its settings, the
+    documents read, the manifest's ``plan`` digests, the chunk size, grouping's figures and the unit
+    link graph. :func:`start_build`, :func:`resume_decision` and :func:`finish_build` read only this
+    and :meth:`units_per_shard`."""
 
     config: LongRAGConfig
     settings: BuildSettings
     documents: int
-    units: list[Unit]
-    shard_of: list[int]
-    units_by_shard: dict[int, list[Unit]]
     digests: dict[str, str]
     model_max: int
     max_tokens: int
@@ -211,7 +211,19 @@ class BuildPlan:
 
     @property
     def n_shards(self) -> int:
-        return len(self.units_by_shard)
+        return len(self.units_per_shard())
+
+    def units_per_shard(self) -> dict[int, int]:
+        raise NotImplementedError
+
+
+@dataclass(kw_only=True)
+class BuildPlan(PlanBase):
+    """Units grouped in the driver, and their shards; ``digests`` is the manifest's ``plan``."""
+
+    units: list[Unit]
+    shard_of: list[int]
+    units_by_shard: dict[int, list[Unit]]
 
     def units_per_shard(self) -> dict[int, int]:
         return {s: len(u) for s, u in self.units_by_shard.items()}
@@ -245,27 +257,13 @@ def plan_build(docs: list[Document], config: LongRAGConfig) -> BuildPlan:
                      graph=unit_graph_from_documents(docs, units, shard_of, linked=links_units(config.units.kind)))
 
 
-@dataclass
-class StagedPlan:
+@dataclass(kw_only=True)
+class StagedPlan(PlanBase):
     """The plan of a distributed build (:mod:`longrag.index.distplan`): units were assembled and
     staged per shard by workers, which sent back each shard's unit count and plan digest; the driver
-    never held a text. Read by :func:`start_build`, :func:`resume_decision` and :func:`finish_build`
-    like a :class:`BuildPlan`."""
+    never held a text."""
 
-    config: LongRAGConfig
-    settings: BuildSettings
-    documents: int
     shard_units: dict[int, int]
-    digests: dict[str, str]
-    model_max: int
-    max_tokens: int
-    grouping: dict[str, Any] = field(default_factory=dict)
-    group_s: float = 0.0
-    graph: Any = None  # longrag.index.graph.UnitGraph, written with the manifest
-
-    @property
-    def n_shards(self) -> int:
-        return len(self.shard_units)
 
     def units_per_shard(self) -> dict[int, int]:
         return dict(self.shard_units)

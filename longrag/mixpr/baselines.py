@@ -14,21 +14,14 @@ the document's last chunk(s) (see :mod:`longrag.mixpr.retriever`).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Protocol
 
 import numpy as np
 
+from longrag.index.embedding import DenseEncoder
 from longrag.mixpr.config import MixPRConfig
 from longrag.mixpr.retriever import MixPRResult, PreparedDocument, _to_chunks, prepare_document, top_k_in_order
 
 __all__ = ["SparseRetriever", "HybridRetriever", "sparse_scores", "DenseEncoder"]
-
-
-class DenseEncoder(Protocol):
-    def encode_passages(self, texts: Sequence[str]) -> np.ndarray: ...
-
-    def encode_queries(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
 def sparse_scores(prep: PreparedDocument) -> np.ndarray:

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from longrag.eval.compare import compare_runs, comparison_md, paired_bootstrap
+from longrag.eval.compare import compare_runs, comparison_md, paired_bootstrap, run_labels
 
 
 def _exact_interval(d: list[float], level: float = 0.95) -> tuple[float, float]:
@@ -56,5 +56,8 @@ def test_compare_runs_pairs_by_question(tmp_path):
     assert packed["vs_base"]["f1"]["mean"] == 0 and not packed["vs_base"]["f1"]["significant"]
     md = comparison_md(cmp)
     assert "| packed | 50.0 (+50.0 [" in md and "20 questions" in md
+    again = compare_runs([a, a], samples=200)  # the same run twice: the second still compared with the first
+    assert again["runs"][1]["vs_base"]["em"]["mean"] == 0
+    assert run_labels(["x/run", "y/run"]) == ["x/run", "y/run"] and run_labels(["x/a", "y/b"]) == ["a", "b"]
     with pytest.raises(ValueError, match="no question"):
         compare_runs([a, _run(tmp_path, "other", [{"qid": "x", "em": 1.0}])])

@@ -12,7 +12,7 @@ from longrag.dual.chunking import DualChunk, SourceParagraph
 from longrag.dual.paragraphs import index_paragraphs, map_to_paragraphs
 from longrag.dual.pipeline import STRATEGIES, DualPipeline
 from longrag.dual.prompts import JUDGEMENT_SCHEMA, parse_judgement
-from longrag.dual.rerank import Retrieval, RetrievalTrace, RetrievedChunk
+from longrag.dual.rerank import ChunkRetrieval, RetrievalTrace, RetrievedChunk
 from tests.fakes import ScriptedLLM
 from tests.longrag.test_dual_retrieval import _BagEncoder
 
@@ -28,14 +28,14 @@ PARAS = {
 }
 
 
-def _retrieval() -> Retrieval:
+def _retrieval() -> ChunkRetrieval:
     chunks = [
         RetrievedChunk(_chunk(0, "a/0", "Marie Curie was born in Warsaw."), 0.9),
         RetrievedChunk(_chunk(1, "b/0", "Warsaw is the capital of Poland."), 0.8),
         RetrievedChunk(_chunk(2, "a/0", "She later moved to Paris to study."), 0.95),
         RetrievedChunk(_chunk(3, "c/0", "Bananas are rich in potassium."), 0.1),
     ]
-    return Retrieval(chunks, RetrievalTrace("dense only", None, 4, 4, 4, notes=["no reranker configured"]))
+    return ChunkRetrieval(chunks, RetrievalTrace("dense only", None, 4, 4, 4, notes=["no reranker configured"]))
 
 
 def _stage_reply(judge=lambda passage: '{"status": true}'):

@@ -18,8 +18,9 @@ from ray import serve
 
 from cluster.local import WORKER_ENV
 from longrag.config import LongRAGConfig
-from serve.app import build_app
-from tests.fakes import FakeShardsIndex, HashEncoder, TitleReader, write_tiny_build
+from serve.app import build_app, llm_router_options
+from serve.deployments import LLMServer
+from tests.fakes import FakeShardsIndex, HashEncoder, ReplicaNamer, TitleReader, write_tiny_build
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 8210
@@ -546,6 +547,35 @@ def test_colocated_app_keeps_health_guard_and_errors_under_its_prefix(client):
     assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_request"
     big = client.post("/local/v1/retrieve", content=b"x" * (65 * 1024), headers={"content-type": "application/json"})
     assert big.status_code == 413
+
+
+# ---------------------------------------------------------------- the LLMServer's router (serve.routing)
+
+
+def test_reader_calls_with_one_top_unit_go_to_one_llm_replica(client):
+    """serve.llm_routing=unit_affinity (the default) over 2 LLMServer replicas: every call with the same
+    cached prefix (the reader's top unit) reaches the same replica, different prefixes reach both, and
+    calls without a prefix are spread by power of two choices."""
+    cfg = LongRAGConfig()
+    app = LLMServer.options(num_replicas=2, ray_actor_options={"num_cpus": 0.1},
+                            **llm_router_options(cfg)).bind(cfg.llm, ReplicaNamer)
+    handle = serve.run(app, name="routing", route_prefix=None)
+    try:
+        msgs = [{"role": "user", "content": "q?"}]
+
+        def where(prefix):
+            return handle.chat.remote(msgs, 4, None, None, cache_prefix=prefix).result(timeout_s=30).text
+
+        homes = {}
+        for i in range(12):
+            prefix = f"Documents:\n\nTitle: unit {i}\n..."
+            seen = {where(prefix) for _ in range(3)}
+            assert len(seen) == 1, (i, seen)
+            homes[i] = seen.pop()
+        assert len(set(homes.values())) == 2, homes
+        assert len({where(None) for _ in range(20)}) == 2
+    finally:
+        serve.delete("routing")
 
 
 # ---------------------------------------------------------------- the query encoder's dimension against the build

@@ -123,6 +123,24 @@ def reader_contexts(order: np.ndarray, units: list[Any], chunks: list[Any], chun
              **{f"RC<{b}": round(100 * sums[c][b] / n, 1) for b in budgets}} for c in CONTEXTS]
 
 
+def plot_contexts(rows: list[dict[str, Any]], budgets: list[int], reader_k: int, title: str, path: str) -> None:
+    """Gold paragraphs in the reader's context (%) against its budget, one line per context kind."""
+    from longrag.figures import pyplot, save_figure
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.2, 3.4))
+    for r, marker in zip(rows, "osD"):
+        ax.plot(budgets, [r[f"RC<{b}"] for b in budgets], marker=marker, label=r["signal"].split(": ")[-1])
+    ax.axhline(rows[0][f"PR@{reader_k}"], color="grey", ls="--", lw=1, label=f"in the top {reader_k} units")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(budgets, [str(b) for b in budgets])
+    ax.set_xlabel("reader budget (tokens, MiniLM)")
+    ax.set_ylabel("gold paragraphs read (%)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    save_figure(fig, path, title=title)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jobs.bench multihop", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -137,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="context: units given to the reader (jobs.evaluate --reader-k)")
     p.add_argument("--context-budgets", type=int_list(min_value=1), default=[512, 1024, 2048],
                    help="context: the reader's budgets (reader.max_context_tokens) to measure")
+    p.add_argument("--plot", metavar="PNG", help="context: also plot the gold paragraphs in the reader's context "
+                   "against its budget, per context kind, with the top units' ceiling (PR@reader-k)")
     p.add_argument("--out", default="reports/bench-multihop")
     p.add_argument("--vector-cache", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the chunk vectors of an earlier run with the same model and settings "
@@ -247,8 +267,12 @@ def main(argv: list[str] | None = None) -> int:
         results.append(score("second hop with the query + the top unit's best chunk vector (Rocchio)", merged, units,
                              None, examples, args.k, counter.truncate))
     if "context" in args.signals:
-        results.extend(reader_contexts(order, units, chunks, chunk_unit, chunk_scores, examples, args.reader_k,
-                                       args.context_budgets, counter))
+        contexts = reader_contexts(order, units, chunks, chunk_unit, chunk_scores, examples, args.reader_k,
+                                   args.context_budgets, counter)
+        results.extend(contexts)
+        if args.plot:
+            plot_contexts(contexts, args.context_budgets, args.reader_k, f"{args.dataset}, {len(examples)} questions",
+                          args.plot)
     keys = [f"{m}@{k}" for k in args.k for m in ("R", "AR", "PR")] + [f"PR<{b}" for b in BUDGETS]
     keys += [f"RC<{b}" for b in args.context_budgets] if "context" in args.signals else []
     lines = ["| signal | " + " | ".join(keys) + " |", "| --- " * (len(keys) + 1) + "|"]
