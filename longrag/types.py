@@ -10,9 +10,9 @@ pass through Ray as they are.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, Field, computed_field
 from pydantic.json_schema import SkipJsonSchema
@@ -22,6 +22,20 @@ class InvalidRequest(ValueError):
     """What a caller asked for is refused (an empty document, an unknown strategy, a question the
     encoder cannot take): the request's fault, an HTTP 4xx, never retried. Every other exception,
     a plain ``ValueError`` included (a misconfiguration, a decoding error), is the server's."""
+
+
+if TYPE_CHECKING:
+    import numpy as np
+
+
+class DenseEncoder(Protocol):
+    """What encodes texts into L2-normalised float32 rows, passages and queries each with their own
+    prompt (``longrag.index.embedding.Embedder`` is one; MixPR's hybrid retriever and the dual
+    reranker take any)."""
+
+    def encode_passages(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    def encode_queries(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
 @dataclass

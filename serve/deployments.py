@@ -428,7 +428,7 @@ def local_token_counter(config: LLMConfig) -> Callable[[str], int]:
     if config.backend == "llamacpp":
         from longrag.llm.vocab import LlamaVocab
 
-        return LlamaVocab.load(config.model)
+        return LlamaVocab.shared(config.model)
     from longrag.llm.openai_http import estimate_tokens
 
     return estimate_tokens

@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from longrag.dual.chunking import DualChunk
-from longrag.index.embedding import DenseEncoder
+from longrag.types import DenseEncoder
 
 __all__ = [
     "DENSE_ONLY",

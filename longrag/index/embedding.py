@@ -27,20 +27,11 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from longrag.config import EmbeddingConfig
-
-
-class DenseEncoder(Protocol):
-    """What encodes texts into L2-normalised float32 rows, passages and queries each with their own
-    prompt (:class:`Embedder` is one; MixPR's hybrid retriever and the dual reranker take any)."""
-
-    def encode_passages(self, texts: Sequence[str]) -> np.ndarray: ...
-
-    def encode_queries(self, texts: Sequence[str]) -> np.ndarray: ...
 
 BUNDLED_MINILM = "all-MiniLM-L6-v2"
 BGE_LARGE = "BAAI/bge-large-en-v1.5"

@@ -18,6 +18,9 @@ from longrag.text.tokens import trim_to_tokens
 
 __all__ = ["LlamaVocab"]
 
+_SHARED: dict[str, LlamaVocab] = {}
+_SHARED_LOCK = threading.Lock()
+
 
 class LlamaVocab:
     """Text counted and cut in a llama.cpp model's tokens (no BOS, no special tokens), through a
@@ -38,6 +41,18 @@ class LlamaVocab:
         from llama_cpp import Llama
 
         return cls(Llama(model_path=str(resolve_model_path(model)), vocab_only=True, verbose=False))
+
+    @classmethod
+    def shared(cls, model: str) -> LlamaVocab:
+        """One vocabulary per model file and process, loaded on first use: the readers of one
+        process (the long reader, the dual stages, the long-document reader: five in the
+        single-machine app's ingress) count with the same one instead of a llama context each."""
+        path = str(resolve_model_path(model))
+        with _SHARED_LOCK:
+            vocab = _SHARED.get(path)
+            if vocab is None:
+                vocab = _SHARED[path] = cls.load(path)
+            return vocab
 
     def tokenize(self, text: str) -> np.ndarray:
         with self.lock:

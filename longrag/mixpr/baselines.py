@@ -17,9 +17,9 @@ import time
 
 import numpy as np
 
-from longrag.index.embedding import DenseEncoder
 from longrag.mixpr.config import MixPRConfig
 from longrag.mixpr.retriever import MixPRResult, PreparedDocument, _to_chunks, prepare_document, top_k_in_order
+from longrag.types import DenseEncoder
 
 __all__ = ["SparseRetriever", "HybridRetriever", "sparse_scores", "DenseEncoder"]
 

@@ -100,6 +100,15 @@ def test_truncation_cuts_where_the_word_search_does(llm):
     assert llm.truncate_tokens(text, 0) == "" and llm.truncate_tokens(text, total) == text
     vocab = LlamaVocab.load("smollm2-135m-instruct")  # the remote LLM's fitter: vocabulary only
     assert vocab(text) == total and vocab.truncate(text, 40) == llm.truncate_tokens(text, 40)
+    # the readers of one process share one vocabulary per model file (the single-machine app's five fitters)
+    from longrag.llm.bundled import resolve_model_path
+    from serve.deployments import local_token_counter
+
+    shared = LlamaVocab.shared("smollm2-135m-instruct")
+    assert shared is LlamaVocab.shared(str(resolve_model_path("smollm2-135m-instruct"))) is not vocab
+    cfg = LLMConfig(backend="llamacpp", model="smollm2-135m-instruct")
+    assert local_token_counter(cfg) is local_token_counter(cfg) is shared
+    assert shared(text) == total
 
 
 def test_chat_real_tokens_deterministic_and_thread_safe(llm):
