@@ -119,7 +119,7 @@ def stage_chunks(batch: dict[str, np.ndarray], store_uri: str) -> dict[str, list
 
     from longrag.index.artifacts import ArtifactStore
     from longrag.index.distplan import staged_chunks_key
-    from longrag.store import _table_bytes
+    from longrag.records import table_bytes
 
     store = ArtifactStore.open(store_uri)
     shards = np.asarray(batch["shard"], dtype=np.int64)
@@ -136,7 +136,7 @@ def stage_chunks(batch: dict[str, np.ndarray], store_uri: str) -> dict[str, list
             "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), vectors.shape[1]),
         })
         key = staged_chunks_key(int(shard), table.column("chunk_id").to_pylist())
-        store.storage.write_bytes(key, _table_bytes(table))
+        store.storage.write_bytes(key, table_bytes(table))
         out_shard.append(int(shard))
         out_n.append(len(sel))
         out_text.append(int(pc.sum(pc.binary_length(table.column("text"))).as_py() or 0))

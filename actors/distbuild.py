@@ -70,7 +70,8 @@ def parse_tasks(batch: dict[str, np.ndarray], store_uri: str, text_mode: str, mo
     from longrag.index.artifacts import ArtifactStore
     from longrag.index.grouping import document_text
     from longrag.index.units import document_passages
-    from longrag.store import _table_bytes, sha256_bytes
+    from longrag.records import table_bytes
+    from longrag.store import sha256_bytes
 
     store = ArtifactStore.open(store_uri)
     counter = _counter(model)
@@ -85,7 +86,7 @@ def parse_tasks(batch: dict[str, np.ndarray], store_uri: str, text_mode: str, mo
             k = len(report["parts"])
             n_tok = counter.count_batch([document_text(d) for d in docs])
             table = documents_to_table(docs).append_column("n_tokens", pa.array(n_tok, type=pa.int64()))
-            data = _table_bytes(table)
+            data = table_bytes(table)
             store.storage.write_bytes(_part_key(task.task_id, k), data)
             report["parts"].append({"key": _part_key(task.task_id, k), "rows": len(docs),
                                     "sha256": sha256_bytes(data), "bytes": len(data)})

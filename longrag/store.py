@@ -1,7 +1,6 @@
 """The storage layer: one interface (:class:`Storage`, on ``pyarrow.fs``) over a local folder,
 ``s3://bucket/prefix`` and ``gs://bucket/prefix``, reading sources (compressed or not, local or
-object store) as streams, and the parquet codecs of units and chunks (:class:`RecordLookup`: rows
-become records only when asked for).
+object store) as streams. The parquet codecs of units and chunks are :mod:`longrag.records`.
 
 Generic: it knows nothing of an index build. The build's layout on a storage (manifest, config,
 shard folders, FAISS files) is :mod:`longrag.index.artifacts`.
@@ -16,38 +15,14 @@ import io
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Generic, TypeVar
+from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-
-from longrag.types import Chunk, Unit
-
-UNIT_SCHEMA = pa.schema(
-    [
-        ("unit_id", pa.string()),
-        ("doc_ids", pa.list_(pa.string())),
-        ("titles", pa.list_(pa.string())),
-        ("text", pa.string()),
-        ("n_tokens", pa.int64()),
-    ]
-)
-DOCUMENT_SCHEMA = pa.schema(
-    [("doc_id", pa.string()), ("title", pa.string()), ("text", pa.string()), ("links", pa.list_(pa.string()))]
-)
-CHUNK_SCHEMA = pa.schema(
-    [
-        ("chunk_id", pa.string()),
-        ("unit_id", pa.string()),
-        ("position", pa.int32()),
-        ("text", pa.string()),
-        ("n_tokens", pa.int64()),
-    ]
-)
 
 
 class ChecksumError(RuntimeError):
@@ -411,78 +386,3 @@ def open_source(
             yield raw
     finally:
         raw.close()
-
-
-# ---------------------------------------------------------------------------------------- store
-# ---------------------------------------------------------------------------------------- records
-def units_to_parquet(units: list[Unit]) -> bytes:
-    table = pa.Table.from_pylist([u.to_row() for u in units], schema=UNIT_SCHEMA)
-    return _table_bytes(table)
-
-
-def chunks_to_parquet(chunks: list[Chunk]) -> bytes:
-    table = pa.Table.from_pylist([c.to_row() for c in chunks], schema=CHUNK_SCHEMA)
-    return _table_bytes(table)
-
-
-def _table_bytes(table: pa.Table) -> bytes:
-    buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd")
-    return buf.getvalue()
-
-
-T = TypeVar("T")
-
-
-class RecordLookup(Generic[T]):
-    """Records of one parquet table by id; rows become dataclasses only when asked for."""
-
-    def __init__(self, table: pa.Table, key: str, make: Callable[[dict[str, Any]], T]) -> None:
-        self.table = table
-        self._make = make
-        ids = table.column(key).to_pylist()
-        self._row = {k: i for i, k in enumerate(ids)}
-        if len(self._row) != len(ids):
-            raise ValueError(f"duplicate {key} values in the table")
-
-    def __len__(self) -> int:
-        return len(self._row)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._row
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._row)
-
-    def __getitem__(self, key: str) -> T:
-        try:
-            row = self._row[key]
-        except KeyError:
-            raise KeyError(f"{key!r} is not in this shard") from None
-        return self._make(self.table.slice(row, 1).to_pylist()[0])
-
-    def get(self, key: str, default: T | None = None) -> T | None:
-        return self[key] if key in self._row else default
-
-    def ids(self) -> list[str]:
-        return list(self._row)
-
-    def get_many(self, keys: list[str]) -> list[T]:
-        """Records for ``keys`` in that order (KeyError on an unknown key)."""
-        missing = [k for k in keys if k not in self._row]
-        if missing:
-            raise KeyError(f"{missing[:5]} not in this shard")
-        rows = self.table.take([self._row[k] for k in keys]).to_pylist()
-        return [self._make(r) for r in rows]
-
-
-UnitLookup = RecordLookup[Unit]
-ChunkLookup = RecordLookup[Chunk]
-
-
-def units_from_parquet(data: bytes) -> RecordLookup[Unit]:
-    return RecordLookup(pq.read_table(io.BytesIO(data)), "unit_id", Unit.from_row)
-
-
-def chunks_from_parquet(data: bytes) -> RecordLookup[Chunk]:
-    return RecordLookup(pq.read_table(io.BytesIO(data)), "chunk_id", Chunk.from_row)

@@ -22,26 +22,21 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from longrag.index.graph import GRAPH_FILE, GraphMissing, UnitGraph
 from longrag.index.lexical import LexicalIndex, lexical_file_names
 from longrag.index.manifest import FileEntry, Manifest, ShardEntry
 from longrag.index.maxp import INDEX_FILE, INDEX_FILES, MaxPIndex
-from longrag.store import (
-    DOCUMENT_SCHEMA,
-    ChecksumError,
+from longrag.records import (
     RecordLookup,
-    Storage,
-    _table_bytes,
     chunks_from_parquet,
     chunks_to_parquet,
-    open_storage,
-    sha256_bytes,
+    documents_to_parquet,
     units_from_parquet,
     units_to_parquet,
 )
+from longrag.store import ChecksumError, Storage, open_storage, sha256_bytes
 from longrag.types import Chunk, Document, Unit
 
 if TYPE_CHECKING:
@@ -283,7 +278,7 @@ def load_shard_chunks(
 def write_documents(store: ArtifactStore, docs: list[Document]) -> FileEntry:
     """The build's documents, in corpus order, as ``documents.parquet`` (what an incremental update
     regroups from); returns its entry for ``Manifest.artifacts``."""
-    data = _table_bytes(pa.Table.from_pylist([d.to_row() for d in docs], schema=DOCUMENT_SCHEMA))
+    data = documents_to_parquet(docs)
     store.storage.write_bytes(DOCUMENTS_FILE, data)
     return FileEntry(sha256=sha256_bytes(data), bytes=len(data))
 

@@ -65,7 +65,7 @@ def staged_parts(n_units: int) -> int:
 def stage_shard_units(storage: Any, shard: int, units: Sequence[Unit]) -> int:
     """Write a shard's units to the staging area in parts of :data:`UNITS_PER_PART`; returns the
     number of parts."""
-    from longrag.store import units_to_parquet
+    from longrag.records import units_to_parquet
 
     n = staged_parts(len(units))
     for k in range(n):

@@ -19,7 +19,8 @@ from longrag.index.artifacts import (
 )
 from longrag.index.manifest import Manifest, ShardEntry, git_commit, shard_plan
 from longrag.index.maxp import MaxPIndex, merge_topk
-from longrag.store import ChecksumError, LocalStorage, open_storage, source_location, units_to_parquet
+from longrag.records import units_to_parquet
+from longrag.store import ChecksumError, LocalStorage, open_storage, source_location
 from longrag.types import Chunk, Unit
 from tests.s3server import moto_s3
 

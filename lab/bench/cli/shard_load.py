@@ -36,9 +36,10 @@ SETTINGS = ("bytes", "cache, first load", "cache, warm")
 def write_shard_files(out: Path, n: int, dim: int, per_unit: int) -> str:
     """A complete one-shard build of random unit vectors (index and units only: what load_shard reads)."""
     from longrag.config import LongRAGConfig
-    from longrag.index.artifacts import UNITS_FILE, ArtifactStore, units_to_parquet
+    from longrag.index.artifacts import UNITS_FILE, ArtifactStore
     from longrag.index.manifest import FileEntry, Manifest, ShardEntry
     from longrag.index.maxp import MaxPIndex
+    from longrag.records import units_to_parquet
     from longrag.store import sha256_bytes
     from longrag.types import Unit
 
