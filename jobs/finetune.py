@@ -8,7 +8,7 @@
 Answering" (Zhao et al., 2024), Section 3.2: the pipeline's small models are tuned on
 LRGinstruction. ``--data`` is the folder ``jobs.lrg_instruct`` wrote (``train.jsonl``,
 ``heldout.jsonl``); the driver reads the records and hands them to the workers, so the workers
-need no shared file system. Each worker runs :func:`longrag.lrg.sft.train_lora` (data-parallel under
+need no shared file system. Each worker runs :func:`longrag.training.sft.train_lora` (data-parallel under
 ``torch.distributed`` when ``--num-workers`` > 1); a bundled ``--base`` (default the smallest,
 SmolLM2-135M) is converted from GGUF to a model folder on the worker's node, once
 (:mod:`longrag.llm.convert`). The first worker reports the adapter as the run's checkpoint; the
@@ -30,10 +30,10 @@ import tempfile
 from pathlib import Path
 
 from longrag.cli import add_cluster_flags, choice_list, number
-from longrag.llm.bundled import BUNDLED_MODELS
 from longrag.llm.convert import lora_to_gguf
 from longrag.lrg.records import KINDS
-from longrag.lrg.sft import SFTSettings, mean_loss, plot_loss, read_messages
+from longrag.models.bundled import BUNDLED_MODELS
+from longrag.training.sft import SFTSettings, mean_loss, plot_loss, read_messages
 
 log = logging.getLogger("jobs.finetune")
 
@@ -42,7 +42,7 @@ def train_loop(config: dict) -> None:
     """One Ray Train worker: train, then report the adapter (first worker) as the checkpoint."""
     import ray.train
 
-    from longrag.lrg.sft import SFTSettings, train_lora
+    from longrag.training.sft import SFTSettings, train_lora
 
     ctx = ray.train.get_context()
     with tempfile.TemporaryDirectory() as tmp:

@@ -9,7 +9,7 @@ the bundled sentence encoder, ``--kind cross-encoder`` a CrossEncoder from the s
 ``OUT/minilm-reranker-vN/`` (a sentence-transformers folder plus ``training_report.json``) and prints the
 report as one JSON line: held-out recall@k of the supporting paragraphs in dense order (before) and
 reranked (after). Use the folder with ``--set dual.reranker=OUT/minilm-reranker-vN``. See
-:mod:`longrag.dual.train_reranker`.
+:mod:`longrag.training.reranker`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import json
 import sys
 
 from longrag.cli import job_setup
-from longrag.dual.train_reranker import DEFAULT_LR, KINDS, NEGATIVES, SOURCES, TrainerConfig, train_reranker
+from longrag.training.reranker import DEFAULT_LR, KINDS, NEGATIVES, SOURCES, TrainerConfig, train_reranker
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

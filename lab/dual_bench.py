@@ -10,7 +10,7 @@ for all strategies that use them (E&F = Ext's global information + Fil's kept ch
 :meth:`longrag.dual.pipeline.DualPipeline.run_many`); only the generator runs per strategy.
 
 Questions are by default the held-out part of the reranker's training split
-(:func:`longrag.dual.reranker_data.split_by_question`, same fraction and seed), so a reranker from
+(:func:`longrag.training.reranker_data.split_by_question`, same fraction and seed), so a reranker from
 ``python -m jobs.train_reranker`` is measured on questions it did not train on. Rows are appended to
 a checkpoint as each question finishes (:class:`longrag.eval.checkpoint.ReaderCheckpoint`), so a
 rerun resumes. Answers are scored with the SQuAD / HotpotQA F1 (:func:`longrag.eval.metrics.f1`).
@@ -112,7 +112,7 @@ class DualEvalConfig(BaseModel):
 def select_questions(dataset: str, cfg: DualEvalConfig, path: str | Path | None = None) -> list[QAExample]:
     """The ``cfg.limit`` questions of ``dataset`` with paragraphs and support labels, after the first
     ``cfg.start``: of the reranker split's held-out part (``questions="heldout"``) or of the file."""
-    from longrag.dual.reranker_data import split_by_question
+    from longrag.training.reranker_data import split_by_question
 
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r}; valid: {sorted(DATASETS)}")

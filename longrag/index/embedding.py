@@ -16,7 +16,7 @@ Linear layers (:func:`quantize_int8`) and ``embedding.backend=openvino`` runs it
 
 Loading never reaches a model hub unless ``HF_HUB_OFFLINE=0`` is set explicitly: the bundled
 model is a folder inside an installed package, ``embeddinggemma-300m`` a folder of the model cache
-assembled and verified by ``make setup-embedder`` (:mod:`longrag.index.fetched`), and other models must be
+assembled and verified by ``make setup-embedder`` (:mod:`longrag.models.fetched`), and other models must be
 local folders or already in the Hugging Face cache.
 """
 
@@ -91,7 +91,7 @@ def resolve_embedding_model(name: str) -> ModelSpec:
     if key.lower() in ("bge-large-en-v1.5", "baai/bge-large-en-v1.5"):
         return ModelSpec(BGE_LARGE, BGE_LARGE, 1024, 512, BGE_INSTRUCTION)
     if key.lower() in (EMBEDDINGGEMMA, "google/embeddinggemma-300m"):
-        from longrag.index.fetched import verified_model_dir
+        from longrag.models.fetched import verified_model_dir
 
         return ModelSpec(EMBEDDINGGEMMA, str(verified_model_dir(EMBEDDINGGEMMA)), 768, 2048, None, bundled=True,
                          matryoshka_dims=(768, 512, 256, 128))

@@ -4,7 +4,7 @@ corpus again (``embedding.vector_cache``; the evaluation jobs turn it on, index 
 A vector is found by two keys:
 
 * the **settings** of the encoder that made it (:func:`cache_settings`): the model's identity (for a model
-  fetched and verified by :mod:`longrag.index.fetched`, its pinned manifest digest; for a local folder such as
+  fetched and verified by :mod:`longrag.models.fetched`, its pinned manifest digest; for a local folder such as
   the bundled MiniLM, the sha256 of its config files and the sizes of its weight files; for a hub name, its
   snapshot), the dtype, ``quantize`` and ``backend``, the device type, the document prompt, the input limit,
   the dimension and ``normalize``. Any other value is another cache file;
@@ -38,7 +38,7 @@ LOOKUP_BATCH = 500  # SQLite's default limit on bound parameters is far above th
 
 def default_cache_dir() -> Path:
     """``$LONGRAG_MODEL_CACHE/vectors`` (default ``~/.cache/longrag/models/vectors``)."""
-    from longrag.llm.bundled import model_cache_dir
+    from longrag.models.bundled import model_cache_dir
 
     return model_cache_dir() / "vectors"
 
@@ -49,7 +49,7 @@ def _sha256(data: bytes) -> str:
 
 def model_identity(spec: Any) -> dict[str, Any]:
     """What identifies a model's weights without hashing them all (see the module's docstring)."""
-    from longrag.index.fetched import FETCHED_MODELS
+    from longrag.models.fetched import FETCHED_MODELS
 
     if spec.name in FETCHED_MODELS:  # resolved only once verified against this manifest
         return {"name": spec.name, "manifest_sha256": FETCHED_MODELS[spec.name].manifest_sha256}

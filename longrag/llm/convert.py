@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from longrag.llm.bundled import resolve_model_path
+from longrag.models.bundled import resolve_model_path
 
 __all__ = ["lora_to_gguf"]
 

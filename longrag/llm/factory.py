@@ -10,8 +10,8 @@ def unit_cache(config: LLMConfig):
     """The llama.cpp backend's unit KV cache from ``llm.unit_cache_*`` (None when off)."""
     if config.unit_cache_mb <= 0:
         return None
-    from longrag.llm.bundled import model_cache_dir
     from longrag.llm.kvcache import PrefixStateCache
+    from longrag.models.bundled import model_cache_dir
 
     disk_dir = config.unit_cache_dir or str(model_cache_dir().parent / "kv")
     return PrefixStateCache(config.unit_cache_mb << 20, config.unit_cache_disk_mb << 20,

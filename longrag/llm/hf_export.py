@@ -1,6 +1,6 @@
 """A GGUF model as a regular HuggingFace model folder, for servers that do not read GGUF well (vLLM).
 
-The bundled reader ships as a quantized GGUF for llama.cpp (see :mod:`longrag.llm.bundled`). vLLM,
+The bundled reader ships as a quantized GGUF for llama.cpp (see :mod:`longrag.models.bundled`). vLLM,
 and ``ray.serve.llm`` on top of it, want a HuggingFace folder (``config.json``, safetensors, the
 tokenizer). :func:`export_hf_model` builds one with transformers' own GGUF loader
 (``from_pretrained(folder, gguf_file=...)``, which dequantizes the weights), drops the
@@ -25,7 +25,7 @@ import shutil
 from pathlib import Path
 
 from longrag.llm.base import LLMError
-from longrag.llm.bundled import BUNDLED_MODELS, DEFAULT_READER_MODEL, model_cache_dir, resolve_model_path
+from longrag.models.bundled import BUNDLED_MODELS, DEFAULT_READER_MODEL, model_cache_dir, resolve_model_path
 
 log = logging.getLogger(__name__)
 

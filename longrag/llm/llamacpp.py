@@ -1,6 +1,6 @@
 """In-process llama.cpp backend (llama-cpp-python): the CPU default with a bundled GGUF model.
 
-``model`` is a bundled model name (see :mod:`longrag.llm.bundled`: the default reader
+``model`` is a bundled model name (see :mod:`longrag.models.bundled`: the default reader
 ``qwen2.5-coder-0.5b-instruct``, ``smollm2-135m-instruct``, ``gemma3-270m``) or a path to a ``.gguf``
 file. A GGUF without a chat template gets ``chat_format`` (e.g. ``chatml``); bundled models carry theirs.
 ``lora_path`` applies a LoRA adapter GGUF on top of the model (``python -m jobs.finetune`` writes one,
@@ -53,13 +53,13 @@ from longrag.llm.base import (
     check_prompt,
     resolve_temperature,
 )
-from longrag.llm.bundled import BUNDLED_MODELS, DEFAULT_READER_MODEL, BundledModel, file_sha256, resolve_model_path
 from longrag.llm.cancel import AbortSwitch, CancelToken, LLMCancelled
 from longrag.llm.kvcache import PrefixStateCache
 from longrag.llm.memory import make_ram_cache, one_row_of_logits
 from longrag.llm.prefix import chat_formatter, common_prefix, hold_prefix, prefix_key, prefix_key_base, state_params
 from longrag.llm.threads import resolve_threads
 from longrag.llm.vocab import LlamaVocab
+from longrag.models.bundled import BUNDLED_MODELS, DEFAULT_READER_MODEL, BundledModel, file_sha256, resolve_model_path
 
 __all__ = ["BUNDLED_MODELS", "BundledModel", "LlamaCppLLM", "resolve_model_path", "resolve_threads"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from longrag.llm.bundled import resolve_model_path
+from longrag.models.bundled import resolve_model_path
 from longrag.text.tokens import trim_to_tokens
 
 __all__ = ["LlamaVocab"]

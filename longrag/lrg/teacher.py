@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from longrag.config import LLMConfig
-from longrag.llm.bundled import BUNDLED_MODELS
 from longrag.lrg import prompts as P
 from longrag.lrg.records import TeacherReply, TeacherRequest
+from longrag.models.bundled import BUNDLED_MODELS
 
 TEACHER_FORMS = "'bundled', 'bundled:NAME' (NAME one of {}), or an http(s):// OpenAI-compatible base URL"
 

@@ -139,7 +139,7 @@ def test_one_bench_entry_point_lists_and_runs_every_benchmark(capsys, monkeypatc
     assert COMMANDS["bench"][0] == "jobs.bench" and not [c for c in COMMANDS if c.startswith("bench-")]
     assert len((root / "jobs" / "bench.py").read_text().splitlines()) <= 300
     cli = {f"lab.bench.cli.{p.stem}" for p in (root / "lab" / "bench" / "cli").glob("*.py") if p.stem != "__init__"}
-    assert cli == {module for module, _ in BENCHMARKS.values()} and len(cli) == 14
+    assert cli == {module for module, _ in BENCHMARKS.values()} and len(cli) == 15
     for name, (module, _) in BENCHMARKS.items():
         assert name == module.rsplit(".", 1)[1].replace("_", "-")
         assert callable(importlib.import_module(module).main) and importlib.import_module(module).__doc__

@@ -34,7 +34,7 @@ def lrg_data(out, n=8):
 def test_records_are_trl_conversational_and_convert_to_prompt_completion(tmp_path):
     from trl.data_utils import is_conversational
 
-    from longrag.lrg.sft import read_messages, to_prompt_completion
+    from longrag.training.sft import read_messages, to_prompt_completion
 
     lrg_data(tmp_path)
     rows = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]

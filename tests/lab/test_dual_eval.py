@@ -56,7 +56,7 @@ def test_config_rejects_unknown_names_with_the_valid_ones():
 
 
 def test_select_questions_heldout_is_the_reranker_split():
-    from longrag.dual.reranker_data import split_by_question
+    from longrag.training.reranker_data import split_by_question
 
     cfg = db.DualEvalConfig(limit=5)
     held = db.select_questions("hotpotqa", cfg)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from longrag.llm.base import LLMError
-from longrag.llm.bundled import (
+from longrag.models.bundled import (
     BUNDLED_MODELS,
     DEFAULT_READER_MODEL,
     BundledModel,

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from longrag.dual.reranker_data import load_sources, make_pairs, recall_at_k, sample_negatives, split_by_question
-from longrag.dual.train_reranker import TrainerConfig, next_version_dir, train_reranker
+from longrag.training.reranker import TrainerConfig, next_version_dir, train_reranker
+from longrag.training.reranker_data import load_sources, make_pairs, recall_at_k, sample_negatives, split_by_question
 
 pytestmark = pytest.mark.slow  # a real model: left out of `make test-fast`
 
@@ -37,7 +37,7 @@ def test_pairs_and_split_by_question_from_bundled_data():
 
 
 def test_sample_negatives_keeps_positives_and_caps_negatives_per_question():
-    from longrag.dual.reranker_data import RerankPair
+    from longrag.training.reranker_data import RerankPair
 
     pairs = [RerankPair(q, "Q", f"{q}{i}", 1.0 if i < npos else 0.0) for q, npos in (("a", 1), ("b", 2)) for i in range(8)]
     got = sample_negatives(pairs, 2, seed=0)
@@ -65,7 +65,7 @@ def test_next_version_dir(tmp_path):
 
 
 def test_hard_negatives_and_triples_one_positive_per_question_per_round():
-    from longrag.dual.reranker_data import Triple, hard_negative_order, make_triples, paragraph_text
+    from longrag.training.reranker_data import Triple, hard_negative_order, make_triples, paragraph_text
 
     examples, _ = load_sources(TrainerConfig().sources, 4)
     # a scorer that likes long paragraphs: the "hardest" negative is the longest non-supporting one
@@ -87,7 +87,7 @@ def test_hard_negatives_and_triples_one_positive_per_question_per_round():
 
 
 def test_sample_negatives_hardest_first():
-    from longrag.dual.reranker_data import RerankPair
+    from longrag.training.reranker_data import RerankPair
 
     pairs = [RerankPair("a", "Q", f"t{i}", 1.0 if i == 0 else 0.0) for i in range(6)]
     kept = sample_negatives(pairs, 2, hardness=lambda p: int(p.text[1:]))  # t5, t4 are the hardest

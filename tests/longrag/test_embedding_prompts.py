@@ -165,7 +165,7 @@ def test_embeddinggemma_names_its_make_target_when_it_is_not_assembled(tmp_path:
 
 # Files that may call sentence-transformers directly: the Embedder itself, and the dual pipeline's own
 # fine-tuned reranker (a separate model, trained by jobs.train_reranker); gpu_check saves the MiniLM.
-DIRECT_ENCODERS = {"longrag/index/embedding.py", "longrag/dual/rerank.py", "longrag/dual/train_reranker.py",
+DIRECT_ENCODERS = {"longrag/index/embedding.py", "longrag/dual/rerank.py", "longrag/training/reranker.py",
                    "jobs/gpu_check.py"}
 
 

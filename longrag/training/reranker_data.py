@@ -5,7 +5,7 @@ samples give (question, paragraph, label) pairs, split by question into train / 
 (:func:`split_by_question`, also the dual benchmark's held-out questions); hard negatives are a
 question's own non-supporting paragraphs ordered by a scorer (:func:`tfidf_scorer`,
 :func:`dense_scorer`); :func:`evaluate_ranking` is recall@k of the supporting paragraphs among a
-question's paragraphs. Training itself is :mod:`longrag.dual.train_reranker`.
+question's paragraphs. Training itself is :mod:`longrag.training.reranker`.
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def fit_examples(conversations: list[list[dict]], tokenizer, max_length: int) ->
 
 def resolve_base(base: str) -> str:
     """A bundled model name or .gguf file -> its converted Hugging Face folder (cached); a folder stays as is."""
-    from longrag.llm.bundled import BUNDLED_MODELS
+    from longrag.models.bundled import BUNDLED_MODELS
 
     if base in BUNDLED_MODELS or base.endswith(".gguf"):
         from longrag.llm.hf_export import export_hf_model

