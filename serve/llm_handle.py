@@ -93,6 +93,11 @@ class ServeAppLLM(OpenAIHTTPLLM):
             return self._chunks(stream, ChatCompletionChunk)
         try:
             first = await asyncio.wait_for(anext(stream), self.timeout_s)
+        except asyncio.CancelledError:
+            # The caller went away (its client left, its deadline passed): a handle call is not cancelled
+            # with the task awaiting it, so cancel it here and vLLM aborts the request.
+            stream.cancel()
+            raise
         except TimeoutError:
             stream.cancel()
             raise LLMError(f"{self.name} at {self.base_url}: timed out after {self.timeout_s:g}s") from None
@@ -108,6 +113,7 @@ class ServeAppLLM(OpenAIHTTPLLM):
         return (ChatCompletion if chat else Completion).model_validate(data)
 
     async def _chunks(self, stream: Any, chunk_type: Any) -> AsyncIterator[Any]:
+        ended = False
         try:
             async for item in stream:
                 for raw in _sse_payloads(item):
@@ -116,10 +122,14 @@ class ServeAppLLM(OpenAIHTTPLLM):
                     if message is not None:
                         raise error_class(message)(f"{self.name} at {self.base_url}: {message}")
                     yield chunk_type.model_validate(data)
+            ended = True
         except LLMError:
             raise
         except Exception as exc:  # noqa: BLE001 - the stream broke midway
             raise LLMError(f"{self.name} at {self.base_url}: the stream broke: {type(exc).__name__}: {exc}") from exc
+        finally:
+            if not ended:  # the reader stopped reading (cancelled, closed, or an error): vLLM stops writing
+                stream.cancel()
 
     async def aclose(self) -> None:
         self._handle = None

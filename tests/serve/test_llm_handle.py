@@ -47,3 +47,75 @@ def test_a_context_overflow_from_the_engine_is_a_context_overflow_error():
 
     assert error_class("This model's maximum context length is 2048 tokens") is ContextOverflowError
     assert error_class("engine dead") is LLMError
+
+
+class _Stuck:
+    """A handle's response stream that never yields (vLLM still writing) and records its cancel."""
+
+    def __init__(self, chunks: int = 0) -> None:
+        self.cancelled, self.chunks = False, chunks
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        import asyncio
+
+        if self.chunks:
+            self.chunks -= 1
+            chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "reader",
+                     "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]}
+            return [f"data: {json.dumps(chunk)}\n\n"]
+        await asyncio.sleep(3600)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _Handle:
+    def __init__(self, stream: _Stuck) -> None:
+        self.stream = stream
+
+    def options(self, **_):
+        return self
+
+    @property
+    def chat(self):
+        return self
+
+    def remote(self, _request):
+        return self.stream
+
+
+def test_a_cancelled_call_cancels_its_handle_call(monkeypatch):
+    """The caller goes away (client left, deadline passed): the handle call to ray.serve.llm is cancelled
+    too (a Serve response is not cancelled with the task awaiting it), so vLLM aborts the request; a
+    stream whose reader stops cancels it the same way. Against vLLM's own gauge: tests/vllm. (The
+    request types come from ray.serve.llm, which imports vLLM: plain dicts stand in for them here.)"""
+    import asyncio
+    import sys
+    import types
+
+    fake = types.ModuleType("ray.serve.llm.openai_api_models")
+    fake.ChatCompletionRequest = fake.CompletionRequest = lambda **kw: kw
+    monkeypatch.setitem(sys.modules, "ray.serve.llm.openai_api_models", fake)
+
+    async def go(stream: bool) -> _Stuck:
+        llm = build_engine(LLMConfig(backend="serve", serve_app="reader", model="reader", timeout_s=600))
+        stuck = _Stuck(chunks=2 if stream else 0)
+        llm._handle = _Handle(stuck)
+        msgs = [{"role": "user", "content": "Count to a thousand."}]
+        if stream:
+            gen = llm.stream_chat(msgs, max_tokens=500)
+            assert await anext(gen) == "x"
+            await gen.aclose()  # the reader stopped reading
+        else:
+            task = asyncio.create_task(llm.chat(msgs, max_tokens=500))
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        return stuck
+
+    assert asyncio.run(go(stream=False)).cancelled
+    assert asyncio.run(go(stream=True)).cancelled

@@ -254,6 +254,53 @@ def test_concurrent_requests_are_batched(served):
     assert many < 0.5 * n * one, f"{n} concurrent requests took {many:.1f}s, one took {one:.1f}s"
 
 
+def _vllm_gauge(name: str) -> float:
+    """A vLLM gauge summed over engines, as Ray's Prometheus export shows it (``vllm:X`` as ``ray_vllm_X``)."""
+    import ray
+    from prometheus_client.parser import text_string_to_metric_families
+
+    node = next(n for n in ray.nodes() if n["Alive"])
+    text = httpx.get(f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics", timeout=10).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == f"ray_vllm_{name}")
+
+
+def _gauge_when(name: str, done: Any, timeout_s: float) -> tuple[float, float]:
+    """(the gauge once ``done(value)`` holds or as it is after ``timeout_s``, the seconds it took)."""
+    t0 = time.monotonic()
+    value = _vllm_gauge(name)
+    while not done(value) and time.monotonic() - t0 < timeout_s:
+        time.sleep(1)
+        value = _vllm_gauge(name)
+    return value, time.monotonic() - t0
+
+
+def test_a_cancelled_read_stops_in_vllm(served):
+    """Issue 44: a reader call whose caller goes away (the client left, the deadline passed) is
+    aborted in vLLM, not written to its end: vLLM's own running-requests gauge
+    (``vllm:num_requests_running``) falls back to 0 soon after the cancel, long before the 2,000
+    tokens asked for would be written (~20 tokens/s here: 100 s). Ray exports the gauge every few
+    seconds, so the bound allows two export periods."""
+    llm = _reader_llm()
+    payload = {"model": "reader", "messages": [{"role": "user", "content": "Count from one to ten thousand."}],
+               "max_tokens": 2000, "temperature": 0, "ignore_eos": True}
+    idle, _ = _gauge_when("num_requests_running", lambda v: v == 0, 60)
+    assert idle == 0, "vLLM is still running an earlier request"
+
+    async def cancel_mid_write() -> float:
+        task = asyncio.create_task(llm._create("/chat/completions", payload))
+        running, _ = await asyncio.to_thread(_gauge_when, "num_requests_running", lambda v: v >= 1, 60)
+        assert running >= 1, "the request never showed in vLLM's running gauge"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return time.monotonic()
+
+    cancelled_at = asyncio.run(cancel_mid_write())
+    after, waited = _gauge_when("num_requests_running", lambda v: v == 0, 90)
+    assert after == 0, f"vLLM still runs the cancelled request {time.monotonic() - cancelled_at:.0f}s after the cancel"
+    assert waited < 30, f"vLLM's running gauge took {waited:.0f}s to fall after the cancel"
+
+
 def test_dual_strategies_in_process_over_vllm(served, hf_model):
     """All five strategies over the reader's handle (llm.backend=serve), run at once (vLLM batches
     their calls); the filter's judgements are JSON-constrained by vLLM's structured outputs."""
