@@ -324,7 +324,9 @@ class LongReader:
         question, fitted, context, messages, t_start = await self._prepare_off_loop(question, units, compression)
         t_fit = time.perf_counter()
         write_long = self.wants_long_answer(long_answer)
-        head = documents_head(fitted.blocks)  # the top unit's KV state may come from the backend's cache
+        # The top unit's KV state may come from the backend's cache; a packed context's head is this
+        # question's own paragraphs, never read again: not cached (a state saved per request, evicting hot units).
+        head = None if fitted.packed else documents_head(fitted.blocks)
         first = short = None
         t_short = t_fit
         if self.config.answer == "direct":

@@ -159,6 +159,7 @@ def test_reader_packs_units_that_carry_chunk_scores():
     llm = ScriptedLLM(["Paris"])
     res = run(LongReader(llm, cfg).read("Where was Alice born?", units))
     assert res.packed and res.context_tokens <= 120
+    assert llm.calls[0]["cache_prefix"] is None  # a packed head is this question's own: not a unit to cache
     assert gold1 in res.context and gold2 in res.context and "filler" not in res.context
     assert res.context.index(gold1) < res.context.index(gold2)  # units in rank order
     assert [p["unit_id"] for p in res.paragraphs_read] == ["u1", "u2"]  # best first
