@@ -20,14 +20,13 @@ No Ray and no web framework here: the ingress' middleware holds one :class:`Admi
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Admission", "Deadline", "DeadlineExceeded", "Overloaded"]
+__all__ = ["Admission", "Deadline", "Overloaded"]
 
 
 class Overloaded(Exception):
@@ -115,30 +114,11 @@ class Admission:
                 self.service_s += self.smoothing * (interval - self.service_s)
                 self._last_done = now
 
-    @contextlib.contextmanager
-    def admitted_request(self) -> Iterator[None]:
-        """``with admission.admitted_request():`` the block holds a place (raises :class:`Overloaded`)."""
-        ticket = self.enter()
-        completed = False
-        try:
-            yield
-            completed = True
-        finally:
-            self.leave(ticket, completed=completed)
-
     def to_dict(self) -> dict[str, float | int | None]:
         with self._lock:
             return {"limit": self.limit, "max_wait_s": self.max_wait_s, "in_flight": len(self._started),
                     "admitted": self.admitted, "refused": self.refused, "finished": self.finished,
                     "service_s": round(self.service_s, 3)}
-
-
-class DeadlineExceeded(Exception):
-    """The request's deadline passed before a stage could start."""
-
-    def __init__(self, stage: str, timeout_s: float) -> None:
-        super().__init__(f"the request's deadline of {timeout_s:g} s passed before the {stage} stage could start")
-        self.stage, self.timeout_s = stage, timeout_s
 
 
 @dataclass(frozen=True)
@@ -154,13 +134,6 @@ class Deadline:
 
     def left(self, clock: Callable[[], float] = time.monotonic) -> float:
         return self.at - clock()
-
-    def check(self, stage: str, clock: Callable[[], float] = time.monotonic) -> float:
-        """The seconds left for ``stage``; :class:`DeadlineExceeded` when none are."""
-        left = self.left(clock)
-        if left <= 0:
-            raise DeadlineExceeded(stage, self.timeout_s)
-        return left
 
 
 def parse_timeout_header(value: str | None, limit_s: float) -> float:

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from longrag.admission import Admission, Deadline, DeadlineExceeded, Overloaded, parse_timeout_header
+from longrag.admission import Admission, Deadline, Overloaded, parse_timeout_header
 
 
 class Clock:
@@ -74,15 +74,6 @@ def test_admitted_only_while_those_admitted_would_be_answered_within_max_wait():
     alone.enter()  # the first is always admitted, however slow the reader
 
 
-def test_the_context_manager_frees_its_place_on_errors():
-    adm = Admission(1)
-    with pytest.raises(ZeroDivisionError), adm.admitted_request():
-        1 / 0  # noqa: B018 - the error the context manager must see
-    with adm.admitted_request():
-        assert adm.in_flight == 1
-    assert adm.in_flight == 0 and adm.finished == 1
-
-
 def test_concurrent_threads_never_exceed_the_limit():
     adm, seen, lock = Admission(3), [], threading.Lock()
     barrier = threading.Barrier(12)
@@ -110,10 +101,9 @@ def test_deadlines_and_the_timeout_header():
     clock = Clock()
     d = Deadline.after(2.0, clock)
     clock.t += 1.5
-    assert d.check("read", clock) == pytest.approx(0.5)
+    assert d.left(clock) == pytest.approx(0.5)
     clock.t += 1.0
-    with pytest.raises(DeadlineExceeded, match="2 s passed before the read stage"):
-        d.check("read", clock)
+    assert d.left(clock) == pytest.approx(-0.5)  # serve.stages answers 504 naming the stage (tests/serve/test_stages.py)
     assert parse_timeout_header(None, 600) == 600 and parse_timeout_header("", 600) == 600
     assert parse_timeout_header("1.5", 600) == 1.5 and parse_timeout_header("9999", 600) == 600
     for bad in ("soon", "0", "-3", "nan", "inf"):
