@@ -16,7 +16,8 @@ Three measurements over a running app's ``POST /v1/answer``, each from real HTTP
 
 The tokens the LLM generated (and those it generated for calls that were then cancelled) come from
 the LLMServer's own counters (``describe``), read by the caller before and after each phase; the
-memory from :class:`ProcessMemory`. No Ray here: the benchmark wires the app in (``lab/bench/cli/traffic.py``).
+memory from :class:`longrag.memory.MemorySampler` over the benchmark's process and its descendants
+(the local Ray). No Ray here: the benchmark wires the app in (``lab/bench/cli/traffic.py``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from typing import Any
 
 import httpx
 import numpy as np
-import psutil
 
 from lab.bench.load import latency_stats
 
@@ -167,44 +167,3 @@ def summarize(outcomes: Sequence[Outcome], duration_s: float, wall_s: float) -> 
             "other_5xx": len(five), "other": sorted({s for s in statuses if s not in ("200", "503", "gave_up")}),
             "p50_s": round(lat.p50_ms / 1000, 3), "p99_s": round(lat.p99_ms / 1000, 3),
             "wall_s": round(wall_s, 1), "outcomes": [asdict(o) for o in outcomes]}
-
-
-class ProcessMemory:
-    """Peak resident memory of every process of a local Ray (its name or command line says
-    ``ray``/``raylet``/``gcs_server``) sampled every ``interval_s`` on a thread: the app's replicas,
-    Serve's proxy and controller, Ray's own. :meth:`phase` returns the peak since the last call."""
-
-    def __init__(self, interval_s: float = 0.5) -> None:
-        import threading
-
-        self.interval_s, self.peak = interval_s, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    @staticmethod
-    def sample() -> int:
-        total = 0
-        for p in psutil.process_iter(["name", "cmdline", "memory_info"]):
-            info = p.info
-            words = " ".join([info.get("name") or "", *(info.get("cmdline") or [])[:1]])
-            if info.get("memory_info") and ("ray" in words or "gcs_server" in words):
-                total += info["memory_info"].rss
-        return total
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.peak = max(self.peak, self.sample())
-
-    def phase(self) -> float:
-        """The peak since the last call, GiB; the next phase starts from now."""
-        peak, self.peak = max(self.peak, self.sample()), self.sample()
-        return round(peak / 2**30, 3)
-
-    def __enter__(self) -> ProcessMemory:
-        self.peak = self.sample()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()

@@ -29,8 +29,9 @@ import yaml
 
 from lab.bench import machine
 from lab.bench.serving import QUESTIONS
-from lab.bench.traffic import Arrivals, ProcessMemory, abandoned_burst, capacity, crowd, open_loop
+from lab.bench.traffic import Arrivals, abandoned_burst, capacity, crowd, open_loop
 from longrag.cli import job_setup, number, transcript
+from longrag.memory import MemorySampler
 
 ROOT = Path(__file__).resolve().parents[3]
 APP = "longrag"
@@ -61,21 +62,21 @@ def token_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]
             "cancelled_calls": a["requests"] - b.get("requests", 0)}
 
 
-async def _phases(args: argparse.Namespace, say, memory: ProcessMemory) -> dict[str, Any]:
+async def _phases(args: argparse.Namespace, say, memory: MemorySampler) -> dict[str, Any]:
     qs = QUESTIONS
     out: dict[str, Any] = {}
 
     async def phase(name: str, coro: Any) -> dict[str, Any]:
         before = await llm_counters()
         res = await coro
-        res.update(llm=token_delta(before, await llm_counters()), peak_gib=memory.phase())
+        res.update(llm=token_delta(before, await llm_counters()), peak_gib=round(memory.new_phase() / 2**30, 3))
         out[name] = res
         await asyncio.sleep(args.rest_s)
         return res
 
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=0)  # a client that gives up closes
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{args.port}", timeout=None, limits=limits) as client:
-        memory.phase()
+        memory.new_phase()
         burst = await phase("abandoned_burst", abandoned_burst(client, qs[:3], qs[3:11], qs[11]))
         say(f"abandoned burst: next question {burst['next_s']} s = {burst['next_over_unloaded']}x unloaded "
             f"p50 {burst['unloaded_p50_s']} s (burst: {burst['burst_statuses']})")
@@ -146,7 +147,7 @@ def run(args: argparse.Namespace, terminal: TextIO) -> dict[str, Any]:
             with httpx.Client(base_url=f"http://127.0.0.1:{args.port}", timeout=60) as c:
                 wait_healthy(c)
             say(f"app RUNNING on 127.0.0.1:{args.port} over {index} (load average {before['loadavg']})")
-            with ProcessMemory() as memory:
+            with MemorySampler(children=True) as memory:  # this process and the local Ray it started
                 result = asyncio.run(_phases(args, say, memory))
         finally:
             try:
