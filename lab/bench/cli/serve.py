@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -42,6 +41,7 @@ from lab.bench.serving import (
     http_first_token,
     reader_first_token,
     retrieve_check,
+    running_app,
     summary,
 )
 from longrag.cli import int_list, job_setup, number, transcript
@@ -217,36 +217,19 @@ def run(args: argparse.Namespace, terminal: TextIO) -> dict[str, Any]:
     def say(line: str) -> None:
         print(f"bench serve: {line}", file=terminal, flush=True)
 
-    from ray import serve
-
     from actors.distbuild import ensure_sample_build
-    from cluster.local import start_or_join
-    from serve.run import deploy, direct_ingress, wait_healthy, wait_running
 
     t0 = time.perf_counter()
     before = machine()
-    # direct ingress: the app's Ingress replica serves --port, the floor's (deployed after it) the next
-    with direct_ingress(args.port, 2) if args.direct_ingress else contextlib.nullcontext():
-        handle = start_or_join(None, num_cpus=args.num_cpus)
-        try:
-            index = args.index or ensure_sample_build(str(ROOT / "artifacts" / "bench-serve"), say)
-            config = serve_config(index, args.port, args.one_replica, Path(args.config), max(args.chat_levels))
-            deploy(config)
-            reason = wait_running([APP], schedule_timeout_s=180, ready_timeout_s=600)  # a loaded machine starts workers slowly
-            # Serve's own cost beside the app (serve/floor.py): the same request to an ingress doing nothing
-            config["applications"].append({"name": "floor", "route_prefix": "/floor", "import_path": "serve.floor:app"})
-            deploy(config)
-            if reason := reason or wait_running([APP, "floor"], schedule_timeout_s=180, ready_timeout_s=600):
-                raise RuntimeError(f"the app did not start: {reason}")
-            with httpx.Client(base_url=f"http://127.0.0.1:{args.port}", timeout=60) as c:
-                wait_healthy(c)
-            say(f"app RUNNING on 127.0.0.1:{args.port} over {index} (load average {before['loadavg']})")
-            result = asyncio.run(_bench(args, index, config, say))
-        finally:
-            try:
-                serve.shutdown()
-            finally:
-                handle.shutdown()
+    index = args.index or ensure_sample_build(str(ROOT / "artifacts" / "bench-serve"), say)
+    config = serve_config(index, args.port, args.one_replica, Path(args.config), max(args.chat_levels))
+    # Serve's own cost beside the app (serve/floor.py): the same request to an ingress doing nothing. With a
+    # direct ingress the app's Ingress replica serves --port, the floor's (deployed after it) the next.
+    floor = {"name": "floor", "route_prefix": "/floor", "import_path": "serve.floor:app"}
+    with running_app(config, [APP], args.port, num_cpus=args.num_cpus, extra_apps=[floor], say=say,
+                     direct_ingress=2 if args.direct_ingress else None):
+        say(f"over {index} (load average {before['loadavg']})")
+        result = asyncio.run(_bench(args, index, config, say))
     return {"bench": "serve", "config": args.config, "direct_ingress": args.direct_ingress, "mode": args.mode,
             "machine": {**before, "loadavg_after": machine()["loadavg"]}, "index": index, "k": args.k,
             "chat_k": args.chat_k, **result, "summary": summary(result), "wall_s": round(time.perf_counter() - t0, 1)}

@@ -28,7 +28,7 @@ import httpx
 import yaml
 
 from lab.bench import machine
-from lab.bench.serving import QUESTIONS
+from lab.bench.serving import QUESTIONS, running_app
 from lab.bench.traffic import Arrivals, abandoned_burst, capacity, crowd, open_loop
 from longrag.cli import job_setup, number, transcript
 from longrag.memory import MemorySampler
@@ -125,35 +125,19 @@ def run(args: argparse.Namespace, terminal: TextIO) -> dict[str, Any]:
     def say(line: str) -> None:
         print(f"bench traffic: {line}", file=terminal, flush=True)
 
-    from ray import serve
-
     from actors.distbuild import ensure_sample_build
-    from cluster.local import start_or_join
-    from serve.run import deploy, direct_ingress, wait_healthy, wait_running
 
     t0 = time.perf_counter()
     before = machine()
-    with direct_ingress(args.port, 1):
-        handle = start_or_join(None, num_cpus=2)
-        try:
-            index = args.index or ensure_sample_build(str(ROOT / "artifacts" / "bench-serve"), say)
-            config = yaml.safe_load(Path(args.config).read_text())
-            config["http_options"].update(host="127.0.0.1", port=args.port)
-            config["applications"][0]["args"]["index"] = index
-            config["applications"][0]["args"].setdefault("overrides", []).extend(args.set)
-            deploy(config)
-            if reason := wait_running([APP], schedule_timeout_s=180, ready_timeout_s=600):
-                raise RuntimeError(f"the app did not start: {reason}")
-            with httpx.Client(base_url=f"http://127.0.0.1:{args.port}", timeout=60) as c:
-                wait_healthy(c)
-            say(f"app RUNNING on 127.0.0.1:{args.port} over {index} (load average {before['loadavg']})")
-            with MemorySampler(children=True) as memory:  # this process and the local Ray it started
-                result = asyncio.run(_phases(args, say, memory))
-        finally:
-            try:
-                serve.shutdown()
-            finally:
-                handle.shutdown()
+    index = args.index or ensure_sample_build(str(ROOT / "artifacts" / "bench-serve"), say)
+    config = yaml.safe_load(Path(args.config).read_text())
+    config["http_options"].update(host="127.0.0.1", port=args.port)
+    config["applications"][0]["args"]["index"] = index
+    config["applications"][0]["args"].setdefault("overrides", []).extend(args.set)
+    with running_app(config, [APP], args.port, direct_ingress=1, say=say):
+        say(f"over {index} (load average {before['loadavg']})")
+        with MemorySampler(children=True) as memory:  # this process and the local Ray it started
+            result = asyncio.run(_phases(args, say, memory))
     return {"bench": "traffic", "label": args.label, "config": args.config, "overrides": args.set,
             "machine": {**before, "loadavg_after": machine()["loadavg"]}, **result,
             "wall_s": round(time.perf_counter() - t0, 1)}
