@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             rows = asyncio.run(drive(handle, requests, args.clients, args.max_tokens))
             results[router] = {**summarize(rows), "wall_s": round(time.perf_counter() - t0, 1)}
+            log(f"{router}: {json.dumps(results[router])}")  # each router's figures as soon as they are in
             serve.delete(f"routing-{router}")
     finally:
         serve.shutdown()
