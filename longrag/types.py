@@ -18,6 +18,11 @@ from pydantic import BaseModel, Field, computed_field
 from pydantic.json_schema import SkipJsonSchema
 
 
+class LLMError(RuntimeError):
+    """Any failure of an LLM backend: unreachable server, HTTP error, context overflow, bad or missing
+    model (here, below :mod:`longrag.llm` and :mod:`longrag.models`, which both raise it)."""
+
+
 class InvalidRequest(ValueError):
     """What a caller asked for is refused (an empty document, an unknown strategy, a question the
     encoder cannot take): the request's fault, an HTTP 4xx, never retried. Every other exception,

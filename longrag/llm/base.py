@@ -16,12 +16,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from longrag.text.tokens import trim_to_tokens
+from longrag.types import LLMError
+
+__all__ = ["LLM", "ChatResult", "ContextOverflowError", "LLMError"]
 
 _ROLES = frozenset({"system", "user", "assistant"})
-
-
-class LLMError(RuntimeError):
-    """Any failure of an LLM backend: unreachable server, HTTP error, context overflow, bad model."""
 
 
 class ContextOverflowError(LLMError):

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from longrag.llm.base import LLMError
+from longrag.types import LLMError
 
 log = logging.getLogger(__name__)
 

@@ -65,7 +65,8 @@ def client(build):
              _metrics_export_port=METRICS_PORT, _system_config={"metrics_report_interval_ms": 1000})
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-        _deploy(build, "longrag", "/", index_cls=FakeShardsIndex.with_dead((1, 0)))
+        _deploy(build, "longrag", "/", index_cls=FakeShardsIndex.with_dead((1, 0)),
+                overrides=("retrieval.document_order=stored",))
         # The single-machine profile beside it: encoder and index in the Ingress (the real
         # InProcessIndex over the same build), no QueryEncoder/Retriever deployments.
         _deploy(build, "longrag-local", "/local", index_cls=None,
@@ -517,7 +518,7 @@ def test_colocated_app_answers_as_the_split_app_does_with_two_deployments(client
         assert local["trace"]["encode_ms"] >= 0 and "retrieve.search_ms" in local["trace"]
     answer = client.post("/local/v1/answer", json={"question": "Who wrote the novel Animal Farm?", "k": 2})
     assert answer.status_code == 200 and answer.json()["answer"] == "Animal Farm", answer.text
-    # this app packs the reader's context (retrieval.document_order=packed): the trace names the paragraphs
+    # this app packs the reader's context (retrieval.document_order=packed, the default): the trace names them
     trace = answer.json()["trace"]
     assert trace["context_packed"] is True and trace["paragraphs_read"], trace
     assert {p["unit_id"] for p in trace["paragraphs_read"]} <= {e["unit_id"] for e in answer.json()["evidence"]}

@@ -32,6 +32,7 @@ import httpx
 import yaml
 
 from lab.bench import machine, median_by_key, overhead, run_level, run_level_threads
+from lab.bench.cli import running_app
 from lab.bench.serving import (
     QUESTIONS,
     InProcessRetrieval,
@@ -41,7 +42,6 @@ from lab.bench.serving import (
     http_first_token,
     reader_first_token,
     retrieve_check,
-    running_app,
     summary,
 )
 from longrag.cli import int_list, job_setup, number, transcript

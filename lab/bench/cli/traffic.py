@@ -28,7 +28,8 @@ import httpx
 import yaml
 
 from lab.bench import machine
-from lab.bench.serving import QUESTIONS, running_app
+from lab.bench.cli import running_app
+from lab.bench.serving import QUESTIONS
 from lab.bench.traffic import Arrivals, abandoned_burst, capacity, crowd, open_loop
 from longrag.cli import job_setup, number, transcript
 from longrag.memory import MemorySampler
