@@ -228,7 +228,7 @@ class RetrievedUnit(BaseModel):
     n_tokens: int = 0
     doc_scores: list[float | None] | None = Field(
         None, description="Each document's best chunk score, in ``doc_ids`` order, when the documents were put "
-        "best first (retrieval.document_order=evidence); None: the stored order.")
+        "best first (retrieval.document_order=evidence or packed); None: the stored order.")
     found_by: str | None = Field(
         None, description="Which search found the unit: 'dense', 'bm25' or 'dense+bm25' (retrieval.mode=hybrid); "
         "'graph' (only the walk over the unit link graph reached it: retrieval.mode=graph or hybrid+graph); "
