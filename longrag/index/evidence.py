@@ -8,7 +8,8 @@ one level down) and putting the best first keeps the unit whole and its evidence
 MuSiQue sample (100 questions, grouped units, MiniLM) the gold paragraphs inside the first 1K
 tokens of the ranked units rose from 40% to 62% (260 tokens: 21% to 45%), but the 1.5B reader
 did not answer better over them (F1 22.0 against 22.8 on 50 questions; docs/evaluation.md,
-"Multi-hop evidence"): ``retrieval.document_order`` chooses, the stored order by default.
+"Multi-hop evidence"). ``retrieval.document_order`` chooses; the default, ``packed``, ranks paragraphs by
+the chunk spans :func:`scored_evidence` returns (:mod:`longrag.reading.packing`).
 
 Pure functions over :class:`longrag.types.Unit` records and chunk texts; the shard
 (``actors/index_shard.py``) scores the chunks and calls :func:`order_by_evidence`.
