@@ -16,15 +16,22 @@ def test_all_signals_on_a_small_pool(tmp_path, capsys, monkeypatch):
     assert B.main(["--limit", "6", "--k", "1,2,4", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     rows = {r["signal"].split(" (")[0].split(",")[0]: r for r in summary["results"]}
-    assert len(summary["results"]) == 8 and summary["questions"] == 6
-    dense, evidence = summary["results"][0], summary["results"][1]
+    assert len(summary["results"]) == 11 and summary["questions"] == 6
+    signals, contexts = summary["results"][:8], summary["results"][8:]
+    dense, evidence = signals[0], signals[1]
     for key in ("R@1", "R@2", "R@4", "AR@2", "PR@2", "PR@4"):
         assert dense[key] == evidence[key]
-    for r in summary["results"]:
+    for r in signals:
         assert r["R@1"] <= r["R@2"] <= r["R@4"] and r["PR@1"] <= r["PR@2"] <= r["PR@4"]
         assert r["PR<260"] <= r["PR<650"] <= r["PR<1024"]
+    # the reader's context of the top 2 (stored, evidence, packed): never more than the top 2 hold, and more
+    # with more budget
+    assert [r["signal"].split(": ")[-1] for r in contexts] == ["stored", "evidence", "packed"]
+    for r in contexts:
+        assert r["PR@2"] == dense["PR@2"]
+        assert r["RC<512"] <= r["RC<1024"] <= r["RC<2048"] <= r["PR@2"]
     # a second hop (gold bridge, the embedder's sentence, Rocchio) keeps the first hop's top unit first
-    for r in summary["results"][-3:]:
+    for r in signals[-3:]:
         assert r["signal"].startswith("second hop") and (r["R@1"], r["AR@1"], r["PR@1"]) == \
             (dense["R@1"], dense["AR@1"], dense["PR@1"])
     assert "BM25" in rows and "| signal |" in (out / "table.md").read_text()
