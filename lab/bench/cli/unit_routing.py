@@ -13,7 +13,8 @@ the unit of Zipf popularity rank r_i (``lab.bench.cli.unit_cache.workload``: P(r
 top unit plus one other unit, with the reader's direct prompt and the top unit's head as the
 ``cache_prefix`` (what the Reader sends). Prints per router the unit-cache hit rate (a hit: the
 replica held the top unit's KV state), where the requests went, p50/p95 seconds per call and the
-ratios; ends with a JSON line (``--out`` also writes it). Hit counts do not depend on the machine's
+ratios, and how many answers the two routers gave alike (all, with greedy decoding: a hit answers as a cold
+read does); ends with a JSON line (``--out`` also writes it). Hit counts do not depend on the machine's
 load; the seconds do (the load average is printed).
 """
 
@@ -72,7 +73,7 @@ async def drive(handle: Any, requests: list[tuple[str, list[Unit]]], clients: in
             res = await handle.chat.remote(direct_messages(question, format_context(blocks)), max_tokens, 0.0, None,
                                            cache_prefix=documents_head(blocks))
             rows[i] = {"s": time.perf_counter() - t0, "unit_cache": res.prefix_cache, "top": units[0].unit_id,
-                       "replica": res.model}
+                       "replica": res.model, "answer": res.text}
             log(f"  {i + 1}/{len(requests)} {rows[i]['s']:.2f}s {res.prefix_cache or '-':7} {res.model}")
 
     await asyncio.gather(*(client() for _ in range(clients)))
@@ -120,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ray.init(num_cpus=max(2, args.replicas), include_dashboard=False, namespace="longrag-bench")
     results: dict[str, Any] = {}
+    answers: dict[str, list[str]] = {}
     try:
         for router in routers:
             cfg = LongRAGConfig().with_overrides([
@@ -132,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             rows = asyncio.run(drive(handle, requests, args.clients, args.max_tokens))
             results[router] = {**summarize(rows), "wall_s": round(time.perf_counter() - t0, 1)}
+            answers[router] = [r["answer"] for r in rows]
             log(f"{router}: {json.dumps(results[router])}")  # each router's figures as soon as they are in
             serve.delete(f"routing-{router}")
     finally:
@@ -144,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         a, b = results["unit_affinity"], results["pow2"]
         summary["hit_rate_ratio"] = round(a["hit_rate"] / b["hit_rate"], 2) if b["hit_rate"] else None
         summary["p50_ratio"] = round(a["p50_s"] / b["p50_s"], 2)
+        # greedy decoding, and a unit-cache hit answers as a cold read does: the routers must not change an answer
+        summary["same_answers"] = sum(x == y for x, y in zip(answers["pow2"], answers["unit_affinity"]))
     print("| router | hit rate | hits | p50 s | p95 s | replicas per unit | per replica |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, r in results.items():
