@@ -46,11 +46,13 @@ def chunk_offsets(unit: Unit, chunk_texts: Sequence[str]) -> list[tuple[int, int
 
 def chunk_documents(unit: Unit, chunk_texts: Sequence[str]) -> list[int]:
     """The ordinal (into ``unit.doc_ids``) of the document holding each chunk, chunks in position order."""
-    offsets = chunk_offsets(unit, chunk_texts)
-    spans = document_spans(unit)
+    return _documents_of(unit, chunk_offsets(unit, chunk_texts), document_spans(unit))
+
+
+def _documents_of(unit: Unit, offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[int]:
     if len(spans) != len(unit.doc_ids):
         # The layout was not found (document_spans fell back to one span): one document's worth.
-        return [0] * len(chunk_texts)
+        return [0] * len(offsets)
     starts = [s for s, _ in spans]
     return [bisect_right(starts, j) - 1 for j, _ in offsets]
 
@@ -96,9 +98,7 @@ def scored_evidence(unit: Unit, chunk_texts: Sequence[str], chunk_scores: Sequen
     (:mod:`longrag.reading.packing`)."""
     offsets = chunk_offsets(unit, chunk_texts)
     spans = document_spans(unit)
-    starts = [s for s, _ in spans]
-    chunk_docs = ([bisect_right(starts, j) - 1 for j, _ in offsets] if len(spans) == len(unit.doc_ids)
-                  else [0] * len(offsets))
+    chunk_docs = _documents_of(unit, offsets, spans)
     scores = document_scores(len(unit.doc_ids), chunk_docs, chunk_scores)
     order = sorted(range(len(scores)), key=lambda i: (scores[i] is None, -(scores[i] or 0.0), i))
     ordered = reorder_documents(unit, order)

@@ -19,12 +19,14 @@ carry scores (:meth:`longrag.reading.reader.LongReader.fit`).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from longrag.index.chunking import document_spans
 from longrag.reading.prompts import UNIT_SEPARATOR, format_unit
+from longrag.text.tokens import trim_to_tokens
 from longrag.types import Unit
 
 __all__ = ["PackedParagraph", "PackedUnits", "pack_units", "paragraph_rank", "paragraphs_of"]
@@ -50,6 +52,11 @@ class PackedParagraph:
     tokens: int = 0
     read: bool = False
 
+    @property
+    def key(self) -> tuple[int, int, int]:
+        """(unit rank, document, paragraph): which paragraph of the given units this is."""
+        return self.unit_rank, self.doc, self.paragraph
+
     def to_trace(self) -> dict[str, object]:
         return {"unit_id": self.unit_id, "title": self.title, "paragraph": self.paragraph,
                 "score": None if self.score is None else round(self.score, 4), "tokens": self.tokens}
@@ -58,7 +65,7 @@ class PackedParagraph:
 @dataclass
 class PackedUnits:
     """The packed context: reduced units (only the paragraphs read) in the order the reader reads
-    them, their formatted blocks, and every paragraph of the given units with ``read`` set."""
+    them, their formatted blocks, and every paragraph of the given units in reading order, with ``read`` set."""
 
     units: list[Unit]
     blocks: list[str]
@@ -132,7 +139,7 @@ def _write(units: Sequence[Unit], chosen: Sequence[PackedParagraph],
         parts, doc_ids, titles = [], [], []
         for d in order:
             paras = sorted(docs[d], key=lambda p: p.paragraph)
-            body = PARAGRAPH_SEPARATOR.join(texts.get((r, d, p.paragraph), unit.text[p.start:p.end]) for p in paras)
+            body = PARAGRAPH_SEPARATOR.join(texts.get(p.key, unit.text[p.start:p.end]) for p in paras)
             title = paras[0].title
             parts.append(f"{title}\n{body}" if title else body)
             doc_ids.append(unit.doc_ids[d] if d < len(unit.doc_ids) else unit.unit_id)
@@ -156,10 +163,8 @@ def pack_units(
     the budget with ``truncate(text, n)`` (the top evidence always gets in, as the top unit does)."""
     if budget_tokens <= 0:
         raise ValueError(f"budget_tokens must be positive, got {budget_tokens}")
-    paragraphs = [p for r, u in enumerate(units) for p in paragraphs_of(u, r)]
-    counted = [PackedParagraph(**{**p.__dict__, "tokens": count_tokens(units[p.unit_rank].text[p.start:p.end])})
-               for p in paragraphs]
-    ranked = sorted(counted, key=paragraph_rank)
+    ranked = sorted((replace(p, tokens=count_tokens(u.text[p.start:p.end]))
+                     for r, u in enumerate(units) for p in paragraphs_of(u, r)), key=paragraph_rank)
     sep = count_tokens(PARAGRAPH_SEPARATOR)
     header = count_tokens("Title: \n")
     title_cost = {t: count_tokens(t) for t in {p.title for p in ranked}}
@@ -185,28 +190,22 @@ def pack_units(
         chosen.pop()  # the lowest-ranked paragraph taken
         reduced, blocks = _write(units, chosen, texts)
         tokens = count_tokens(UNIT_SEPARATOR.join(blocks)) if blocks else 0
-    taken = {(p.unit_rank, p.doc, p.paragraph) for p in chosen}
-    skipped = [p for p in ranked if (p.unit_rank, p.doc, p.paragraph) not in taken]
+    taken = {p.key for p in chosen}
+    skipped = [p for p in ranked if p.key not in taken]
     if skipped and (not chosen or budget_tokens - tokens >= min_partial_tokens):
         # The best paragraph left out fills what is left, cut (alone over the budget, it is cut to it).
         top = skipped[0]
-        cut = truncate or _truncate_by_count(count_tokens)
+        cut = truncate or functools.partial(trim_to_tokens, count_tokens=count_tokens)
         extra = header + 2 * title_cost[top.title] + 3 * sep
         n = budget_tokens - tokens - extra
         while n > 0:
-            texts[(top.unit_rank, top.doc, top.paragraph)] = cut(units[top.unit_rank].text[top.start:top.end], n)
+            texts[top.key] = cut(units[top.unit_rank].text[top.start:top.end], n)
             r2, b2 = _write(units, [*chosen, top], texts)
             t2 = count_tokens(UNIT_SEPARATOR.join(b2))
             if t2 <= budget_tokens:
                 chosen, reduced, blocks, tokens = [*chosen, top], r2, b2, t2
                 break
             n -= max(1, t2 - budget_tokens)
-    read = {(p.unit_rank, p.doc, p.paragraph) for p in chosen}
-    marked = [PackedParagraph(**{**p.__dict__, "read": (p.unit_rank, p.doc, p.paragraph) in read}) for p in counted]
-    return PackedUnits(units=reduced, blocks=blocks, tokens=tokens, paragraphs=marked)
-
-
-def _truncate_by_count(count_tokens: Callable[[str], int]) -> Callable[[str, int], str]:
-    from longrag.text.tokens import trim_to_tokens
-
-    return lambda text, n: trim_to_tokens(text, n, count_tokens=count_tokens)
+    read = {p.key for p in chosen}
+    return PackedUnits(units=reduced, blocks=blocks, tokens=tokens,
+                       paragraphs=[replace(p, read=p.key in read) for p in sorted(ranked, key=lambda p: p.key)])
