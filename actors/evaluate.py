@@ -130,7 +130,7 @@ def retrieve_local(
     hybrid, graph = split_mode(config.retrieval.mode)
     expansion = GraphExpansion.of(config.retrieval) if graph else None
     unit_graph = require_unit_graph(ArtifactStore.open(index_uri)) if graph else None
-    evidence = config.retrieval.document_order != "stored"  # evidence and packed score each unit's chunks
+    evidence = config.retrieval.scores_chunks
     t0 = time.perf_counter()
     vecs, used_mode = encode_queries(questions, config, encode_mode)
     encode_s = time.perf_counter() - t0
@@ -210,7 +210,7 @@ def iterate_local(
         vec = embedder.encode_queries([query])
         res = await index.search(vec, n)
         degraded += bool(res.coverage.degraded)
-        return await index.retrieve_units(res.hits[0], vec[0] if r.document_order != "stored" else None)
+        return await index.retrieve_units(res.hits[0], vec[0] if r.scores_chunks else None)
 
     async def run_all() -> list[Any]:
         bar = progress_bar(len(questions), "retrieve (iterative)", bar=progress, logger=log)

@@ -219,6 +219,16 @@ class RetrievalConfig(_Section):
         2, ge=1, le=8, description="iterative: the best chunk of this many top units is what the bridge call reads.",
     )
 
+    @property
+    def scores_chunks(self) -> bool:
+        """Whether a unit is fetched with its chunks scored for the question (evidence and packed)."""
+        return self.document_order != "stored"
+
+    @property
+    def packs(self) -> bool:
+        """Whether the reader packs its budget with the units' best paragraphs (packed)."""
+        return self.document_order == "packed"
+
 
 class LLMConfig(_Section):
     backend: Literal["llamacpp", "openai", "serve"] = Field(

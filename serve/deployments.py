@@ -199,7 +199,7 @@ class Retriever:
         with self.alias.using() as backend:  # this request finishes on the build it started on, even across a switch
             t0 = time.perf_counter()
             query = np.asarray(vector, dtype=np.float32)
-            evidence_first = self.retrieval.document_order != "stored"  # evidence and packed score the chunks
+            evidence_first = self.retrieval.scores_chunks
             if text is None and not graph:  # search and fetch together: one call per shard
                 res, units = await backend.search_units(query, k, evidence_first)
                 t1 = t2 = time.perf_counter()
@@ -217,7 +217,7 @@ class Retriever:
                 t1 = time.perf_counter()
                 units = await backend.retrieve_units(hits, query if evidence_first or graph else None, evidence_first)
                 t2 = time.perf_counter()
-        if self.retrieval.document_order != "packed":
+        if not self.retrieval.packs:
             for u in units:  # the chunks' scores travel on to the reader only to be packed by
                 u.chunk_scores = None
         return Retrieval(units=units, coverage=res.coverage,

@@ -182,7 +182,7 @@ def run_reader_local(
     # reader.compression=mixpr squeezes units that overflow the window with MixPR (as the Serve Reader)
     compressor = partial(compress_units_with_mixpr, cfg=config.mixpr)
     reader = LongReader(llm, config.reader, compressor=compressor) if llm is not None else None
-    packed = config.retrieval.document_order == "packed"  # the units' chunk scores pack the reader's budget
+    packed = config.retrieval.packs  # the units' chunk scores pack the reader's budget
 
     async def run_all() -> None:
         sem = asyncio.Semaphore(max(1, concurrency))
