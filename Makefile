@@ -89,20 +89,25 @@ lint: setup
 	$(BIN)/ruff check longrag serve actors cluster jobs lab tests
 	$(BIN)/mypy
 
-# Everything but the multi-minute scenarios (marker `scenario`) and the vLLM/GPU tests: under 30 min here.
+# Two pytest-xdist workers: the modules that start a Ray in two groups, one per worker (marker `ray`,
+# tests/conftest.py), the rest beside them (docs/testing.md, "How long it takes"). PYTEST_WORKERS=0: one process.
+PYTEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder)
+
+# Everything but the multi-minute scenarios (marker `scenario`) and the vLLM/GPU tests.
 test: setup chromium setup-reader-1.5b setup-embedder
 	$(MAKE) lint
-	$(BIN)/python -m pytest -m "not vllm and not gpu and not scenario"
+	$(BIN)/python -m pytest -m "not vllm and not gpu and not scenario" $(XDIST)
 
 # The jobs run end to end for minutes each on a local or fake cluster: chaos, `ray job submit`, the
 # serving and scale benchmarks, LoRA fine-tuning (~11 min here). CI runs them after `make test`.
 test-scenarios: setup
-	$(BIN)/python -m pytest -m "scenario and not vllm and not gpu"
+	$(BIN)/python -m pytest -m "scenario and not vllm and not gpu" $(XDIST)
 
 # The inner loop: the Ray-free core with fakes and the small encoder, no LLM; plus the Serve layer
 # over fakes (one local Ray + Serve for that module, no dashboard).
 test-fast: setup lint
-	$(BIN)/python -m pytest tests/longrag tests/lab tests/serve/test_guard.py tests/serve/test_errors.py tests/serve/test_health.py tests/serve/test_stages.py tests/serve/test_admitted.py tests/serve/test_app_fakes.py -m "not slow" -q --durations=5
+	$(BIN)/python -m pytest tests/longrag tests/lab tests/serve/test_guard.py tests/serve/test_errors.py tests/serve/test_health.py tests/serve/test_stages.py tests/serve/test_admitted.py tests/serve/test_app_fakes.py -m "not slow" -q --durations=5 $(XDIST)
 
 # The README's reproductions (repro/*.yaml) not marked slow; exit 1 with a table of drifts.
 regress: setup

@@ -11,9 +11,15 @@ see ``longrag.llm.llamacpp``). ``LONGRAG_TEST_FINALIZE=1`` keeps the full finali
 
 from __future__ import annotations
 
+import functools
 import gc
+import glob
 import os
+import re
 import sys
+import tempfile
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,8 +30,6 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # shard replicas' node-local file cache (longrag.index.shard_cache): one per test session, not the user's
 # (Ray processes a test starts inherit it)
 if "LONGRAG_SHARD_CACHE" not in os.environ:
-    import tempfile
-
     os.environ["LONGRAG_SHARD_CACHE"] = tempfile.mkdtemp(prefix="longrag-shard-cache-")
 
 from longrag.data import SAMPLE_WIKI as _SAMPLE_WIKI
@@ -46,12 +50,87 @@ def _has_cuda() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: RAY_GROUPS.index(g) if (g := _module_ray_group(config.rootpath, item.nodeid))
+                   else len(RAY_GROUPS))  # the Ray groups first, one per worker; a stable sort keeps file order
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# ---------------------------------------------------------------------- the Ray groups under xdist
+# `make test` runs two pytest-xdist workers (`-n 2 --dist loadscope --no-loadscope-reorder`). A module
+# that starts a Ray (marker `ray`, with its group, "a" or "b") runs in its group's worker, one module
+# after another: a local Ray, its Serve and its ports at a time per group. The two groups, balanced by
+# their measured minutes (docs/testing.md, "How long it takes"), start first, one per worker; the
+# modules that share the session's sample index are in "a". Every other module is a unit of its own
+# (its module fixtures, a loaded LLM or a build, set up once, in one worker), run by whichever worker is
+# free. (xdist's own `--dist loadgroup` does not group on this pytest: it renames `item._nodeid`,
+# which pytest 9 no longer reads.)
+RAY_GROUPS = ("a", "b")
+_RAY_MARK = re.compile(r"""^pytestmark\s*=.*\bpytest\.mark\.ray\(["'](\w+)["']\)""", re.M)
+
+
+@functools.cache
+def _module_ray_group(root: Path, nodeid: str) -> str | None:
+    """The Ray group a test module's ``pytestmark`` line names, or None."""
+    path = root / nodeid.split("::", 1)[0]
+    match = _RAY_MARK.search(path.read_text()) if path.suffix == ".py" else None
+    if match and match.group(1) not in RAY_GROUPS:
+        raise pytest.UsageError(f"{path}: pytest.mark.ray({match.group(1)!r}): the Ray groups are {RAY_GROUPS}")
+    return match.group(1) if match else None
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: unknown where it is not installed
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RayGroupScheduling(LoadScopeScheduling):
+        """xdist's load-by-module scheduling, with each Ray group one unit of work."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            group = _module_ray_group(config.rootpath, nodeid)
+            return f"ray-{group}" if group else nodeid.split("::", 1)[0]
+
+    return RayGroupScheduling(config, log)
+
+
+# Each xdist worker's Ray keeps its sessions in a folder of its own, so a worker sees only the Ray
+# sessions its own tests started.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("RAY_TMPDIR", os.path.join(tempfile.gettempdir(), f"ray-{os.environ['PYTEST_XDIST_WORKER']}"))
+_RAY_SESSIONS_SEEN: set[str] = set()
+
+
+def _ray_sessions() -> set[str]:
+    root = os.path.join(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir(), "ray")  # Ray's own layout
+    return set(glob.glob(os.path.join(root, "session_2*")))
+
+
+_RAY_SESSIONS_SEEN.update(_ray_sessions())
+
+
+@pytest.fixture(autouse=True)
+def _ray_only_where_marked(request: pytest.FixtureRequest):
+    """A test (or a fixture it uses) that starts a Ray, in process or through a job it runs, must be
+    marked ``ray("a")`` or ``ray("b")``: unmarked, xdist may run it in either worker beside both Ray
+    groups' modules (a third Ray on two cores; Serve ports chosen for one module at a time per group).
+    Fails the test that started an unmarked Ray, naming it, and a test whose marker is not the module's
+    ``pytestmark`` line the scheduler reads."""
+    mark = request.node.get_closest_marker("ray")
+    if (mark.args[0] if mark and mark.args else None) != _module_ray_group(request.config.rootpath, request.node.nodeid):
+        pytest.fail(f"{request.node.nodeid}: a Ray group is set by a module-level line "
+                    '`pytestmark = ... pytest.mark.ray("a")` (or "b"), which the xdist scheduler reads: see '
+                    "tests/conftest.py", pytrace=False)
+    yield
+    new = _ray_sessions() - _RAY_SESSIONS_SEEN
+    _RAY_SESSIONS_SEEN.update(new)
+    if new and not request.node.get_closest_marker("ray"):
+        pytest.fail(f"{request.node.nodeid} started a Ray ({', '.join(sorted(new))}) but its module is not "
+                    "marked `ray` (pytestmark = pytest.mark.ray(\"a\") or (\"b\")): see tests/conftest.py", pytrace=False)
 
 
 _EXIT_STATUS = pytest.StashKey[int]()

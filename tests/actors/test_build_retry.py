@@ -29,6 +29,8 @@ from longrag.index.artifacts import ArtifactStore, load_shard
 from longrag.index.distplan import stage_shard_units, staged_chunks_prefix
 from longrag.types import Document, Unit
 
+pytestmark = pytest.mark.ray("b")  # starts a local Ray (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 FAULT_DIR_ENV = "LONGRAG_TEST_BUILD_FAULT_DIR"  # armed: <dir>/armed exists; fired: <dir>/fired written once
 

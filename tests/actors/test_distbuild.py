@@ -24,6 +24,8 @@ from longrag.index.plan import plan_build
 from longrag.types import Unit
 from tests.conftest import SAMPLE_WIKI
 
+pytestmark = pytest.mark.ray("b")  # starts a local Ray (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def cluster():

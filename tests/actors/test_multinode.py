@@ -10,6 +10,8 @@ import pytest
 from cluster.local import start_or_join
 from tests.actors.test_sharded_index import _assert_same, _brute_force, _make_build, _queries
 
+pytestmark = pytest.mark.ray("a")  # starts a local Ray (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def cluster():

@@ -21,6 +21,8 @@ from longrag.index.placement import BASE_BYTES, ShardPlacement, shard_actor_reso
 from serve.index_app import CONSTRUCTOR_RETRIES, index_app, open_index
 from tests.actors.test_sharded_index import _assert_same, _brute_force, _make_build, _queries
 
+pytestmark = pytest.mark.ray("a")  # starts a local Ray (tests/conftest.py)
+
 NO_GPU = not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() == 0
 
 

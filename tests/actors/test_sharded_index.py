@@ -21,6 +21,8 @@ from longrag.index.maxp import MaxPIndex
 from longrag.types import Chunk, Unit
 from serve.index_app import ServeShards, index_app, index_app_name, open_index
 
+pytestmark = pytest.mark.ray("b")  # starts a local Ray (tests/conftest.py)
+
 DIM = 16
 N_SHARDS = 3
 CONFIG = IndexConfig(shard_num_cpus=0.1, shard_memory_factor=0, search_timeout_s=20)

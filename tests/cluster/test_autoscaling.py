@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 # In `make test-scenarios` (~3 min here): the one test that sees nodes and replicas grow and shrink.
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.scenario]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.scenario, pytest.mark.ray("a")]
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 8421

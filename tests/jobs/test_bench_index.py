@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from actors.index_shard import IndexShardImpl
 from lab.bench.cli import index as bench_index
 from lab.synthetic.vectors import write_synthetic_build
 from longrag.index.factories import split_factories, sweep_for
+
+pytestmark = pytest.mark.ray("a")  # starts a local Ray (tests/conftest.py)
 
 
 def test_split_factories_keeps_ivf_encodings():

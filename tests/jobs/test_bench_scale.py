@@ -8,6 +8,8 @@ import pytest
 
 from lab.bench.cli.scale import main
 
+pytestmark = pytest.mark.ray("b")  # starts a local Ray (tests/conftest.py)
+
 
 def test_bench_scale_small(capsys):
     assert main(["--grouping-sizes", "2000,8000", "--mean-links", "5"]) == 0

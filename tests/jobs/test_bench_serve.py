@@ -11,6 +11,8 @@ import pytest
 
 from lab.bench.cli.serve import QUESTIONS, ROOT, main
 
+pytestmark = pytest.mark.ray("a")  # starts a local Ray (tests/conftest.py)
+
 PORT = 8411
 
 

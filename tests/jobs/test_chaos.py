@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.ray("a")  # starts a local Ray (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 8403
 

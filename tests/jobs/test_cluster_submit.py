@@ -24,7 +24,7 @@ import pytest
 from cluster.fake import stop_processes
 from longrag.index.artifacts import ArtifactStore
 
-pytestmark = [pytest.mark.cluster, pytest.mark.scenario]
+pytestmark = [pytest.mark.cluster, pytest.mark.scenario, pytest.mark.ray("b")]
 
 ROOT = Path(__file__).resolve().parents[2]
 GCS_PORT, DASHBOARD_PORT = 8330, 8331

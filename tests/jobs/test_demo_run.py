@@ -15,6 +15,8 @@ import pytest
 
 from jobs.demo import QUESTIONS, ROOT
 
+pytestmark = pytest.mark.ray("b")  # starts a local Ray (tests/conftest.py)
+
 
 @pytest.mark.slow
 @pytest.mark.scenario

@@ -12,6 +12,8 @@ import pytest
 from longrag.eval.plan import file_digest
 from tests.jobs.test_evaluate import HOTPOT, _read
 
+pytestmark = pytest.mark.ray("a")  # starts a local Ray (tests/conftest.py)
+
 # --------------------------------------------------------------------------------------------- end to end
 
 

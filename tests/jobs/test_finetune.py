@@ -14,6 +14,8 @@ from longrag.lrg.calls import llm_executor
 from longrag.lrg.records import LRGConfig
 from tests.fakes import ScriptedLLM
 
+pytestmark = pytest.mark.ray("b")  # starts a local Ray (tests/conftest.py)
+
 OUTPUT = "The answer follows from the passages: " + " ".join(["evidence"] * 24)
 
 

@@ -11,6 +11,8 @@ import pytest
 from jobs import index as index_job
 from longrag.index.artifacts import ArtifactStore, load_shard
 
+pytestmark = pytest.mark.ray("a")  # starts a local Ray (tests/conftest.py)
+
 
 def _corpus(path, n=24):
     """Small linked corpus: chains of related documents plus one malformed and one textless line."""

@@ -12,6 +12,8 @@ import jobs.lrg_instruct as job
 from longrag.data import MUSIQUE_SAMPLE, data_path
 from tests.lrg_teacher import FakeTeacher
 
+pytestmark = pytest.mark.ray("b")  # starts a local Ray (tests/conftest.py)
+
 DATA = str(data_path(MUSIQUE_SAMPLE))
 FAIL_Q = "Kim Jong-chul"  # a question among the first six kept MuSiQue questions
 FALSE_Q = "Signmark"

@@ -1,7 +1,7 @@
 """The Serve application deployed from ``serve/configs/cpu-cluster.yaml`` (the cluster profile) the way
 ``make serve`` deploys it, on a Ray with 2 logical CPUs (the 2-core machine the README promises), for
-the modules that drive it over HTTP: ``test_app`` (requests) and ``test_app_lifecycle`` (faults,
-redeploys, deletion). Each module deploys its own (one Ray per module)."""
+``tests/serve/test_app.py``, which drives it over HTTP (requests, then faults, redeploys, deletion, on
+one deployment)."""
 
 from __future__ import annotations
 

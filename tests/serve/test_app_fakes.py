@@ -22,6 +22,8 @@ from serve.app import build_app, llm_router_options
 from serve.deployments import LLMServer
 from tests.fakes import FakeShardsIndex, HashEncoder, ReplicaNamer, TitleReader, write_tiny_build
 
+pytestmark = pytest.mark.ray("b")  # starts a local Ray (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 8210
 DOCS = [

@@ -15,6 +15,8 @@ import pytest
 from longrag.config import LongRAGConfig
 from tests.fakes import serve_fake_app, write_tiny_build
 
+pytestmark = pytest.mark.ray("b")  # starts a local Ray (tests/conftest.py)
+
 PORT = 8440
 APP = "fuzz"
 DOCS = [

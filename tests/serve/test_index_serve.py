@@ -25,6 +25,8 @@ from tests.fakes import HashEncoder, TitleReader, write_tiny_build
 from tests.serve.test_app_fakes import DOCS, serve_status_wait
 from tests.serve.test_index_swap import ray_serve, swap_under_load
 
+pytestmark = pytest.mark.ray("b")  # starts a local Ray (tests/conftest.py)
+
 PORT = 8440
 QUESTIONS = ["Who wrote the novel Animal Farm?", "What is the capital of Angola?", "Which spaceflight landed on the Moon?",
              "Which country lies within the Kingdom of the Netherlands?", "Who composed Rhapsody in Blue?"]

@@ -23,6 +23,8 @@ from serve.app import build_app
 from tests.fakes import FakeShardsIndex, HashEncoder, TitleReader, write_tiny_build
 from tests.serve.test_app_fakes import DOCS, serve_status_wait
 
+pytestmark = pytest.mark.ray("b")  # starts a local Ray (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 8430
 NEW_DOC = ("Zanzibar", "Zanzibar is an island off the coast of Tanzania. Its capital is Stone Town.")

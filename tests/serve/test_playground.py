@@ -13,6 +13,8 @@ from serve.run import wait_healthy
 from tests.browser import ask, browser_page
 from tests.fakes import serve_fake_app, write_tiny_build
 
+pytestmark = pytest.mark.ray("b")  # starts a local Ray (tests/conftest.py)
+
 PORT = 8414
 KEY = "playground-key"
 DOCS = [

@@ -19,7 +19,7 @@ from cluster.local import QUIET_RAY_ENV, start_or_join
 from longrag.models.bundled import BUNDLED_MODELS, file_sha256, resolve_model_path
 from serve.run import deploy, wait_healthy, wait_running
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray("a")]  # ray: starts a local Ray (tests/conftest.py)
 MODEL = "qwen2.5-coder-1.5b-instruct"
 PORT = 8333
 CPU_YAML = Path(__file__).resolve().parents[2] / "serve" / "configs" / "cpu.yaml"

@@ -22,7 +22,7 @@ import yaml
 from jobs.autoscale_demo import FAST
 
 # two vLLM engines loading on 2 cores while the first one serves: minutes, more under load
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800), pytest.mark.ray("b")]  # ray: starts a local Ray (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 8151  # this module's HTTP port (test_vllm_serve.py uses 8150)

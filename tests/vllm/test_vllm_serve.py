@@ -25,7 +25,7 @@ from longrag.llm.hf_export import CHATML_TEMPLATE, STAMP, export_hf_model
 from serve.run import wait_healthy
 from tests.dual_expected import EXPECTED_STAGES
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.ray("a")]  # ray: starts a local Ray; "a": the sample index (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "serve" / "configs"
