@@ -102,7 +102,7 @@ test: setup chromium setup-reader-1.5b setup-embedder
 # The jobs run end to end for minutes each on a local or fake cluster: chaos, `ray job submit`, the
 # serving and scale benchmarks, LoRA fine-tuning (~11 min here). CI runs them after `make test`.
 test-scenarios: setup
-	$(BIN)/python -m pytest -m "scenario and not vllm and not gpu" $(XDIST)
+	$(BIN)/python -m pytest -m "scenario and not vllm and not gpu"
 
 # The inner loop: the Ray-free core with fakes and the small encoder, no LLM; plus the Serve layer
 # over fakes (one local Ray + Serve for that module, no dashboard).
