@@ -74,10 +74,13 @@ RAY_GROUPS = ("a", "b")
 _RAY_MARK = re.compile(r"""^pytestmark\s*=.*\bpytest\.mark\.ray\(["'](\w+)["']\)""", re.M)
 
 
-@functools.cache
 def _module_ray_group(root: Path, nodeid: str) -> str | None:
-    """The Ray group a test module's ``pytestmark`` line names, or None."""
-    path = root / nodeid.split("::", 1)[0]
+    """The Ray group a test's module names in its ``pytestmark`` line, or None."""
+    return _ray_group_of(root / nodeid.split("::", 1)[0])
+
+
+@functools.cache  # one read per module, not per test
+def _ray_group_of(path: Path) -> str | None:
     match = _RAY_MARK.search(path.read_text()) if path.suffix == ".py" else None
     if match and match.group(1) not in RAY_GROUPS:
         raise pytest.UsageError(f"{path}: pytest.mark.ray({match.group(1)!r}): the Ray groups are {RAY_GROUPS}")
@@ -128,7 +131,7 @@ def _ray_only_where_marked(request: pytest.FixtureRequest):
     yield
     new = _ray_sessions() - _RAY_SESSIONS_SEEN
     _RAY_SESSIONS_SEEN.update(new)
-    if new and not request.node.get_closest_marker("ray"):
+    if new and mark is None:
         pytest.fail(f"{request.node.nodeid} started a Ray ({', '.join(sorted(new))}) but its module is not "
                     "marked `ray` (pytestmark = pytest.mark.ray(\"a\") or (\"b\")): see tests/conftest.py", pytrace=False)
 
