@@ -31,7 +31,7 @@ PORT = 8440
 QUESTIONS = ["Who wrote the novel Animal Farm?", "What is the capital of Angola?", "Which spaceflight landed on the Moon?",
              "Which country lies within the Kingdom of the Netherlands?", "Who composed Rhapsody in Blue?"]
 OVERRIDES = ["index.replicas=2", "index.shard_num_cpus=0.1", "index.refresh_s=0.5",
-             "index.retire_after_s=3", "serve.readyz_cache_s=0"]
+             "index.retire_after_s=15", "serve.readyz_cache_s=0"]
 
 
 @pytest.fixture(scope="module")
@@ -195,14 +195,21 @@ def test_a_rollback_within_retire_after_s_keeps_the_live_build(served, tmp_path)
     if len(builds) < 2:  # run alone: a second build to switch between
         second = write_tiny_build(alias / "builds" / "second", DOCS[:-1], shards=2)
         builds[ArtifactStore.open(second).read_manifest().build_id] = second
-    served_id = lambda: client.get("/readyz").json().get("build_id")  # noqa: E731
+    # the Retriever's own refresh (what its index.refresh_s timer runs) returns once it serves the
+    # build: the switch is seen when the retirement starts, not a loaded /readyz (10-17 s) later
+    retriever = serve.get_deployment_handle("Retriever", app_name="served")
     live = read_pointer(str(alias)).build_id
     other = next(b for b in builds if b != live)
     publish(str(alias), builds[other], expect_build_id=live)
-    _wait_for(lambda: served_id() == other, "the switch", 180)
+    _wait_for(lambda: retriever.refresh.remote().result(timeout_s=120) == other, "the switch", 180)
+    switched = time.monotonic()  # the live build's retirement started: its hold ends retire_after_s later
     publish(str(alias), builds[live], expect_build_id=other)  # rolled back at once: within retire_after_s
-    _wait_for(lambda: served_id() == live, "the switch back", 30)
-    time.sleep(cfg.index.retire_after_s + 2.0)  # past the first retirement's deadline
+    _wait_for(lambda: retriever.refresh.remote().result(timeout_s=120) == live, "the switch back", 60)
+    took = time.monotonic() - switched
+    assert took < cfg.index.retire_after_s, \
+        f"the rollback was adopted {took:.1f} s after the switch, past retire_after_s: the test's premise failed"
+    assert client.get("/readyz").json().get("build_id") == live
+    time.sleep(cfg.index.retire_after_s - took + 2.0)  # past the first retirement's deadline
     assert index_app_name(live) in serve.status().applications, "the live build's application was deleted"
     for q in QUESTIONS[:3]:
         r = client.post("/v1/retrieve", json={"question": q, "k": 2})
