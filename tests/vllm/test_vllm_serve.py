@@ -3,8 +3,17 @@ the bundled reader's GGUF exported to a HuggingFace folder, served by vLLM (vllm
 application without an HTTP route, and the LongRAG app reading through it over a Serve handle
 (``llm.backend=serve``, :mod:`serve.llm_handle`): the reader is not on the proxy, one question end to
 end over the sample index, concurrent requests batched by vLLM, vLLM's prefix cache hit by the
-reader's documents-first prompts, and the five dual-perspective strategies (Zhao et al., 2024,
-Section 5.3) in process over the same handle.
+reader's documents-first prompts, the five dual-perspective strategies (Zhao et al., 2024,
+Section 5.3) in process over the same handle, and, last, the reader's replicas autoscaled by Ray
+Serve: a burst grows the vLLM deployment to 2 running replicas (a second engine loads) and it shrinks
+back to 1 after it, with no failed call.
+
+One deployment for all of it (issue 45: a second module's own Ray and vLLM engine cost ~4 min): the
+reader's ``num_replicas: 1`` becomes an autoscaling config of 1 to 2 replicas whose target and
+upscale delay the earlier tests' concurrency (8 calls for ~16 s at most) never reach, so they run on
+one engine; the burst (:data:`BURST` clients) does. Each engine is a 1-CPU placement-group bundle, 1 GiB
+of KV cache and the 0.5B model in float32 (~3 GiB): two fit this 2-core, 24 GiB machine on 3
+logical CPUs.
 
 Run with `make test-vllm` (the `vllm` marker; `make test` leaves these out)."""
 
@@ -13,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -25,12 +35,20 @@ from longrag.llm.hf_export import CHATML_TEMPLATE, STAMP, export_hf_model
 from serve.run import wait_healthy
 from tests.dual_expected import EXPECTED_STAGES
 
-pytestmark = [pytest.mark.vllm, pytest.mark.ray("a")]  # ray: starts a local Ray; "a": the sample index (tests/conftest.py)
+# two vLLM engines loading on 2 cores while the first one serves: minutes, more under load
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800), pytest.mark.ray("a")]  # ray: starts a local Ray; "a": the sample index (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "serve" / "configs"
 PORT = 8150  # this suite's HTTP port
 LLM_APP, RAG_APP = "reader", "longrag"
+#: The reader's replicas: Serve adds the second once more than ``target_ongoing_requests`` calls per
+#: replica stay in flight for ``upscale_delay_s`` (the batching test's 8 calls end well within it).
+AUTOSCALING = {"min_replicas": 1, "max_replicas": 2, "initial_replicas": 1, "target_ongoing_requests": 6,
+               "upscale_delay_s": 45.0, "downscale_delay_s": 15.0, "look_back_period_s": 2.0, "metrics_interval_s": 0.5}
+BURST = 8  # clients in the burst: 8 in flight against a target of 6 per replica, so Serve asks for 2
+#: Ray's metrics export period here (Ray's default is 10 s): vLLM's counters reach Prometheus sooner
+METRICS_EXPORT_MS = 2000
 
 
 def _serve_config(name: str) -> dict[str, Any]:
@@ -100,17 +118,23 @@ def test_vllm_configs_validate_and_differ_only_in_the_accelerator():
 
 @pytest.fixture(scope="module")
 def served(sample_index, hf_model):
-    """vllm-cpu.yaml deployed on a local Ray, over the session's sample index, on this suite's port."""
+    """vllm-cpu.yaml deployed on a local Ray, over the session's sample index, on this suite's port;
+    the reader autoscaled (:data:`AUTOSCALING`) instead of its one fixed replica."""
     from ray import serve
 
     from cluster.local import start_or_join
+    from longrag import scoped
     from serve.run import deploy, wait_running
 
     config = _serve_config("vllm-cpu.yaml")
     config["http_options"]["port"] = PORT
     rag = _app(config, RAG_APP)
     rag["args"]["index"] = sample_index["uri"]
-    handle = start_or_join(None, num_cpus=2)  # the 2-core machine the config says it fits
+    reader = _app(config, LLM_APP)["args"]["deployment_config"]
+    reader.pop("num_replicas")
+    reader["autoscaling_config"] = dict(AUTOSCALING)
+    with scoped.environ({"RAY_metrics_report_interval_ms": str(METRICS_EXPORT_MS)}):  # read at Ray's start
+        handle = start_or_join(None, num_cpus=3)  # the 2-core machine's config, plus the second engine's 1-CPU bundle
     try:
         deploy(config)
         reason = wait_running([LLM_APP, RAG_APP], schedule_timeout_s=60, ready_timeout_s=900)
@@ -209,7 +233,7 @@ def test_the_documents_prefix_is_a_vllm_prefix_cache_hit(served):
     assert served.post("/v1/answer", json=body).status_code == 200
     _, queries0 = _prefix_cache_tokens_when(lambda h, q: q > 0, 120)  # the first request's figures arrive
     assert queries0 > 0, "vLLM's prefix-cache counters never reached Ray's metrics export"
-    time.sleep(12)  # one more export period: nothing of the first request still on its way
+    time.sleep(2 * METRICS_EXPORT_MS / 1e3)  # one more export period: nothing of the first request still on its way
     hits0, queries0 = _prefix_cache_tokens()
     r = served.post("/v1/answer", json=body)
     assert r.status_code == 200, r.text
@@ -340,3 +364,61 @@ def test_dual_strategies_in_process_over_vllm(served, hf_model):
     for s in ("Ext", "E&F"):
         assert res[s].global_information and res[s].paragraph_ids
     assert any("poland" in r.answer.lower() for r in res.values()), {s: r.answer for s, r in res.items()}
+
+
+def _engine_replicas() -> int:
+    """RUNNING replicas of the reader's vLLM deployment (the reader app's only one)."""
+    from serve.run import running_replicas
+
+    counts = running_replicas(LLM_APP)
+    engines = [n for name, n in counts.items() if "llmserver" in name.lower()]
+    assert len(engines) == 1, counts
+    return engines[0]
+
+
+def _wait(pred, timeout_s: float, poll_s: float = 1.0) -> float | None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if pred():
+            return time.monotonic() - t0
+        time.sleep(poll_s)
+    return None
+
+
+def test_a_burst_grows_the_vllm_deployment_and_it_shrinks_back(served):
+    """The reader's replicas autoscaled by Ray Serve alone (docs/autoscaling.md): :data:`BURST` calls
+    kept in flight through the handle grow the deployment to 2 running vLLM engines; it shrinks back
+    to 1 after the burst, and no call fails throughout. Last: the other tests ran on one engine."""
+    llm = _reader_llm()
+    assert _engine_replicas() == 1
+    stop = threading.Event()
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def client_loop() -> None:
+        while not stop.is_set():
+            try:
+                reply = _chat(llm, 48)
+                outcome = "ok" if reply.usage.completion_tokens == 48 else f"{reply.usage.completion_tokens} tokens"
+            except Exception as e:  # noqa: BLE001 - every failure is counted and shown
+                outcome = f"{type(e).__name__}: {e}"[:200]
+            with lock:
+                outcomes.append(outcome)
+
+    threads = [threading.Thread(target=client_loop, daemon=True) for _ in range(BURST)]
+    for t in threads:
+        t.start()
+    try:
+        grew = _wait(lambda: _engine_replicas() == 2, timeout_s=900)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=300)
+    assert grew is not None, f"still {_engine_replicas()} replica(s) after 900 s of burst"
+    shrank = _wait(lambda: _engine_replicas() == 1, timeout_s=240)
+    assert shrank is not None, "the idle deployment kept 2 replicas for 240 s"
+    failed = [o for o in outcomes if o != "ok"]
+    assert outcomes and not failed, (len(outcomes), failed[:5])
+    print(f"vLLM replicas 1 -> 2 in {grew:.0f} s of burst, back to 1 {shrank:.0f} s after it; "
+          f"{len(outcomes)} calls, all answered")
+    assert _chat(llm, 4).usage.completion_tokens == 4  # still answering on the one replica left
