@@ -224,4 +224,7 @@ def sample_index(tmp_path_factory) -> dict:
         staging.rename(cached)  # whole or not at all; another session's copy may have won
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
+    for stale in SAMPLE_INDEX_CACHE.glob("sample-index-*"):  # earlier code versions' builds: one kept, not one per edit
+        if stale != cached:
+            shutil.rmtree(stale, ignore_errors=True)
     return {"uri": str(out), "report": report}

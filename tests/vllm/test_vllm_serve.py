@@ -233,7 +233,7 @@ def test_the_documents_prefix_is_a_vllm_prefix_cache_hit(served):
     assert served.post("/v1/answer", json=body).status_code == 200
     _, queries0 = _prefix_cache_tokens_when(lambda h, q: q > 0, 120)  # the first request's figures arrive
     assert queries0 > 0, "vLLM's prefix-cache counters never reached Ray's metrics export"
-    time.sleep(2 * METRICS_EXPORT_MS / 1e3)  # one more export period: nothing of the first request still on its way
+    time.sleep(2 * METRICS_EXPORT_MS / 1e3)  # two more export periods: nothing of the first request still on its way
     hits0, queries0 = _prefix_cache_tokens()
     r = served.post("/v1/answer", json=body)
     assert r.status_code == 200, r.text
