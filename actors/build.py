@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from actors.embedding import ChunkEmbedder, chunker_compute, pool_options
+from actors.embedding import chunker_compute, embed
 from longrag import scoped
 from longrag.config import LongRAGConfig
 from longrag.index.capacity import shard_build_bytes
@@ -231,7 +231,7 @@ def build_shards(out: str, config: LongRAGConfig, max_tokens: int, pending: dict
         compute=chunker_compute(emb),  # grows with the embedding pool (one chunker feeds 64 CPU or 1 GPU actor)
         num_cpus=CHUNKER_CPUS,
     )
-    ds = ds.map_batches(ChunkEmbedder, batch_size=emb.batch_size, **pool_options(emb))
+    ds = embed(ds, emb)  # the pool (and, on GPUs, a tokenizing stage before it: embedding.tokenize)
     ds = ds.map_batches(stage_chunks, fn_kwargs={"store_uri": out}, batch_format="numpy", num_cpus=STAGE_CPUS)
     n_chunks: dict[int, int] = {}
     text_bytes: dict[int, int] = {}

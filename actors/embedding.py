@@ -39,6 +39,90 @@ class ChunkEmbedder:
         return batch
 
 
+class ChunkTokenizer:
+    """Ray Data CPU stage before a pool of :class:`TokenEmbedder`: adds ``input_ids`` (each row's token ids,
+    int32, as the encoder sees them: :class:`longrag.index.tokenized.PassageTokenizer`) and returns the
+    batch's rows sorted by length, so the pool's batches pad little (length-bucketed)."""
+
+    def __init__(self, embedding_config: dict[str, Any], role: Literal["passage", "query"] = "passage",
+                 column: str = "text") -> None:
+        from longrag.config import EmbeddingConfig
+        from longrag.index.tokenized import PassageTokenizer
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        self.tokenizer = PassageTokenizer(EmbeddingConfig.model_validate(embedding_config), role=role)
+        self.column = column
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        from longrag.index.tokenized import length_order
+
+        ids = self.tokenizer.token_ids([str(t) for t in batch[self.column]])
+        order = length_order(ids)
+        out: dict[str, Any] = {k: np.asarray(v)[order] for k, v in batch.items()}
+        out["input_ids"] = [ids[i] for i in order]
+        return out
+
+
+class TokenEmbedder:
+    """Ray Data actor after :class:`ChunkTokenizer`: pads each batch's ``input_ids`` and runs the model
+    (:meth:`longrag.index.embedding.Embedder.encode_features`), replacing them with ``vector``."""
+
+    def __init__(self, embedding_config: dict[str, Any], torch_threads: int = 1,
+                 role: Literal["passage", "query"] = "passage") -> None:
+        import torch
+
+        from longrag.config import EmbeddingConfig
+        from longrag.index.embedding import Embedder
+        from longrag.index.tokenized import PassageTokenizer
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        torch.set_num_threads(max(1, torch_threads))
+        config = EmbeddingConfig.model_validate(embedding_config)
+        self.embedder = Embedder(config)
+        self.tokenizer = PassageTokenizer(config, role=role)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        ids = batch.pop("input_ids")
+        batch["vector"] = self.embedder.encode_features(self.tokenizer.pad([np.asarray(x) for x in ids]))
+        return batch
+
+
+def tokenizes_in_stage(embedding_config: Any, gpus: float) -> bool:
+    """``embedding.tokenize``: ``stage`` or ``actor``; ``auto`` is a stage when the pool runs on GPUs."""
+    if embedding_config.tokenize != "auto":
+        return bool(embedding_config.tokenize == "stage")
+    return bool(embedding_config.num_gpus > 0 and gpus > 0)
+
+
+def embed(ds: Any, embedding_config: Any, *, role: Literal["passage", "query"] = "passage",
+          column: str = "text") -> Any:
+    """``ds`` with a ``vector`` column: ``column`` encoded by the embedding pool (:func:`pool_options`),
+    either in one stage (:class:`ChunkEmbedder`) or, per ``embedding.tokenize``, tokenized by an autoscaling
+    pool of CPU actors (up to :data:`longrag.index.tokenized.TOKENIZERS_PER_GPU` per embedding actor,
+    within the cluster's CPUs) and embedded by :class:`TokenEmbedder`."""
+    from ray.data import ActorPoolStrategy
+
+    from longrag.index.embedding import CHUNKER_CPUS
+    from longrag.index.tokenized import TOKENIZERS_PER_GPU
+
+    opts = pool_options(embedding_config)
+    grow, _, _ = cluster_capacity()
+    emb = embedding_config
+    if not tokenizes_in_stage(emb, grow.get("GPU", 0.0)):
+        opts["fn_constructor_kwargs"].update(role=role, column=column)
+        return ds.map_batches(ChunkEmbedder, batch_size=emb.batch_size, **opts)
+    actors = opts["compute"].max_size or 1
+    spare = int(grow.get("CPU", 1.0) - actors * opts["num_cpus"])  # whole CPUs beside the pool at its largest
+    tokenizers = max(1, min(spare, TOKENIZERS_PER_GPU * actors))
+    num_cpus = 1.0 if spare >= 1 else CHUNKER_CPUS  # a small machine: a share, as the chunker beside it
+    log.info("tokenizing in a stage before the pool: 1 up to %d CPU actor(s) of %g CPU", tokenizers, num_cpus)
+    ds = ds.map_batches(ChunkTokenizer, batch_size=max(emb.batch_size * 8, 256), num_cpus=num_cpus,
+                        compute=ActorPoolStrategy(min_size=1, max_size=tokenizers),
+                        fn_constructor_kwargs={"embedding_config": emb.model_dump(), "role": role, "column": column})
+    opts["fn_constructor_kwargs"].update(role=role)
+    return ds.map_batches(TokenEmbedder, batch_size=emb.batch_size, **opts)
+
+
 def cluster_capacity() -> tuple[dict[str, float], dict[str, float], str]:
     """What the connected cluster can grow to, what is up now, and where the first came from.
 

@@ -100,15 +100,13 @@ def encode_queries(questions: list[str], config: LongRAGConfig, mode: str) -> tu
     elif mode == "ray-data":
         import ray
 
-        from actors.embedding import ChunkEmbedder, pool_options
+        from actors.embedding import embed
 
         ds = ray.data.from_items(
             [{"i": i, "question": q} for i, q in enumerate(questions)],
             override_num_blocks=max(1, min(len(questions) // emb.batch_size, 64)),
         )
-        opts = pool_options(emb)
-        opts["fn_constructor_kwargs"].update(role="query", column="question")
-        ds = ds.map_batches(ChunkEmbedder, batch_size=emb.batch_size, **opts)
+        ds = embed(ds, emb, role="query", column="question")
         rows = sorted(ds.take_all(), key=lambda r: int(r["i"]))
         if [int(r["i"]) for r in rows] != list(range(len(questions))):
             raise RuntimeError("Ray Data returned a different set of questions than it was given")

@@ -114,6 +114,54 @@ def check_embedder(args: argparse.Namespace, gpu: _Gpu, skipped: list[str]) -> d
     return out
 
 
+def check_feed(args: argparse.Namespace, gpu: _Gpu) -> dict[str, Any]:
+    """The build's GPU layout without Ray: chunks tokenized by worker processes (the tokenizing stage, one
+    core each), padded in length buckets and run through the model alone (the GPU actor), against the
+    model's forward pass on batches tokenized beforehand and against tokenizing on one core."""
+    from longrag.config import EmbeddingConfig
+    from longrag.index.embedding import Embedder
+    from longrag.index.tokenized import PassageTokenizer, TokenizerPool, bucketed
+
+    device = "cuda" if gpu.cuda else "cpu"
+    config = EmbeddingConfig(device=device, batch_size=args.feed_batch,
+                             **({"model": str(args.model_dir)} if args.model_dir else {}))
+    texts = chunk_texts(args.feed_chunks)
+    embedder, tok = Embedder(config), PassageTokenizer(config)
+    out: dict[str, Any] = {"device": device, "dtype": embedder.dtype, "chunks": len(texts), "batch": args.feed_batch}
+    t0 = time.perf_counter()
+    ids = tok.token_ids(texts)
+    out["tokenize_one_core_chunks_per_s"] = round(len(texts) / (time.perf_counter() - t0), 1)
+    out["mean_tokens"] = round(float(np.mean([len(x) for x in ids])), 1)
+    batches = [tok.pad([ids[i] for i in rows]) for rows in bucketed(ids, args.feed_batch)]
+    embedder.encode_features(batches[0])  # warm-up
+    gpu.reset()
+    gpu.sync()
+    t0 = time.perf_counter()
+    for features in batches:
+        embedder.encode_features(features)
+    gpu.sync()
+    out["forward_only_chunks_per_s"] = round(len(texts) / (time.perf_counter() - t0), 1)
+    out["peak_gpu_mib"] = gpu.peak_mib()
+    del batches
+    out["fed"] = []
+    for procs in args.feed_procs:
+        with TokenizerPool(config, procs) as pool:
+            t0 = time.perf_counter()  # the host's tokenizing alone: what the feed can reach
+            tokenized = sum(len(block) for _, block in pool.blocks(texts, args.feed_block))
+            alone = tokenized / (time.perf_counter() - t0)
+            t0, done = time.perf_counter(), 0
+            for _, block in pool.blocks(texts, args.feed_block):
+                for rows in bucketed(block, args.feed_batch):
+                    done += len(embedder.encode_features(tok.pad([block[i] for i in rows])))
+            gpu.sync()
+            seconds = time.perf_counter() - t0
+        assert done == len(texts), (done, len(texts))
+        out["fed"].append({"tokenizer_processes": procs, "chunks_per_s": round(done / seconds, 1),
+                           "tokenizing_alone_chunks_per_s": round(alone, 1)})
+        print(f"gpu_check: {procs} tokenizer process(es): {done / seconds:,.0f} chunks/s", file=sys.stderr, flush=True)
+    return out
+
+
 def cpu_reference(xb: np.ndarray) -> tuple[str, Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]]:
     """Exact CPU search: FAISS IndexFlatIP when FAISS is installed, else numpy float32 + argpartition."""
     try:
@@ -176,6 +224,13 @@ def export_model(folder: Path) -> int:
     return 0
 
 
+def _procs(value: str) -> list[int]:
+    procs = [int(x) for x in value.split(",") if x.strip()]
+    if any(p < 1 for p in procs):
+        raise argparse.ArgumentTypeError(f"tokenizer processes must be >= 1: {value!r}")
+    return procs
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m jobs.gpu_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=number(int, min_value=1), default=1_000_000, help="vectors searched")
@@ -188,6 +243,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--embed-batch", type=number(int, min_value=1), default=128)
     p.add_argument("--model-dir", type=Path, default=None, help="a sentence-transformers folder (default: bundled MiniLM)")
     p.add_argument("--export-model", type=Path, default=None, metavar="DIR", help="write the bundled MiniLM (float16) to DIR and exit")
+    p.add_argument("--feed-chunks", type=number(int, min_value=1), default=40_000,
+                   help="texts through the tokenizer-fed pipeline")
+    p.add_argument("--feed-procs", type=_procs, default=[4, 8, 15],
+                   help="tokenizer worker processes to feed the model with, comma-separated (empty: skip)")
+    p.add_argument("--feed-batch", type=number(int, min_value=1), default=512, help="rows per forward pass when fed")
+    p.add_argument("--feed-block", type=number(int, min_value=1), default=2048, help="texts per tokenizer job")
+    p.add_argument("--skip-search", action="store_true", help="only the embedding parts")
     p.add_argument("--cpu", action="store_true", help="ignore CUDA even where it is available")
     args = p.parse_args(argv)
     if args.k > args.n:
@@ -211,8 +273,12 @@ def main(argv: list[str] | None = None) -> int:
                               "cuda": torch.version.cuda, "ray_imported": False}
     print(f"gpu_check: {'GPU ' + result['gpu'] if cuda else 'no CUDA, the CPU'}; embedding ...", file=sys.stderr, flush=True)
     result["embedder"] = check_embedder(args, gpu, skipped)
-    print(f"gpu_check: search over {args.n:,} x {args.dim} ...", file=sys.stderr, flush=True)
-    result["search"] = check_search(args, gpu, skipped)
+    if args.feed_procs:
+        print("gpu_check: the model fed by tokenizer processes ...", file=sys.stderr, flush=True)
+        result["feed"] = check_feed(args, gpu)
+    if not args.skip_search:
+        print(f"gpu_check: search over {args.n:,} x {args.dim} ...", file=sys.stderr, flush=True)
+        result["search"] = check_search(args, gpu, skipped)
     result.update(skipped=skipped, ray_imported="ray" in sys.modules, seconds=round(time.perf_counter() - t0, 1))
     print(json.dumps(result))
     return 0

@@ -429,9 +429,34 @@ class Embedder:
             convert_to_numpy=True,
             show_progress_bar=False,
         )
+        return self._finish(vectors, len(texts))
+
+    def encode_features(self, features: dict[str, np.ndarray]) -> np.ndarray:
+        """Token arrays (:meth:`longrag.index.tokenized.PassageTokenizer.pad`) -> float32 (n, dim): the model
+        alone, for a pool whose chunks were tokenized by a CPU stage before it. The same vectors as
+        :meth:`encode_passages` of the texts the ids came from (pooling, the Matryoshka cut and the
+        float32 normalization included)."""
+        import torch
+
+        n = len(features["input_ids"])
+        if n == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        cuda = self.device.startswith("cuda")
+        batch = {}
+        for name, array in features.items():
+            tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
+            batch[name] = tensor.pin_memory().to(self.device, non_blocking=True) if cuda else tensor.to(self.device)
+        with torch.inference_mode():
+            out = self.model(batch)["sentence_embedding"]
+            if self.model.truncate_dim:
+                out = out[..., :self.model.truncate_dim]
+            vectors = out.float().cpu().numpy()
+        return self._finish(vectors, n)
+
+    def _finish(self, vectors: np.ndarray, n: int) -> np.ndarray:
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        if vectors.shape != (len(texts), self.dim):
-            raise RuntimeError(f"encoder returned shape {vectors.shape}, expected {(len(texts), self.dim)}")
+        if vectors.shape != (n, self.dim):
+            raise RuntimeError(f"encoder returned shape {vectors.shape}, expected {(n, self.dim)}")
         if self.config.normalize:
             # Normalized again in float32: a half-precision model normalizes in its own dtype (bfloat16
             # norms are off by up to 0.35%), and inner product must be cosine for every dtype.

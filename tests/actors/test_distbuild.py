@@ -212,3 +212,28 @@ def test_embedding_pool_grows_from_one_actor_and_a_set_concurrency_is_fixed(clus
     assert len(started) == 1, started  # one model load for six chunks, not one per CPU
     want = Embedder(emb).encode_passages(texts)
     np.testing.assert_allclose(np.stack([r["vector"] for r in rows]), want, atol=1e-5)
+
+
+def test_a_tokenizing_stage_feeds_the_pool_the_same_vectors(cluster):
+    """``embedding.tokenize=stage`` (the GPU layout: auto picks it when the pool has GPUs), forced on this
+    CPU cluster: Ray Data's tokenizing actors send token ids sorted by length, the pool only runs the
+    model; every row comes back with the vector of the model's own encode, the ids gone."""
+    import numpy as np
+    import ray
+
+    from actors.embedding import embed
+    from longrag.config import EmbeddingConfig
+    from longrag.index.embedding import Embedder
+
+    emb = EmbeddingConfig(batch_size=4, tokenize="stage")
+    texts = [f"Chunk {i}: " + "the Zambezi falls into the gorge " * (i % 7) for i in range(23)]
+    ds = ray.data.from_items([{"i": i, "text": t} for i, t in enumerate(texts)], override_num_blocks=3)
+    rows = sorted(embed(ds, emb).take_all(), key=lambda r: r["i"])
+    assert [r["i"] for r in rows] == list(range(len(texts))) and [r["text"] for r in rows] == texts
+    assert all("input_ids" not in r for r in rows)
+    want = Embedder(emb).encode_passages(texts)
+    np.testing.assert_allclose(np.stack([r["vector"] for r in rows]), want, atol=2e-6)
+    # a query pool (the evaluation's): the query prompt, through the same stage
+    q = embed(ray.data.from_items([{"question": "Where are the falls?"}]), emb, role="query", column="question")
+    np.testing.assert_allclose(q.take_all()[0]["vector"], Embedder(emb).encode_queries(["Where are the falls?"])[0],
+                               atol=2e-6)

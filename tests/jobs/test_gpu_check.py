@@ -16,7 +16,8 @@ import pytest
 from jobs import gpu_check
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = ["--n", "3000", "--chunks", "4", "--seconds", "0.2", "--queries", "64", "--k", "10"]
+SMALL = ["--n", "3000", "--chunks", "4", "--seconds", "0.2", "--queries", "64", "--k", "10",
+         "--feed-chunks", "40", "--feed-procs", "2", "--feed-batch", "8", "--feed-block", "16"]
 
 
 def test_small_cpu_run_prints_one_json_line_without_ray():
@@ -35,6 +36,10 @@ def test_small_cpu_run_prints_one_json_line_without_ray():
     assert exact["identical_topk_share"] == 1.0 and exact["qps"]["batch1"] > 0 and exact["qps"]["batch64"] > 0
     assert 0.9 < search["torch_cpu_bfloat16"]["topk_overlap"] <= 1.0
     assert all(v > 0 for v in search["cpu_reference_qps"].values())
+    # the build's GPU layout without Ray: 2 tokenizer processes feeding the model every chunk
+    feed = out["feed"]
+    assert feed["chunks"] == 40 and feed["forward_only_chunks_per_s"] > 0 and feed["tokenize_one_core_chunks_per_s"] > 0
+    assert [f["tokenizer_processes"] for f in feed["fed"]] == [2] and feed["fed"][0]["chunks_per_s"] > 0
 
 
 def test_the_numpy_reference_is_faisss_exact_top_k(monkeypatch):

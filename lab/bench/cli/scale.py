@@ -133,7 +133,7 @@ def embedding_throughput(n_chunks: int, cpus: int, seed: int, pools: list[str]) 
     log(f"embedding: raw encode {n_chunks / raw_s:.1f} chunks/s on {cpus} threads")
     import ray
 
-    from actors.embedding import ChunkEmbedder, pool_options
+    from actors.embedding import embed, pool_options
     from cluster.local import start_or_join
 
     handle = start_or_join(None, num_cpus=cpus)
@@ -144,7 +144,7 @@ def embedding_throughput(n_chunks: int, cpus: int, seed: int, pools: list[str]) 
             opts = pool_options(cfg)
             ds = ray.data.from_items([{"i": i, "text": t} for i, t in enumerate(texts)],
                                      override_num_blocks=max(1, n_chunks // emb.batch_size))
-            ds = ds.map_batches(ChunkEmbedder, batch_size=emb.batch_size, **opts)
+            ds = embed(ds, cfg)
             t0 = time.perf_counter()
             stamps, vecs, ids = [], [], []
             for b in ds.iter_batches(batch_size=None, batch_format="numpy"):
