@@ -7,6 +7,22 @@ import threading
 import psutil
 
 
+def process_name(p: psutil.Process) -> str:
+    """A process by what it runs: a Ray worker's title (``ray::ServeReplica:app:Ingress``, ``ray::IDLE``),
+    Ray's own daemons by name (``raylet``, ``gcs_server``), Python by its module (``python -m jobs.demo``),
+    with its pid (two replicas of one deployment are two entries)."""
+    cmd = p.cmdline()
+    if cmd and cmd[0].startswith("ray::"):
+        title = cmd[0].split()[0]
+    elif len(cmd) > 2 and cmd[1] == "-m":
+        title = f"python -m {cmd[2]}"
+    elif cmd and "python" in cmd[0].rsplit("/", 1)[-1] and len(cmd) > 1:
+        title = f"python {cmd[1].rsplit('/', 1)[-1]}"
+    else:
+        title = p.name()
+    return f"{title} [{p.pid}]"
+
+
 class MemorySampler:
     """Resident memory of this process (with ``children``: plus its descendants, e.g. a local Ray)
     sampled every ``interval_s`` while the ``with`` block runs: ``base_bytes`` at entry,
@@ -15,23 +31,42 @@ class MemorySampler:
     def __init__(self, interval_s: float = 0.5, *, children: bool = False) -> None:
         self.interval_s, self.children = interval_s, children
         self.base_bytes = self.peak_bytes = 0
+        self._peaks: dict[int, tuple[str, int]] = {}  # pid -> (its latest name, its peak)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def sample(self) -> int:
-        """Resident bytes now."""
+        """Resident bytes now (and each process's peak noted in :attr:`by_process`)."""
         me = psutil.Process()
         total = 0
         for p in [me, *me.children(recursive=True)] if self.children else [me]:
             try:
-                total += p.memory_info().rss
+                rss = p.memory_info().rss
+                name = process_name(p)
             except psutil.Error:  # a child gone between listing and reading
-                pass
+                continue
+            total += rss
+            if rss >= self._peaks.get(p.pid, ("", -1))[1]:  # named as it was at its peak (a process may exec)
+                self._peaks[p.pid] = (name, rss)
         return total
 
+    @property
+    def by_process(self) -> dict[str, int]:
+        """Each process's own peak over the block (or the phase), bytes, by :func:`process_name` (its name
+        at its peak: a process that execs changes it); with ``children``, what held the memory."""
+        return dict(self._peaks.values())
+
+    def peaks_mb(self, top: int = 12) -> dict[str, float]:
+        """The ``top`` largest per-process peaks, MB, largest first."""
+        ranked = sorted(self.by_process.items(), key=lambda kv: -kv[1])[:top]
+        return {name: round(rss / 2**20, 1) for name, rss in ranked}
+
     def new_phase(self) -> int:
-        """The peak so far, returned; from now on :attr:`peak_bytes` is the new phase's own peak."""
-        before, self.peak_bytes = self.peak_bytes, self.sample()
+        """The peak so far, returned; from now on :attr:`peak_bytes` and :attr:`by_process` are the new
+        phase's own."""
+        before = self.peak_bytes
+        self._peaks = {}
+        self.peak_bytes = self.sample()
         return before
 
     def _run(self) -> None:

@@ -32,5 +32,10 @@ def test_demo_builds_serves_and_answers_in_bounded_memory(tmp_path):
     assert out.returncode == 0 and summary["failures"] == [], (summary, text[-2000:])
     assert summary["counts"] == {"documents": 105, "units": 82, "chunks": 174, "shards": 2}
     assert summary["peak_rss_gib"] <= 4.5
+    # what held the memory, by phase: each process's own peak, the largest first, within its phase's peak
+    for phase, procs in summary["peak_rss_mb_by_process"].items():
+        assert procs and list(procs.values()) == sorted(procs.values(), reverse=True), (phase, procs)
+        assert max(procs.values()) <= summary["peak_rss_gib_by_phase"][phase] * 1024 + 1, (phase, procs)
+    assert any(name.startswith("ray::") for name in summary["peak_rss_mb_by_process"]["serve"])
     right, asked = map(int, summary["answers_right"].split("/"))
     assert asked == len(QUESTIONS) and right >= 4, summary  # 5 of 7 with the bundled 0.5B reader
