@@ -82,7 +82,8 @@ def chunk_text(text: str, max_words: int = 32) -> Chunks:
     if not spans:
         return Chunks([], np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
     sent = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
-    nonws = ~whitespace_mask(text)
+    cls = _char_classes(text)
+    nonws = cls == _OTHER
     word_start = nonws.copy()
     word_start[1:] &= ~nonws[:-1]
     w_start = np.flatnonzero(word_start)  # sorted positions where a word begins
@@ -99,7 +100,7 @@ def chunk_text(text: str, max_words: int = 32) -> Chunks:
     long_s, long_e = sent[~short, 0], sent[~short, 1]
     if long_s.size:
         # lines of the over-long sentences: text between newlines, clipped to the sentence
-        nl = np.flatnonzero(_codepoints(text) == 10)
+        nl = np.flatnonzero(cls == _NEWLINE)
         sid = np.searchsorted(long_s, nl, side="right") - 1
         inside = (sid >= 0) & (nl < long_e[np.maximum(sid, 0)])
         nl = nl[inside]
@@ -160,26 +161,46 @@ def _join_single_newlines(text: str) -> str:
     return _PLAIN_NEWLINE.sub(" ", text)
 
 
+# Character classes of the chunker: what str.split() splits on (str.isspace()), and "\n" among it.
+_OTHER, _SPACE, _NEWLINE = 0, 1, 2
+
+
 def _codepoints(text: str) -> np.ndarray:
     """uint32 (len(text),) code points (lone surrogates kept)."""
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
 
 
 @functools.cache
-def _whitespace_table() -> np.ndarray:
-    """bool lookup table over code points 0..max: True where ``str.isspace()`` holds (what
-    ``str.split()`` splits on); every code point above the table's end is not whitespace."""
+def _class_table() -> np.ndarray:
+    """uint8 lookup table over code points 0..max: the class of each (``_SPACE`` where
+    ``str.isspace()`` holds, ``_NEWLINE`` for "\\n"); every code point above the table's end is
+    ``_OTHER`` (the last entry stands for them)."""
     ws = [c for c in range(0x110000) if chr(c).isspace()]
-    table = np.zeros(max(ws) + 2, dtype=bool)  # the last entry stays False: it stands for "above"
-    table[ws] = True
+    table = np.full(max(ws) + 2, _OTHER, dtype=np.uint8)
+    table[ws] = _SPACE
+    table[ord("\n")] = _NEWLINE
     return table
+
+
+@functools.cache
+def _latin1_classes() -> bytes:
+    """``bytes.translate`` table: Latin-1 byte -> its class (the first 256 entries of the table)."""
+    return _class_table()[:256].tobytes()
+
+
+def _char_classes(text: str) -> np.ndarray:
+    """uint8 (len(text),): the class of each character. Latin-1 text (ASCII included) is classified
+    by ``bytes.translate`` on its one-byte encoding, any other text by a lookup of its code points."""
+    try:
+        raw = text.encode("latin-1")
+    except UnicodeEncodeError:
+        return _class_table().take(_codepoints(text), mode="clip")  # clip: above the table is _OTHER
+    return np.frombuffer(bytearray(raw.translate(_latin1_classes())), dtype=np.uint8)
 
 
 def whitespace_mask(text: str) -> np.ndarray:
     """bool (len(text),): ``text[i].isspace()`` for every i."""
-    table = _whitespace_table()
-    cp = _codepoints(text)
-    return table[np.minimum(cp, table.size - 1)]
+    return _char_classes(text) != _OTHER
 
 
 def chunk_text_reference(text: str, max_words: int = 32) -> Chunks:

@@ -112,13 +112,15 @@ def personalized_pagerank(
     inv_deg = np.zeros(m_rows)
     np.divide(1.0, deg, out=inv_deg, where=~row_dangling)
     is_dangling = row_dangling if mult is None else row_dangling[classes]
+    if classes is not None and n == m_rows and np.array_equal(classes, np.arange(n)):
+        classes = None  # nothing was merged: the class sums below would be the identity
     any_dangling = bool(is_dangling.any())
     damp = 1.0 - alpha
     restart = alpha * p
 
     delta = float("inf")
     for it in range(1, max_iter + 1):
-        if mult is None:
+        if classes is None:
             x_new = S @ (x * inv_deg)
         else:
             x_new = (S @ (np.bincount(classes, weights=x, minlength=m_rows) * inv_deg))[classes]

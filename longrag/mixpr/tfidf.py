@@ -11,18 +11,22 @@ weighted by multiplicity. Tests check equality with ``TfidfVectorizer``.
 Counting (:func:`count_terms`) does what scikit-learn's ``CountVectorizer`` does (lower-case each
 text, ``re.findall(token_pattern)``, drop stop words, sorted vocabulary) without its per-text
 Python loop: the distinct texts are joined with a separator that holds a sentinel token, the joined
-text is lower-cased and tokenized by ONE ``findall``, tokens get integer codes by a hash
-factorization, the sentinels tell which text each token belongs to, and numpy/scipy count. The
-separator ``"\\n<sentinel>\\n"`` cannot change the tokens of its neighbours for word-like patterns
-(a newline is a non-word character, and lower-casing is per character except the final-sigma rule,
-which a newline also ends); a pattern for which the sentinel count does not come out exact falls
-back to one ``findall`` per text.
+text is lower-cased and tokenized at once, tokens get integer codes by a hash factorization, the
+sentinels tell which text each token belongs to, and numpy/scipy count. The separator
+``"\\n<sentinel>\\n"`` cannot change the tokens of its neighbours for word-like patterns (a newline
+is a non-word character, and lower-casing is per character except the final-sigma rule, which a
+newline also ends); a pattern for which the sentinel count does not come out exact falls back to
+one ``findall`` per text. With scikit-learn's default pattern (``\\b\\w\\w+\\b``: the runs of two or
+more word characters) the ASCII texts skip the regex engine: on ASCII ``\\w`` is ``[A-Za-z0-9_]``,
+so ``str.translate`` turns every other character into a space and ``str.split`` cuts the runs; the
+runs of one character are then dropped. The other texts go through ``findall`` as above.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from itertools import chain
 
 import numpy as np
 import scipy.sparse as sp
@@ -31,16 +35,39 @@ from longrag.mixpr.config import MixPRConfig
 
 __all__ = ["TfidfEmbedding", "Vocabulary", "count_terms", "embed_tfidf", "distinct"]
 
-_SENTINEL = "qzxjmixprsentinelqzxj"
+_SENTINEL = "qzxjv"  # short: the joined text holds one per text, and all of it is scanned
+# Patterns whose tokens are exactly the maximal runs of two or more word characters (scikit-learn's
+# default, with and without the flag that str patterns have anyway).
+_WORD_RUN_PATTERNS = frozenset({r"(?u)\b\w\w+\b", r"\b\w\w+\b"})
+# ASCII characters that are not word characters (re's \w on ASCII: [A-Za-z0-9_]) -> space.
+_ASCII_NON_WORD = str.maketrans({c: " " for c in map(chr, range(128)) if not re.fullmatch(r"\w", c)})
+
+
+def _factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(codes, uniques)``: int64 codes into the distinct values (object array, first-seen order)."""
+    try:
+        import pandas as pd
+    except ImportError:  # pragma: no cover - pandas comes with ray[data]
+        index: dict = {}
+        codes = np.fromiter((index.setdefault(v, len(index)) for v in values), np.int64, len(values))
+        return codes, _object_array(list(index))
+    codes, uniques = pd.factorize(values, sort=False)
+    return codes.astype(np.int64, copy=False), np.asarray(uniques, dtype=object)
+
+
+def _object_array(items: list) -> np.ndarray:
+    """1-D object array of ``items`` (``np.array`` would make a 2-D array of equal-length tuples)."""
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
 
 
 def distinct(texts: Sequence[str]) -> tuple[list[str], np.ndarray, np.ndarray]:
     """``(unique_texts, classes, counts)``: unique texts in first-seen order, ``classes[i]`` the
     index of ``texts[i]`` among them (int64 (n,)), ``counts[c]`` how often text ``c`` occurs."""
-    ids: dict[str, int] = {}
-    classes = np.fromiter((ids.setdefault(t, len(ids)) for t in texts), dtype=np.int64, count=len(texts))
-    counts = np.bincount(classes, minlength=len(ids)).astype(np.int64)
-    return list(ids), classes, counts
+    classes, uniques = _factorize(_object_array(list(texts)))
+    counts = np.bincount(classes, minlength=len(uniques)).astype(np.int64)
+    return uniques.tolist(), classes, counts
 
 
 class Vocabulary:
@@ -101,39 +128,48 @@ def _stop_words(name: str | None) -> frozenset[str]:
     raise ValueError(f"stop_words must be 'english' or None, got {name!r}")
 
 
-def _tokens_with_separators(texts: list[str], pattern: re.Pattern, lowercase: bool) -> tuple[list[str], str]:
-    """All tokens of ``texts`` in order with the sentinel token between consecutive texts."""
+def _ascii_word_runs(text: str) -> list[str]:
+    """The maximal runs of word characters of an ASCII text, of any length: every ASCII non-word
+    character becomes a space (``str.translate`` on ASCII runs at C speed) and ``str.split`` cuts."""
+    return text.translate(_ASCII_NON_WORD).split()
+
+
+def _tokens(texts: list[str], cfg: MixPRConfig, pattern: re.Pattern) -> tuple[np.ndarray, np.ndarray, bool]:
+    """``(tokens, rows, with_short)``: every token of ``texts`` in order (object array) and the text
+    it comes from (int64). ``with_short``: runs of one character are among the tokens (the ASCII
+    path of the word-run pattern), and are not terms."""
+    n = len(texts)
+    groups: list[tuple[np.ndarray, Callable[[str], list[str]]]] = [(np.arange(n), pattern.findall)]
+    with_short = cfg.token_pattern in _WORD_RUN_PATTERNS
+    if with_short:
+        is_ascii = np.fromiter(map(str.isascii, texts), dtype=bool, count=n)
+        groups = [(np.flatnonzero(is_ascii), _ascii_word_runs), (np.flatnonzero(~is_ascii), pattern.findall)]
     for attempt in range(8):
         sentinel = _SENTINEL if attempt == 0 else f"{_SENTINEL}{attempt}x"
         sep = f"\n{sentinel}\n"
         if pattern.findall(sep) != [sentinel]:
             break  # this pattern does not see the sentinel as one token: no fast path
-        joined = sep.join(texts)
-        if lowercase:
-            joined = joined.lower()
-        tokens = pattern.findall(joined)
-        if tokens.count(sentinel) == len(texts) - 1:
-            return tokens, sentinel
+        parts, rows = [], []
+        for idx, tokenize in groups:
+            if idx.size == 0:
+                continue
+            joined = sep.join(texts if idx.size == n else [texts[i] for i in idx])
+            toks = _object_array(tokenize(joined.lower() if cfg.lowercase else joined))
+            is_sep = toks == sentinel
+            if np.count_nonzero(is_sep) != idx.size - 1:
+                break  # the sentinel also occurs in a text: try another one
+            parts.append(toks[~is_sep])
+            rows.append(idx[np.cumsum(is_sep)[~is_sep]])
+        else:
+            return np.concatenate(parts or [np.zeros(0, object)]), _cat_int(rows), with_short
     # slow path, exact for any pattern: one findall per text
-    tokens = []
-    sentinel = object()  # never equal to a token
-    for i, t in enumerate(texts):
-        if i:
-            tokens.append(sentinel)
-        tokens.extend(pattern.findall(t.lower() if lowercase else t))
-    return tokens, sentinel
+    lists = [pattern.findall(t.lower() if cfg.lowercase else t) for t in texts]
+    rows_slow = np.repeat(np.arange(n, dtype=np.int64), [len(x) for x in lists])
+    return _object_array(list(chain.from_iterable(lists))), rows_slow, False
 
 
-def _factorize(tokens: list) -> tuple[np.ndarray, list]:
-    """``(codes, uniques)``: int64 codes into the distinct tokens in first-seen order."""
-    try:
-        import pandas as pd
-    except ImportError:  # pragma: no cover - pandas comes with ray[data]
-        index: dict = {}
-        codes = np.fromiter((index.setdefault(t, len(index)) for t in tokens), np.int64, len(tokens))
-        return codes, list(index)
-    codes, uniques = pd.factorize(pd.Series(tokens, dtype=object), sort=False)
-    return codes.astype(np.int64, copy=False), list(uniques)
+def _cat_int(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, np.int64)
 
 
 def count_terms(texts: Sequence[str], config: MixPRConfig | None = None) -> tuple[sp.csr_matrix, Vocabulary]:
@@ -148,38 +184,35 @@ def count_terms(texts: Sequence[str], config: MixPRConfig | None = None) -> tupl
     if pattern.groups > 1:
         raise ValueError(f"token_pattern {cfg.token_pattern!r} has more than one capturing group")
     stop = _stop_words(cfg.stop_words)
-    tokens, sentinel = _tokens_with_separators(texts, pattern, cfg.lowercase)
+    tokens, rows, with_short = _tokens(texts, cfg, pattern)
     codes, uniques = _factorize(tokens)
     del tokens
     n_codes = len(uniques)
     is_term = np.ones(n_codes, dtype=bool)
-    for i, u in enumerate(uniques) if stop else ():
-        if u in stop:
-            is_term[i] = False
-    sep_code = next((i for i, u in enumerate(uniques) if u is sentinel or u == sentinel), -1) if len(texts) > 1 else -1
-    if sep_code >= 0:
-        is_term[sep_code] = False
-    terms = [u for u, keep in zip(uniques, is_term) if keep]
-    if not terms:
+    if with_short:
+        is_term &= np.fromiter(map(len, uniques), dtype=np.int64, count=n_codes) >= 2
+    if stop:
+        is_term &= np.fromiter((u not in stop for u in uniques), dtype=bool, count=n_codes)
+    terms = uniques[is_term]
+    if not terms.size:
         raise ValueError("empty vocabulary; perhaps the documents only contain stop words")
     # sorted vocabulary (scikit-learn's column order); numpy's code-point order equals Python's
     # string order for strings without NUL characters
-    if any("\x00" in t for t in terms):
-        order = np.array(sorted(range(len(terms)), key=terms.__getitem__), dtype=np.int64)
+    if "\x00" in "".join(terms):
+        order = np.array(sorted(range(terms.size), key=terms.__getitem__), dtype=np.int64)
     else:
-        order = np.argsort(np.array(terms, dtype=str), kind="stable")
-    col_of_term = np.empty(len(terms), dtype=np.int64)
-    col_of_term[order] = np.arange(len(terms))
+        order = np.argsort(terms.astype(str))  # the terms are distinct: no ties
+    col_of_term = np.empty(terms.size, dtype=np.int64)
+    col_of_term[order] = np.arange(terms.size)
     col_of_code = np.full(n_codes, -1, dtype=np.int64)
     col_of_code[is_term] = col_of_term
-    row = np.cumsum(codes == sep_code) if sep_code >= 0 else np.zeros(codes.size, np.int64)
     col = col_of_code[codes]
     keep = col >= 0
     counts = sp.csr_matrix(
-        (np.ones(int(keep.sum())), (row[keep], col[keep])), shape=(len(texts), len(terms)), dtype=np.float64
+        (np.ones(int(keep.sum())), (rows[keep], col[keep])), shape=(len(texts), terms.size), dtype=np.float64
     )
     counts.sum_duplicates()
-    vocab = Vocabulary([terms[i] for i in order], cfg.token_pattern, cfg.lowercase, stop)
+    vocab = Vocabulary(terms[order].tolist(), cfg.token_pattern, cfg.lowercase, stop)
     return counts, vocab
 
 

@@ -14,6 +14,7 @@ from sklearn.feature_extraction.text import CountVectorizer, TfidfVectorizer
 
 from lab.synthetic import generate_babilong, generate_hashhop
 from longrag.mixpr import MixPRConfig, MixPRRetriever, SparseRetriever, chunk_text, embed_tfidf
+from longrag.mixpr import tfidf as tfidf_module
 from longrag.mixpr.chunking import chunk_text_reference, whitespace_mask
 from longrag.mixpr.tfidf import count_terms
 from longrag.reading.longcontext import (
@@ -232,24 +233,33 @@ def test_fast_chunker_equals_reference_on_random_and_real_text():
 
 
 def test_whitespace_mask_is_str_isspace():
-    text = "".join(chr(c) for c in range(0, 0x3100)) + "\U0001f600 \ud800"
-    np.testing.assert_array_equal(whitespace_mask(text), [ch.isspace() for ch in text])
+    latin1 = "".join(chr(c) for c in range(256)) * 3  # read as bytes
+    for text in (latin1, "".join(chr(c) for c in range(0, 0x3100)) + "\U0001f600 \ud800", ""):
+        np.testing.assert_array_equal(whitespace_mask(text), np.array([ch.isspace() for ch in text], dtype=bool))
 
 
 @pytest.mark.parametrize(
-    "cfg", [MixPRConfig(), MixPRConfig(stop_words="english"), MixPRConfig(lowercase=False), MixPRConfig(token_pattern=r"\S+")]
-)
+    "cfg",
+    [MixPRConfig(), MixPRConfig(stop_words="english"), MixPRConfig(lowercase=False), MixPRConfig(token_pattern=r"\S+"),
+     MixPRConfig(token_pattern=r"\b\w\w+\b"), MixPRConfig(token_pattern=r"\d\d+")],
+)  # fmt: skip
 def test_count_terms_equals_countvectorizer(cfg):
+    # the default word pattern reads ASCII texts without the regex engine (str.translate + split) and the
+    # others with one findall over all of them; r"\d\d+" cannot read the sentinel: one findall per text
     rng = random.Random(1)
+    sentinel = tfidf_module._SENTINEL
     atoms = ["ΣΑΣ", "Σ", "ς", "İstanbul", "the", "The", "a", "x_y", "12", "é", "\n", " ", "ǅ", "ﬁne", "Straße", "!!",
-             "qzxjmixprsentinelqzxj"]  # fmt: skip
-    texts = ["".join(rng.choice(atoms) + rng.choice(" \n.") for _ in range(rng.randint(0, 12))) for _ in range(300)]
-    counts, vocab = count_terms(texts, cfg)
-    ref = CountVectorizer(lowercase=cfg.lowercase, token_pattern=cfg.token_pattern, stop_words=cfg.stop_words)
-    R = ref.fit_transform(texts)
-    assert list(vocab.get_feature_names_out()) == list(ref.get_feature_names_out())
-    assert abs(counts - R).max() == 0
-    assert abs(vocab.transform(texts[:5]) - ref.transform(texts[:5])).max() == 0
+             "qzxjmixprsentinelqzxj", sentinel]  # fmt: skip
+    ascii_atoms = ["the", "The", "a", "I", "x_y", "__", "_", "12", "3", "A1b2", "!!", "-", "'", "\t", "\x0b", "\x1c", "\x7f",
+                   "e.g.", "don't", sentinel, sentinel.upper()]  # fmt: skip
+    for pool in (atoms, ascii_atoms, atoms + ascii_atoms):
+        texts = ["".join(rng.choice(pool) + rng.choice(" \n.") for _ in range(rng.randint(0, 12))) for _ in range(300)]
+        counts, vocab = count_terms(texts, cfg)
+        ref = CountVectorizer(lowercase=cfg.lowercase, token_pattern=cfg.token_pattern, stop_words=cfg.stop_words)
+        R = ref.fit_transform(texts)
+        assert list(vocab.get_feature_names_out()) == list(ref.get_feature_names_out())
+        assert abs(counts - R).max() == 0
+        assert abs(vocab.transform(texts[:5]) - ref.transform(texts[:5])).max() == 0
 
 
 def test_tfidf_equals_sklearn_on_real_documents():

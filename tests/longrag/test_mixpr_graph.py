@@ -133,6 +133,52 @@ def test_graph_methods_equal_brute_force(seed, self_loops):
         assert stats.n_edges == int(np.count_nonzero(np.triu(D, 1)))
 
 
+def _rare_word_rows(n, seed):
+    """Rows sharing few words (each rare column in ~2 rows, as in HashHop) plus 5 frequent columns."""
+    rng = np.random.default_rng(seed)
+    d_rare = n * 3 // 2
+    rows = np.repeat(np.arange(n), 3)
+    cols = 5 + rng.integers(0, d_rare, size=rows.size)
+    freq = rng.random((n, 5)) < 0.6
+    fr, fc = np.nonzero(freq)
+    M = sp.csr_matrix((rng.random(rows.size + fr.size) + 0.1, (np.concatenate([rows, fr]), np.concatenate([cols, fc]))),
+                      shape=(n, 5 + d_rare))  # fmt: skip
+    M.sum_duplicates()
+    norms = np.sqrt(np.asarray(M.multiply(M).sum(1)).ravel())
+    return (sp.diags(1 / norms) @ M).tocsr().astype(np.float32)
+
+
+@pytest.mark.parametrize("block_rows", [1, 7, 64, 4096])
+def test_block_products_hold_every_pair_once(block_rows):
+    # both ways of cutting X X^T into blocks: X[b0:] X[b0:b1]^T (dense-ish products) and X[b0:b1] X^T (rare words)
+    from longrag.mixpr.graph import _block_products, _pair_entries
+
+    for X in (_random_unit_rows(120, 30, 0.1, 5), _rare_word_rows(150, 5)[:, 5:].tocsr()):
+        D = (X @ X.T).toarray()
+        want = {(i, j) for i, j in zip(*np.nonzero(np.triu(D, 1)))}
+        got, forms = [], set()
+        for P, row0, col0, lower in _block_products(X, block_rows):
+            forms.add(lower)
+            i, j, k = _pair_entries(P, np.arange(P.nnz), row0, col0, lower)
+            assert np.all(i < j)
+            np.testing.assert_allclose(P.data[k], D[i, j], atol=1e-6)
+            got += list(zip(i.tolist(), j.tolist()))
+        assert len(got) == len(set(got)) and set(got) == want
+        assert len(forms) == 1
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_pruned_graph_on_rare_words_equals_brute_force(seed):
+    E = _rare_word_rows(400, seed)
+    t = 0.27
+    D = (E @ E.T).toarray().astype(np.float64)
+    D[D < t] = 0
+    for kw in ({}, {"n_frequent": 5, "block_rows": 50}, {"n_frequent": 2, "block_rows": 7}, {"n_frequent": 0}):
+        S, stats = similarity_graph(E, t, **kw)
+        np.testing.assert_allclose(S.toarray(), D, atol=1e-6, err_msg=str(kw))
+        assert stats.n_edges == int(np.count_nonzero(np.triu(D, 1)))
+
+
 def test_graph_on_real_text_pruned_equals_blocked():
     from lab.synthetic import generate_babilong
 
@@ -251,6 +297,9 @@ def test_dedup_classes_equal_expanded_graph():
         a = personalized_pagerank(S_small, p, alpha, max_iter=18, tol=None, classes=classes, dangling=dang)
         b = personalized_pagerank(S_full, p, alpha, max_iter=18, tol=None, dangling=dang)
         np.testing.assert_allclose(a.scores, b.scores, atol=1e-12)
+        # nothing merged (every class its own row): the same as no classes
+        c = personalized_pagerank(S_full, p, alpha, max_iter=18, tol=None, classes=np.arange(150), dangling=dang)
+        np.testing.assert_allclose(c.scores, b.scores, atol=1e-12)
 
 
 def test_pagerank_input_checks():
