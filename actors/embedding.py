@@ -6,6 +6,7 @@ and fractional CPUs on a laptop; the device itself is picked by the core ``Embed
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from typing import Any, Literal
@@ -95,18 +96,19 @@ def tokenizes_in_stage(embedding_config: Any, gpus: float) -> bool:
 
 
 def embed(ds: Any, embedding_config: Any, *, role: Literal["passage", "query"] = "passage",
-          column: str = "text") -> Any:
-    """``ds`` with a ``vector`` column: ``column`` encoded by the embedding pool (:func:`pool_options`),
-    either in one stage (:class:`ChunkEmbedder`) or, per ``embedding.tokenize``, tokenized by an autoscaling
-    pool of CPU actors (up to :data:`longrag.index.tokenized.TOKENIZERS_PER_GPU` per embedding actor,
-    within the cluster's CPUs) and embedded by :class:`TokenEmbedder`."""
+          column: str = "text", opts: dict[str, Any] | None = None) -> Any:
+    """``ds`` with a ``vector`` column: ``column`` encoded by the embedding pool (``opts``, by default
+    :func:`pool_options`), either in one stage (:class:`ChunkEmbedder`) or, per ``embedding.tokenize``,
+    tokenized by an autoscaling pool of CPU actors (up to :data:`longrag.index.tokenized.TOKENIZERS_PER_GPU`
+    per embedding actor, within the cluster's CPUs) and embedded by :class:`TokenEmbedder`."""
     from ray.data import ActorPoolStrategy
 
     from longrag.index.embedding import CHUNKER_CPUS
     from longrag.index.tokenized import TOKENIZERS_PER_GPU
 
-    opts = pool_options(embedding_config)
-    grow, _, _ = cluster_capacity()
+    capacity = cluster_capacity()
+    grow = capacity[0]
+    opts = copy.deepcopy(opts) if opts is not None else pool_options(embedding_config, capacity)
     emb = embedding_config
     if not tokenizes_in_stage(emb, grow.get("GPU", 0.0)):
         opts["fn_constructor_kwargs"].update(role=role, column=column)
@@ -145,19 +147,21 @@ def cluster_capacity() -> tuple[dict[str, float], dict[str, float], str]:
     return merged, now, "the autoscaler's node types at max_workers"
 
 
-def pool_options(embedding_config: Any) -> dict[str, Any]:
+def pool_options(embedding_config: Any,
+                 capacity: tuple[dict[str, float], dict[str, float], str] | None = None) -> dict[str, Any]:
     """``map_batches`` options for :class:`ChunkEmbedder`: an actor pool sized from the CPUs/GPUs the
     connected Ray cluster can grow to (:func:`cluster_capacity`,
     :func:`longrag.index.embedding.embedding_pool`), logged.
 
     The pool is Ray Data's autoscaling one, from 1 actor up to that size: a small build or update
     loads the model once instead of once per core, a large one grows the pool while blocks queue.
-    ``embedding.concurrency`` set in the config asks for a fixed pool of that size instead."""
+    ``embedding.concurrency`` set in the config asks for a fixed pool of that size instead. ``capacity``:
+    :func:`cluster_capacity`'s answer when the caller has it (asked of the GCS otherwise)."""
     from ray.data import ActorPoolStrategy
 
     from longrag.index.embedding import embedding_pool
 
-    grow, now, source = cluster_capacity()
+    grow, now, source = capacity or cluster_capacity()
     pool = embedding_pool(embedding_config, grow.get("CPU", 1.0) or 1.0, grow.get("GPU", 0.0))
     fixed = bool(embedding_config.concurrency)
     compute = (ActorPoolStrategy(size=pool.actors) if fixed

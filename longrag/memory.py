@@ -31,7 +31,7 @@ class MemorySampler:
     def __init__(self, interval_s: float = 0.5, *, children: bool = False) -> None:
         self.interval_s, self.children = interval_s, children
         self.base_bytes = self.peak_bytes = 0
-        self._peaks: dict[int, tuple[str, int]] = {}  # pid -> (its latest name, its peak)
+        self._peaks: dict[int, tuple[str, int]] = {}  # pid -> (its name at its peak, its peak)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -42,12 +42,11 @@ class MemorySampler:
         for p in [me, *me.children(recursive=True)] if self.children else [me]:
             try:
                 rss = p.memory_info().rss
-                name = process_name(p)
+                total += rss
+                if rss >= self._peaks.get(p.pid, ("", -1))[1]:  # named at its peak only (a process may exec)
+                    self._peaks[p.pid] = (process_name(p), rss)
             except psutil.Error:  # a child gone between listing and reading
                 continue
-            total += rss
-            if rss >= self._peaks.get(p.pid, ("", -1))[1]:  # named as it was at its peak (a process may exec)
-                self._peaks[p.pid] = (name, rss)
         return total
 
     @property

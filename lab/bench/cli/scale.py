@@ -144,7 +144,7 @@ def embedding_throughput(n_chunks: int, cpus: int, seed: int, pools: list[str]) 
             opts = pool_options(cfg)
             ds = ray.data.from_items([{"i": i, "text": t} for i, t in enumerate(texts)],
                                      override_num_blocks=max(1, n_chunks // emb.batch_size))
-            ds = embed(ds, cfg)
+            ds = embed(ds, cfg, opts=opts)
             t0 = time.perf_counter()
             stamps, vecs, ids = [], [], []
             for b in ds.iter_batches(batch_size=None, batch_format="numpy"):
