@@ -24,14 +24,15 @@ class ChunkEmbedder:
 
     def __init__(self, embedding_config: dict[str, Any], torch_threads: int = 1,
                  role: Literal["passage", "query"] = "passage", column: str = "text") -> None:
-        import torch
-
         from longrag.config import EmbeddingConfig
-        from longrag.index.embedding import Embedder
+        from longrag.index.encoders import encoder
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        torch.set_num_threads(max(1, torch_threads))
-        self.embedder = Embedder(EmbeddingConfig.model_validate(embedding_config))
+        config = EmbeddingConfig.model_validate(embedding_config)
+        # an actor without a GPU share runs on the CPU (backend auto: OpenVINO IR there, no torch)
+        device = "cpu" if config.num_gpus == 0 and config.device == "auto" else config.device
+        self.embedder = encoder(config, device, torch_threads, role)
+        log.info("embedding actor: %r", self.embedder)
         self.encode = self.embedder.encode_queries if role == "query" else self.embedder.encode_passages
         self.column = column
 

@@ -16,6 +16,7 @@ its session folder, also named at the end.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import sys
@@ -25,6 +26,7 @@ from typing import Any, TextIO
 
 import httpx
 import psutil
+import pyarrow as pa
 
 from lab.bench import latency_stats
 from longrag.cli import add_config_flags, job_setup, transcript
@@ -115,16 +117,6 @@ def p50(values: list[float]) -> float:
     return latency_stats(values, digits=1).p50_ms
 
 
-def _release_memory() -> None:
-    """Hand this process' freed build buffers (Arrow's pool, Python's garbage) back to the OS."""
-    import gc
-
-    import pyarrow as pa
-
-    gc.collect()
-    pa.default_memory_pool().release_unused()
-
-
 def run(args: argparse.Namespace) -> int:
     """The demo; its transcript goes to the terminal, all other output to ``args.log``."""
     log_path = Path(args.log).resolve()
@@ -165,6 +157,12 @@ def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], st
     report: dict[str, Any] = {}
     index_peak = 0
     index_processes: dict[str, float] = {}
+    index_at_peak: dict[str, float] = {}
+    from longrag.index.encoders import resolve_backend
+    from longrag.index.openvino_ir import ensure_ir
+
+    if resolve_backend(config.embedding, "cpu") == "openvino-ir":  # exported once, before the measured run
+        say(f"== the encoder without torch: OpenVINO IR in {ensure_ir(config.embedding)}")
     with MemorySampler(0.5, children=True) as mem:
         handle = start_or_join(None, num_cpus=args.num_cpus)
         ray_logs = handle.logs_dir
@@ -183,9 +181,10 @@ def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], st
             # Serve on a fresh Ray, as a cluster serves what an index job built: the build's idle
             # workers (Ray keeps up to --num-cpus of them, each with its imports) go with the old one.
             handle.shutdown()
-            _release_memory()
+            gc.collect()  # this process' freed build buffers (Python's garbage, Arrow's pool) back to the OS
+            pa.default_memory_pool().release_unused()
             handle = start_or_join(None, num_cpus=args.num_cpus, quiet=args.quiet_ray)
-            index_processes = mem.peaks_mb()
+            index_processes, index_at_peak = mem.peaks_mb(), mem.at_peak_mb()
             index_peak = mem.new_phase()  # the serving phase's own peak from here
             say("== 2/3 deploying the Serve app (cpu.yaml's single-machine layout: the LLM, and an Ingress "
                 "holding encoder, index and readers)" if config.serve.colocate else
@@ -257,8 +256,9 @@ def _run(args: argparse.Namespace, terminal: TextIO) -> tuple[dict[str, Any], st
         "answers_right": f"{sum(correct)}/{len(correct)}",
         "peak_rss_gib": round(max(index_peak, mem.peak_bytes) / 2**30, 2),
         "peak_rss_gib_by_phase": {"index": round(index_peak / 2**30, 2), "serve": round(mem.peak_bytes / 2**30, 2)},
-        # each process's own peak, MB, the largest first (they need not peak together)
+        # MB by process, the largest first: each one's own peak, and what each held when the phase peaked
         "peak_rss_mb_by_process": {"index": index_processes, "serve": mem.peaks_mb()},
+        "peak_rss_mb_at_peak": {"index": index_at_peak, "serve": mem.at_peak_mb()},
         "failures": failures,
     }
     if args.raw_baseline and asked:
@@ -279,11 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "artifacts" / "demo"), help="index build folder")
     p.add_argument("--log", default=str(ROOT / "artifacts" / "demo.log"),
                    help="file for Ray's, Serve's and the libraries' output (the terminal shows the transcript)")
-    p.add_argument("--shards", type=int, default=2)
-    p.add_argument("--replicas", type=int, default=2)
-    p.add_argument("--k", type=int, default=2)
-    p.add_argument("--questions", type=int, default=len(QUESTIONS))
-    p.add_argument("--port", type=int, default=8000)
+    for flag, default in (("--shards", 2), ("--replicas", 2), ("--k", 2), ("--questions", len(QUESTIONS)), ("--port", 8000)):
+        p.add_argument(flag, type=int, default=default)
     p.add_argument("--num-cpus", type=float, default=2, help="logical CPUs of the local Ray (default: 2, this machine's cores)")
     p.add_argument("--raw-baseline", action="store_true", help="also time plain llama-cpp-python on each short "
                    "answer's own prompt (after the run) and print the ratio of the short answer's p50 to it")

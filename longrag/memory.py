@@ -32,6 +32,8 @@ class MemorySampler:
         self.interval_s, self.children = interval_s, children
         self.base_bytes = self.peak_bytes = 0
         self._peaks: dict[int, tuple[str, int]] = {}  # pid -> (its name at its peak, its peak)
+        self._last: list[tuple[psutil.Process, int]] = []  # the latest sample's processes
+        self._at_peak: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -39,10 +41,12 @@ class MemorySampler:
         """Resident bytes now (and each process's peak noted in :attr:`by_process`)."""
         me = psutil.Process()
         total = 0
+        self._last = []
         for p in [me, *me.children(recursive=True)] if self.children else [me]:
             try:
                 rss = p.memory_info().rss
                 total += rss
+                self._last.append((p, rss))
                 if rss >= self._peaks.get(p.pid, ("", -1))[1]:  # named at its peak only (a process may exec)
                     self._peaks[p.pid] = (process_name(p), rss)
             except psutil.Error:  # a child gone between listing and reading
@@ -60,27 +64,47 @@ class MemorySampler:
         ranked = sorted(self.by_process.items(), key=lambda kv: -kv[1])[:top]
         return {name: round(rss / 2**20, 1) for name, rss in ranked}
 
+    def at_peak_mb(self, top: int = 12) -> dict[str, float]:
+        """What the ``top`` largest processes held at the moment the total peaked (the processes' own peaks,
+        :meth:`peaks_mb`, need not fall together), MB, largest first."""
+        ranked = sorted(self._at_peak.items(), key=lambda kv: -kv[1])[:top]
+        return {name: round(rss / 2**20, 1) for name, rss in ranked}
+
+    def _note(self, total: int) -> None:
+        """Keep ``total`` as the peak, with the processes that made it, when it is a new peak."""
+        if total < self.peak_bytes:
+            return
+        self.peak_bytes = total
+        held: dict[str, int] = {}
+        for p, rss in self._last:
+            try:
+                held[process_name(p)] = rss
+            except psutil.Error:  # gone since the sample
+                held[f"(gone) [{p.pid}]"] = rss
+        self._at_peak = held
+
     def new_phase(self) -> int:
-        """The peak so far, returned; from now on :attr:`peak_bytes` and :attr:`by_process` are the new
-        phase's own."""
+        """The peak so far, returned; from now on :attr:`peak_bytes`, :attr:`by_process` and
+        :meth:`at_peak_mb` are the new phase's own."""
         before = self.peak_bytes
-        self._peaks = {}
-        self.peak_bytes = self.sample()
+        self._peaks, self._at_peak, self.peak_bytes = {}, {}, 0
+        self._note(self.sample())
         return before
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self.peak_bytes = max(self.peak_bytes, self.sample())
+            self._note(self.sample())
 
     def __enter__(self) -> MemorySampler:
-        self.base_bytes = self.peak_bytes = self.sample()
+        self.base_bytes = self.sample()
+        self._note(self.base_bytes)  # peak_bytes starts at 0
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak_bytes = max(self.peak_bytes, self.sample())
+        self._note(self.sample())
 
     @property
     def base_mb(self) -> float:

@@ -50,12 +50,21 @@ class BadQuestion(InvalidRequest):
     """A question the encoder cannot take (it fails alone; the Ingress maps it to 422)."""
 
 
+def replica_device(device: str) -> str:
+    """``auto`` -> ``cuda`` only when Ray assigned this worker a GPU (``num_gpus`` in the
+    deployment's ``ray_actor_options``), else ``cpu``; an explicit device is kept."""
+    if device != "auto":
+        return device
+    return "cuda" if ray.is_initialized() and ray.get_gpu_ids() else "cpu"
+
+
 # CPU asks are fractions so the whole app (plus its shard actors) fits a 2-core machine; they are
 # reservations for scheduling, the real threads are set per deployment (torch/FAISS/llama.cpp).
 @serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=64)
 class QueryEncoder:
     """``encoder_cls(embedding)`` builds the encoder (anything with ``encode_queries(list[str]) ->
-    np.ndarray``); None: the core :class:`longrag.index.embedding.Embedder` with ``torch_threads``.
+    np.ndarray``); None: :func:`longrag.index.embedding.encoder` with ``torch_threads`` (OpenVINO IR
+    without torch on a CPU, ``embedding.backend=auto``).
 
     With ``index`` (the build or alias the app serves), the replica refuses to start when its vectors'
     dimension differs from the build's (:class:`longrag.index.manifest.DimensionMismatch`, e.g. an
@@ -64,14 +73,13 @@ class QueryEncoder:
     def __init__(self, embedding: EmbeddingConfig, encoder_cls: Callable[[EmbeddingConfig], Any] | None = None,
                  torch_threads: int = 1, index: str | None = None) -> None:
         if encoder_cls is None:
-            import torch
-
-            from longrag.index.embedding import Embedder
+            from longrag.index.encoders import encoder
 
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            torch.set_num_threads(torch_threads)
-            encoder_cls = Embedder
-        self.embedder = encoder_cls(embedding)
+            self.embedder = encoder(embedding, replica_device(embedding.device), torch_threads)
+        else:
+            self.embedder = encoder_cls(embedding)
+        log.info("query encoder: %r", self.embedder)
         self.inflight = 0
         if index is not None:
             from longrag.index.alias import resolve_build

@@ -151,7 +151,7 @@ class DualReader:
         from longrag.dual.rerank import load_reranker
         from longrag.dual.service import DualService
         from longrag.index.embedding import Embedder
-        from serve.longcontext import replica_device
+        from serve.deployments import replica_device
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         torch.set_num_threads(self.torch_threads)

@@ -82,16 +82,6 @@ class LongContextRequest(BaseModel):
         return self
 
 
-def replica_device(device: str) -> str:
-    """``auto`` -> ``cuda`` only when Ray assigned this worker a GPU (``num_gpus`` in the
-    deployment's ``ray_actor_options``), else ``cpu``; an explicit device is kept."""
-    if device != "auto":
-        return device
-    import ray
-
-    return "cuda" if ray.is_initialized() and ray.get_gpu_ids() else "cpu"
-
-
 class LongContextChunk(BaseModel):
     position: int = Field(description="Index of the chunk among the document's chunks (document order).")
     text: str
@@ -141,6 +131,7 @@ class LongContextReader:
         import torch
 
         from longrag.index.embedding import Embedder
+        from serve.deployments import replica_device
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         torch.set_num_threads(self.torch_threads)

@@ -31,7 +31,14 @@ from pathlib import Path
 import numpy as np
 
 from longrag.config import EmbeddingConfig
-from longrag.index.runtime import check_runtime, openvino_transformer, quantize_int8, resolve_device, resolve_dtype
+from longrag.index.runtime import (
+    check_runtime,
+    openvino_transformer,
+    quantize_int8,
+    resolve_device,
+    resolve_dtype,
+    torch_backend,
+)
 
 BUNDLED_MINILM = "all-MiniLM-L6-v2"
 BGE_LARGE = "BAAI/bge-large-en-v1.5"
@@ -260,6 +267,8 @@ class Embedder:
         import torch
 
         self.dtype = resolve_dtype(self.config.dtype, self.device)
+        # the torch class: backend auto (or openvino-ir, which encoder() builds) runs torch here
+        self.config = self.config.model_copy(update={"backend": torch_backend(self.config.backend)})
         check_runtime(self.config, self.device, self.dtype)
         if self.config.backend == "openvino":  # the torch modules stay float32; OpenVINO runs the dtype
             openvino_transformer(self.model, self.dtype)
@@ -380,3 +389,4 @@ class Embedder:
     def __repr__(self) -> str:
         return (f"Embedder(model={self.spec.name!r}, dim={self.dim}, device={self.device!r}, dtype={self.dtype!r}, "
                 f"quantize={self.config.quantize!r}, backend={self.config.backend!r})")
+

@@ -27,12 +27,23 @@ def resolve_dtype(dtype: str, device: str) -> str:
     return dtype
 
 
+def torch_backend(backend: str) -> str:
+    """What an :class:`longrag.index.embedding.Embedder` (sentence-transformers) runs for ``embedding.backend``:
+    ``openvino`` (converted in memory) or torch — ``auto`` and ``openvino-ir`` pick the IR runtime only where
+    :func:`longrag.index.embedding.encoder` builds the encoder."""
+    return "openvino" if backend == "openvino" else "torch"
+
+
 def check_runtime(config: EmbeddingConfig, device: str, dtype: str) -> None:
     """Refuse the combinations of ``embedding.quantize`` / ``embedding.backend`` with a device or dtype
     that cannot run them (ValueError naming the fields)."""
     if config.quantize == "int8" and (not device.startswith("cpu") or dtype != "float32"):
         raise ValueError(f"embedding.quantize=int8 is torch's dynamic quantization for CPUs: it needs device=cpu "
                          f"and dtype float32, not {device}/{dtype}")
+    if config.backend == "openvino-ir" and (not device.startswith("cpu") or dtype != "float32"
+                                            or config.quantize != "none"):
+        raise ValueError(f"embedding.backend=openvino-ir runs on a CPU in float32 without quantization, not "
+                         f"{device}/{dtype}/quantize={config.quantize}")
     if config.backend == "openvino":
         if not device.startswith("cpu") or dtype not in ("float32", "bfloat16"):
             raise ValueError(f"embedding.backend=openvino runs on a CPU in float32 or bfloat16, not {device}/{dtype}")

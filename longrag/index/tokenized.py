@@ -73,7 +73,7 @@ class PassageTokenizer:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         settings = transformer_settings(spec.path_or_name) or transformer_settings(folder)
         limit = self.config.max_seq_length or spec.max_seq_length or settings.get("max_seq_length")
         self.max_seq_length = int(limit or self.tokenizer.model_max_length)
@@ -97,6 +97,42 @@ class PassageTokenizer:
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else 0)
         self.left_padding = self.tokenizer.padding_side == "left"
+
+    SETTINGS = "tokenizer_settings.json"
+
+    def save(self, folder: str | Path) -> None:
+        """This tokenizer as files that :meth:`load` reads without transformers (or torch): ``tokenizer.json``,
+        the Rust tokenizer as transformers set it up (special tokens, truncation at the input limit), and
+        ``tokenizer_settings.json`` (padding, lower-casing, stripping, both roles' prompts)."""
+        if self._rust is None:
+            raise ValueError("only a fast (Rust) tokenizer can be saved for use without transformers")
+        from longrag.index.embedding import embedding_prompts, resolve_embedding_model
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "tokenizer.json").write_text(self._rust.to_str())
+        query, document = embedding_prompts(self.config, resolve_embedding_model(self.config.model))
+        settings = {"max_seq_length": self.max_seq_length, "lower_case": self.lower_case, "strip": self.strip,
+                    "input_names": list(self.input_names), "pad_id": self.pad_id, "left_padding": self.left_padding,
+                    "prompts": {"query": query, "passage": document}}
+        (folder / self.SETTINGS).write_text(json.dumps(settings, indent=1))
+
+    @classmethod
+    def load(cls, folder: str | Path, config: EmbeddingConfig, *,
+             role: Literal["passage", "query"] = "passage") -> PassageTokenizer:
+        """What :meth:`save` wrote, with the ``tokenizers`` package alone."""
+        from tokenizers import Tokenizer
+
+        folder = Path(folder)
+        settings = json.loads((folder / cls.SETTINGS).read_text())
+        self = cls.__new__(cls)
+        self.config, self.tokenizer = config, None
+        self.max_seq_length, self.lower_case = int(settings["max_seq_length"]), bool(settings["lower_case"])
+        self.strip, self.input_names = bool(settings["strip"]), tuple(settings["input_names"])
+        self.pad_id, self.left_padding = int(settings["pad_id"]), bool(settings["left_padding"])
+        self.prompt = settings["prompts"][role]
+        self._rust = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        return self
 
     def token_ids(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Each text's token ids (int32), as the encoder would see them."""

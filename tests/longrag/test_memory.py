@@ -31,9 +31,13 @@ def test_each_process_peak_is_named_and_counted_with_the_tree():
     assert mem.peak_bytes >= peak  # the tree's peak holds the child's
     top = mem.peaks_mb(top=len(mem.by_process))
     assert list(top.values()) == sorted(top.values(), reverse=True) and top[name] > HOLD_MB
+    # at the tree's peak the child held its bytes, and the processes then sum to the peak
+    at_peak = mem.at_peak_mb(top=100)
+    assert at_peak[name] > HOLD_MB and abs(sum(at_peak.values()) - mem.peak_bytes / 2**20) < 1
     # a new phase forgets the last one's processes
     mem.new_phase()
     assert all(f"[{child.pid}]" not in k for k in mem.by_process)
+    assert all(f"[{child.pid}]" not in k for k in mem.at_peak_mb(top=100))
 
 
 def test_without_children_only_this_process_is_sampled():

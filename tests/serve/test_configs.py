@@ -16,9 +16,9 @@ from ray.serve.schema import ServeDeploySchema
 
 from longrag.config import LongRAGConfig
 from serve.app import AppArgs, Ingress
-from serve.deployments import LLMServer, QueryEncoder, Reader, Retriever
+from serve.deployments import LLMServer, QueryEncoder, Reader, Retriever, replica_device
 from serve.dual import DualExtractor, DualFilter, DualGenerator, DualReader
-from serve.longcontext import LongContextReader, longcontext_embedding, replica_device
+from serve.longcontext import LongContextReader, longcontext_embedding
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "serve" / "configs"
