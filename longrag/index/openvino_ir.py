@@ -166,9 +166,16 @@ _EXPORT_LOCK = threading.Lock()
 
 def ensure_ir(config: EmbeddingConfig, root: str | Path | None = None) -> Path:
     """The IR folder of ``config``, exported first in a subprocess when missing (torch stays out of
-    this process). Raises RuntimeError with the subprocess' last output when the export fails."""
+    this process; processes of one machine export it once, the others wait on a file lock). Raises
+    RuntimeError with the subprocess' last output when the export fails."""
+    from filelock import FileLock
+
     folder = ir_folder(config, root)
-    with _EXPORT_LOCK:
+    if _complete(folder):
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # one export per machine: the processes that start together (a build's embedding actors) wait for it
+    with _EXPORT_LOCK, FileLock(str(folder) + ".lock", timeout=EXPORT_TIMEOUT_S):
         if _complete(folder):
             return folder
         import longrag
