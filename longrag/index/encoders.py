@@ -5,11 +5,13 @@ the process) or :class:`longrag.index.embedding.Embedder` (sentence-transformers
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from longrag.config import EmbeddingConfig
 from longrag.index.openvino_ir import openvino_available
 
+log = logging.getLogger(__name__)
 
 def resolve_backend(config: EmbeddingConfig, device: str, role: str = "query") -> str:
     """``embedding.backend`` for an encoder of ``role`` (``query``/``passage``) on ``device`` (``cpu`` or
@@ -29,13 +31,22 @@ def encoder(config: EmbeddingConfig, device: str = "cpu", threads: int = 1, role
     embedding actor) on ``device`` (``cpu``, ``cuda``, or ``auto`` for torch to resolve) with ``threads``
     CPU threads: an :class:`longrag.index.openvino_ir.IREncoder` (no torch in the process) where
     :func:`resolve_backend` says ``openvino-ir``, else an :class:`longrag.index.embedding.Embedder`.
-    Both give ``dim``, ``encode_queries`` and ``encode_passages``."""
+    Both give ``dim``, ``encode_queries`` and ``encode_passages``. Where ``auto`` chose the IR and it fails
+    to load (its export failed, the cache is not writable), the warning is logged with its traceback and
+    torch runs instead; an explicit ``openvino-ir`` raises."""
     from longrag.index.embedding import Embedder
     from longrag.index.openvino_ir import IREncoder
 
     backend = resolve_backend(config, device, role)
     if backend == "openvino-ir":
-        return IREncoder(config, threads=threads)
+        try:
+            return IREncoder(config, threads=threads)
+        except Exception:
+            if config.backend != "auto":
+                raise
+            # auto chose it: torch gives the same vectors, so the process starts anyway, and says why
+            log.warning("the OpenVINO IR encoder failed to load; running %s on torch", config.model, exc_info=True)
+            backend = "torch"
     import torch
 
     torch.set_num_threads(max(1, threads))

@@ -110,13 +110,24 @@ def test_backend_auto_is_openvino_ir_only_where_it_gives_the_same_vectors():
     assert resolve_backend(EmbeddingConfig(backend="openvino-ir"), "cuda") == "openvino-ir"
 
 
-def test_the_torch_encoder_takes_auto_and_refuses_openvino_ir_where_it_cannot_run():
+def test_the_torch_encoder_takes_auto_and_refuses_openvino_ir_where_it_cannot_run(monkeypatch, caplog):
+    from longrag.index import openvino_ir
     from longrag.index.encoders import encoder
 
     assert type(encoder(EmbeddingConfig(backend="torch"), "cpu")).__name__ == "Embedder"
     assert Embedder(EmbeddingConfig()).config.backend == "torch"  # the torch class runs auto as torch
     with pytest.raises(ValueError, match="openvino-ir runs on a CPU in float32"):
         encoder(EmbeddingConfig(backend="openvino-ir", quantize="int8"), "cpu")
+
+    def failed_export(config, root=None):
+        raise RuntimeError("exporting all-MiniLM-L6-v2 to OpenVINO IR failed (exit 1): disk full")
+
+    monkeypatch.setattr(openvino_ir, "ensure_ir", failed_export)
+    # auto chose the IR: torch instead, and the log says why; asked for by name: the error
+    assert type(encoder(EmbeddingConfig(), "cpu")).__name__ == "Embedder"
+    assert "OpenVINO IR encoder failed to load" in caplog.text and "disk full" in caplog.text
+    with pytest.raises(RuntimeError, match="disk full"):
+        encoder(EmbeddingConfig(backend="openvino-ir"), "cpu")
 
 
 @pytest.mark.slow
