@@ -33,6 +33,7 @@ import numpy as np
 from longrag.config import EmbeddingConfig
 from longrag.index.runtime import (
     check_runtime,
+    l2_normalized,
     openvino_transformer,
     quantize_int8,
     resolve_device,
@@ -366,11 +367,8 @@ class Embedder:
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         if vectors.shape != (n, self.dim):
             raise RuntimeError(f"encoder returned shape {vectors.shape}, expected {(n, self.dim)}")
-        if self.config.normalize:
-            # Normalized again in float32: a half-precision model normalizes in its own dtype (bfloat16
-            # norms are off by up to 0.35%), and inner product must be cosine for every dtype.
-            vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), np.float32(1e-12))
-        return vectors
+        # normalized again in float32: inner product must be cosine for every dtype
+        return l2_normalized(vectors) if self.config.normalize else vectors
 
     def encode_passages(self, texts: Sequence[str]) -> np.ndarray:
         """Chunk texts -> float32 (n, dim), with the model's document prompt prepended. Texts over the

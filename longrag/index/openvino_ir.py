@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from longrag.config import EmbeddingConfig
+from longrag.index.runtime import l2_normalized
 
 FORMAT = 1
 """Bumped when the folder's layout or the export changes (part of the key)."""
@@ -57,26 +58,15 @@ def openvino_available() -> bool:
     return find_spec("openvino") is not None
 
 
-def _model_files_digest(folder: Path) -> str:
-    """The model folder's files by relative path, size and modification time (a re-installed or
-    changed model gets a new key)."""
-    h = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        st = path.stat()
-        h.update(f"{path.relative_to(folder)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()
-
-
 def ir_key(config: EmbeddingConfig) -> str:
-    """What the folder depends on: the model's files, the input limit, the prompts, the openvino and
+    """What the folder depends on: the model's identity (the vector cache's), the input limit, the prompts, the openvino and
     sentence-transformers versions, :data:`FORMAT`."""
     from importlib.metadata import PackageNotFoundError, version
 
     from longrag.index.embedding import embedding_prompts, resolve_embedding_model
+    from longrag.index.vector_cache import model_identity
 
     spec = resolve_embedding_model(config.model)
-    folder = Path(spec.path_or_name).expanduser()
-    files = _model_files_digest(folder) if folder.is_dir() else spec.path_or_name
 
     def v(pkg: str) -> str:
         try:
@@ -84,7 +74,7 @@ def ir_key(config: EmbeddingConfig) -> str:
         except PackageNotFoundError:
             return "-"
 
-    parts = [FORMAT, spec.name, files, config.max_seq_length, *embedding_prompts(config, spec),
+    parts = [FORMAT, model_identity(spec), config.max_seq_length, *embedding_prompts(config, spec),
              v("openvino"), v("sentence-transformers"), v("tokenizers")]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
 
@@ -232,10 +222,8 @@ class IREncoder:
     def check(self) -> None:
         """Encode the probe texts and compare with torch's vectors saved at export (full dimension)."""
         got = self._run(self.queries.token_ids(self.meta["probes"]), full=True)
-        want = np.asarray(self.meta["probe_vectors"], dtype=np.float32)
-        want /= np.maximum(np.linalg.norm(want, axis=1, keepdims=True), np.float32(1e-12))
-        got /= np.maximum(np.linalg.norm(got, axis=1, keepdims=True), np.float32(1e-12))
-        cos = (got * want).sum(axis=1)
+        want = l2_normalized(np.asarray(self.meta["probe_vectors"], dtype=np.float32))
+        cos = (l2_normalized(got) * want).sum(axis=1)
         if got.shape != want.shape or float(cos.min()) < MIN_COSINE:
             raise RuntimeError(f"the OpenVINO IR in {self.folder} gives other vectors than torch did at export "
                                f"(cosines {np.round(cos, 6).tolist()}, need >= {MIN_COSINE}); delete the folder")
@@ -252,9 +240,7 @@ class IREncoder:
         if full:
             return out
         out = np.ascontiguousarray(out[:, :self._dim])
-        if self.config.normalize:
-            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), np.float32(1e-12))
-        return out
+        return l2_normalized(out) if self.config.normalize else out
 
     def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
         """Questions -> float32 (n, dim), the model's query prompt prepended."""
